@@ -1,0 +1,64 @@
+# txsink: `make help` lists the targets. Every target sets up what it needs and is idempotent.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.txsink-installed
+ZK_JAR := /usr/share/java/zookeeper.jar
+export PYSPARK_PYTHON := $(abspath $(PY))
+export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
+
+.DEFAULT_GOAL := help
+.PHONY: help setup zookeeper test test-unit test-integration lint typecheck demo bench clean embedded-up embedded-down
+
+help: ## List the targets with what they do
+	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-18s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python >= 3.11 is required)"; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev,bench]'
+	touch $(STAMP)
+
+setup: $(STAMP) zookeeper ## Create .venv, install txsink with dev extras, install ZooKeeper if missing
+
+zookeeper: ## Install Debian's zookeeper package when it is missing (needs root or sudo)
+	@if [ -f $(ZK_JAR) ]; then echo "zookeeper: present ($(ZK_JAR))"; else \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get install -y -q zookeeper >/dev/null 2>&1 || { $$SUDO apt-get update -q && $$SUDO apt-get install -y -q zookeeper; }; \
+	  test -f $(ZK_JAR) || { echo "error: zookeeper package did not install $(ZK_JAR)"; exit 1; }; fi
+	@command -v java >/dev/null || { echo "error: java not found: ZooKeeper needs Java 17 (apt-get install openjdk-17-jre-headless)"; exit 1; }
+
+lint: setup ## ruff check + ruff format --check
+	$(VENV)/bin/ruff check txsink tests benchmarks
+	$(VENV)/bin/ruff format --check txsink tests benchmarks
+
+typecheck: setup ## mypy (strict for txsink.protocol)
+	$(VENV)/bin/mypy txsink
+
+test-unit: setup ## Unit tests only (no services)
+	$(PY) -m pytest tests/unit -q
+
+test-integration: setup ## Integration tests on the embedded stack (real ClickHouse engine, ZooKeeper, Spark)
+	$(PY) -m pytest tests/integration -q
+
+test: setup ## Everything CI runs: lint, typecheck, unit and integration tests
+	$(MAKE) --no-print-directory lint typecheck
+	$(PY) -m pytest tests -q
+
+demo: setup ## Run the main job: streaming into ClickHouse with injected crashes, then verify
+	$(VENV)/bin/txsink demo
+
+bench: setup ## Run benchmarks/ and write docs/benchmarks.md + benchmarks/results.json
+	$(PY) benchmarks/run.py
+
+embedded-up: setup ## Start the embedded ClickHouse + ZooKeeper stack in .txsink/embedded
+	$(VENV)/bin/txsink embedded up
+
+embedded-down: ## Stop the embedded stack
+	$(VENV)/bin/txsink embedded down
+
+clean: ## Stop the embedded stack and remove build artifacts (keeps .venv)
+	-$(VENV)/bin/txsink embedded down 2>/dev/null
+	rm -rf .txsink build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache spark-warehouse

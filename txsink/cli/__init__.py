@@ -1,0 +1,1 @@
+"""The ``txsink`` console script: commands call the library, :mod:`.output` renders."""

@@ -1,0 +1,58 @@
+"""The one error hierarchy of txsink.
+
+Every error raised to a user derives from :class:`TxSinkError`. Messages name the object
+(table, column, xid, Keeper path) and the next step. Adapters map kazoo and ClickHouse
+errors here and keep the server's error code in ``code``.
+
+- :class:`ConfigError`: a bad option or an incompatible target; nothing was written.
+- :class:`SchemaMismatch`: the DataFrame does not fit the target; nothing was written.
+- :class:`RetryableConflict`: a transient condition (CAS lost, server busy); safe to retry.
+- :class:`FencedError`: a newer writer epoch owns the job; this writer must stop.
+- :class:`CommitOutcomeUnknown`: a commit step may or may not have landed. Never abort
+  automatically: run ``txsink recover`` which inspects and finishes it.
+- :class:`RecoveryAlarm`: recovery found a state it must not repair automatically.
+- :class:`ContentChanged`: dedup mode saw a replayed batch whose content differs.
+- :class:`UnavailableError`: ClickHouse or Keeper cannot be reached.
+"""
+
+from __future__ import annotations
+
+
+class TxSinkError(Exception):
+    """Root of all txsink errors."""
+
+    def __init__(self, message: str, *, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class ConfigError(TxSinkError):
+    """A bad option value, a missing option, or a target txsink cannot write to."""
+
+
+class SchemaMismatch(ConfigError):
+    """The DataFrame schema does not match the target table."""
+
+
+class RetryableConflict(TxSinkError):
+    """A transient conflict; the same step may simply be retried."""
+
+
+class FencedError(TxSinkError):
+    """A newer writer epoch owns the job: this (zombie) writer must not prepare or commit."""
+
+
+class CommitOutcomeUnknown(TxSinkError):
+    """A commit step failed in a way that does not tell whether it landed."""
+
+
+class RecoveryAlarm(TxSinkError):
+    """Recovery found a state that needs an operator (for example lost staging)."""
+
+
+class ContentChanged(TxSinkError):
+    """A replayed dedup-mode batch differs from what was recorded for it."""
+
+
+class UnavailableError(TxSinkError):
+    """ClickHouse or Keeper is unreachable or its session expired."""
