@@ -1,0 +1,195 @@
+"""The coordination store's interface: jobs, writer epochs (fencing), xid records, ledger.
+
+Keeper layout under the root (default ``/txsink``, inside the optional chroot)::
+
+    <root>/jobs/<job>                    job meta: target, mode, created_at, options
+    <root>/jobs/<job>/epoch              {"epoch": n, "owner": ..., "since": ts}
+                                         its node version is the fencing token
+    <root>/jobs/<job>/owner              {"epoch": n, "owner": ..., "heartbeat": ts}
+    <root>/jobs/<job>/ledger             {"seq", "committed", "rows", "last_batch",
+                                          "last_commit_at", "partitions": {pid: rows}}
+    <root>/jobs/<job>/xids/<xid>         an XidRecord (JSON)
+    <root>/jobs/<job>/dedup/<xid>/p<n>   dedup-mode BEFORE/AFTER state of one partition
+
+Every state change is fenced: one Keeper transaction checks that the epoch node still has
+the writer's token and then creates or compare-and-sets the record. A writer whose epoch
+was superseded gets :class:`txsink.errors.FencedError`.
+
+:class:`MemoryRegistry` is the in-memory twin with identical semantics, for unit tests.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Protocol
+
+from txsink.errors import FencedError, RetryableConflict
+from txsink.protocol.states import Epoch, XidRecord, XidState, check_transition
+
+
+class XidExists(RetryableConflict):
+    """``prepare`` found a record for the xid already; ``existing`` is that record."""
+
+    def __init__(self, existing: XidRecord) -> None:
+        super().__init__(f"xid {existing.xid} of job {existing.job} exists ({existing.state})")
+        self.existing = existing
+
+
+class Registry(Protocol):
+    """What the transaction layer needs from Keeper."""
+
+    def ensure_job(self, job: str, meta: dict[str, Any]) -> dict[str, Any]: ...
+    def job_meta(self, job: str) -> dict[str, Any] | None: ...
+    def list_jobs(self) -> list[str]: ...
+    def take_epoch(self, job: str, owner: str) -> Epoch: ...
+    def current_epoch(self, job: str) -> Epoch | None: ...
+    def heartbeat(self, epoch: Epoch, info: dict[str, Any]) -> None: ...
+    def owner(self, job: str) -> dict[str, Any] | None: ...
+    def get(self, job: str, xid: str) -> XidRecord | None: ...
+    def list(self, job: str) -> list[XidRecord]: ...
+    def prepare(self, epoch: Epoch, record: XidRecord) -> XidRecord: ...
+    def commit(self, epoch: Epoch, record: XidRecord, committed_at: float) -> XidRecord: ...
+    def ledger(self, job: str) -> dict[str, Any]: ...
+    def delete(self, epoch: Epoch, xids: list[str]) -> None: ...
+    def get_blob(self, job: str, key: str) -> dict[str, Any] | None: ...
+    def put_blob(self, job: str, key: str, value: dict[str, Any]) -> None: ...
+    def close(self) -> None: ...
+
+
+EMPTY_LEDGER: dict[str, Any] = {
+    "seq": 0,
+    "committed": 0,
+    "rows": 0,
+    "last_batch": None,
+    "last_commit_at": None,
+    "partitions": {},
+}
+
+
+def next_ledger(ledger: dict[str, Any], record: XidRecord, committed_at: float) -> dict[str, Any]:
+    """The ledger after ``record`` commits (pure; shared by both registries)."""
+    parts = dict(ledger.get("partitions", {}))
+    for pid, rows in record.partition_rows().items():
+        parts[pid] = parts.get(pid, 0) + rows
+    last = ledger.get("last_batch")
+    if record.batch is not None:
+        last = record.batch if last is None else max(int(last), record.batch)
+    return {
+        "seq": int(ledger.get("seq", 0)) + 1,
+        "committed": int(ledger.get("committed", 0)) + 1,
+        "rows": int(ledger.get("rows", 0)) + record.rows,
+        "last_batch": last,
+        "last_commit_at": committed_at,
+        "partitions": parts,
+    }
+
+
+def committed_record(record: XidRecord, ledger: dict[str, Any], committed_at: float) -> XidRecord:
+    """``record`` in state COMMITTED with its commit sequence number in ``extra['seq']``."""
+    extra = dict(record.extra)
+    extra["seq"] = int(ledger.get("seq", 0)) + 1
+    return record.with_state(XidState.COMMITTED, committed_at=committed_at, extra=extra)
+
+
+class MemoryRegistry:
+    """In-memory twin of :class:`txsink.keeper.kazoo_registry.KazooRegistry` (unit tests)."""
+
+    def __init__(self, clock: Any = time.time) -> None:
+        self._lock = threading.Lock()
+        self._jobs: dict[str, dict[str, Any]] = {}
+        self._epochs: dict[str, Epoch] = {}
+        self._owners: dict[str, dict[str, Any]] = {}
+        self._xids: dict[str, dict[str, XidRecord]] = {}
+        self._ledgers: dict[str, dict[str, Any]] = {}
+        self._blobs: dict[tuple[str, str], dict[str, Any]] = {}
+        self._clock = clock
+
+    def ensure_job(self, job: str, meta: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            return self._jobs.setdefault(job, dict(meta))
+
+    def job_meta(self, job: str) -> dict[str, Any] | None:
+        return self._jobs.get(job)
+
+    def list_jobs(self) -> list[str]:
+        return sorted(self._jobs)
+
+    def take_epoch(self, job: str, owner: str) -> Epoch:
+        with self._lock:
+            old = self._epochs.get(job)
+            new = Epoch(job, (old.number + 1) if old else 1, (old.token + 1) if old else 0, owner)
+            self._epochs[job] = new
+            return new
+
+    def current_epoch(self, job: str) -> Epoch | None:
+        return self._epochs.get(job)
+
+    def _fence(self, epoch: Epoch) -> None:
+        cur = self._epochs.get(epoch.job)
+        if cur is None or cur.token != epoch.token:
+            raise FencedError(
+                f"job {epoch.job}: writer epoch {epoch.number} was superseded by epoch "
+                f"{cur.number if cur else '?'}; this writer must stop"
+            )
+
+    def heartbeat(self, epoch: Epoch, info: dict[str, Any]) -> None:
+        with self._lock:
+            self._fence(epoch)
+            self._owners[epoch.job] = {
+                "epoch": epoch.number,
+                "owner": epoch.owner,
+                "heartbeat": self._clock(),
+                **info,
+            }
+
+    def owner(self, job: str) -> dict[str, Any] | None:
+        return self._owners.get(job)
+
+    def get(self, job: str, xid: str) -> XidRecord | None:
+        return self._xids.get(job, {}).get(xid)
+
+    def list(self, job: str) -> list[XidRecord]:
+        return list(self._xids.get(job, {}).values())
+
+    def prepare(self, epoch: Epoch, record: XidRecord) -> XidRecord:
+        with self._lock:
+            self._fence(epoch)
+            check_transition(None, record.state)
+            xids = self._xids.setdefault(epoch.job, {})
+            if record.xid in xids:
+                raise XidExists(xids[record.xid])
+            stored = XidRecord(**{**record.__dict__, "version": 0})
+            xids[record.xid] = stored
+            return stored
+
+    def commit(self, epoch: Epoch, record: XidRecord, committed_at: float) -> XidRecord:
+        with self._lock:
+            self._fence(epoch)
+            cur = self._xids.get(epoch.job, {}).get(record.xid)
+            if cur is None or cur.version != record.version:
+                raise RetryableConflict(f"xid {record.xid} changed under us; re-read and retry")
+            ledger = self._ledgers.get(epoch.job, dict(EMPTY_LEDGER))
+            done = committed_record(cur, ledger, committed_at)
+            done = XidRecord(**{**done.__dict__, "version": cur.version + 1})
+            self._xids[epoch.job][record.xid] = done
+            self._ledgers[epoch.job] = next_ledger(ledger, cur, committed_at)
+            return done
+
+    def ledger(self, job: str) -> dict[str, Any]:
+        return dict(self._ledgers.get(job, EMPTY_LEDGER))
+
+    def delete(self, epoch: Epoch, xids: list[str]) -> None:
+        with self._lock:
+            self._fence(epoch)
+            for xid in xids:
+                self._xids.get(epoch.job, {}).pop(xid, None)
+
+    def get_blob(self, job: str, key: str) -> dict[str, Any] | None:
+        return self._blobs.get((job, key))
+
+    def put_blob(self, job: str, key: str, value: dict[str, Any]) -> None:
+        self._blobs[(job, key)] = dict(value)
+
+    def close(self) -> None:
+        return None

@@ -1,0 +1,87 @@
+"""Stable identifiers: every id derives from job, batch, partition and attempt.
+
+A retry of any step recomputes the same ids and so finds what a lost earlier attempt
+created (STYLE item 4). Staging names are parsed back by recovery, so the format below
+is part of the on-disk contract::
+
+    <prefix>__<xid>__e<epoch>_p<spark partition>_a<attempt>_t<task attempt id>
+
+    prefix = tx_<job, sanitised, at most 40 chars>_<8 hex of sha1(job)>
+    xid    = b<batch>   for a streaming batch, a foreachBatch call or a txn_version save
+             u<12 hex>  for a batch save without txn_version
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+JOB_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+_STAGING_RE = re.compile(
+    r"^(?P<prefix>tx_[a-z0-9_]*_[0-9a-f]{8})__(?P<xid>[bu][0-9a-f]+)"
+    r"__e(?P<epoch>\d+)_p(?P<part>\d+)_a(?P<attempt>\d+)_t(?P<tid>\d+)$"
+)
+
+
+def valid_job(job: str) -> bool:
+    return bool(JOB_RE.match(job))
+
+
+def staging_prefix(job: str) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "_", job.lower()).strip("_")[:40]
+    digest = hashlib.sha1(job.encode()).hexdigest()[:8]  # noqa: S324 - a name, not security
+    return f"tx_{slug}_{digest}"
+
+
+def batch_xid(batch: int) -> str:
+    if batch < 0:
+        raise ValueError(f"batch id must be >= 0, got {batch}")
+    return f"b{batch}"
+
+
+def adhoc_xid(token: str) -> str:
+    """xid of a batch save without txn_version; ``token`` is random hex from the driver."""
+    return f"u{token[:12]}"
+
+
+def xid_batch(xid: str) -> int | None:
+    return int(xid[1:]) if xid.startswith("b") else None
+
+
+@dataclass(frozen=True)
+class StagingName:
+    prefix: str
+    xid: str
+    epoch: int
+    partition: int
+    attempt: int
+    task_attempt_id: int
+
+    @property
+    def table(self) -> str:
+        return (
+            f"{self.prefix}__{self.xid}__e{self.epoch}_p{self.partition}"
+            f"_a{self.attempt}_t{self.task_attempt_id}"
+        )
+
+
+def staging_name(
+    job: str, xid: str, epoch: int, partition: int, attempt: int, task_attempt_id: int
+) -> StagingName:
+    return StagingName(staging_prefix(job), xid, epoch, partition, attempt, task_attempt_id)
+
+
+def parse_staging(table: str) -> StagingName | None:
+    """The parts of a staging table name, or None if the name is not txsink's."""
+    m = _STAGING_RE.match(table)
+    if not m:
+        return None
+    return StagingName(
+        m["prefix"], m["xid"], int(m["epoch"]), int(m["part"]), int(m["attempt"]), int(m["tid"])
+    )
+
+
+def dedup_token(job: str, xid: str, partition: int, block: int) -> str:
+    """The ``insert_deduplication_token`` of one deterministic block in dedup mode."""
+    return f"txsink:{job}:{xid}:p{partition}:k{block}"

@@ -1,0 +1,180 @@
+"""Pure decisions: given what Keeper and ClickHouse show, which operations to run.
+
+The driver observes, calls one of these functions, and executes the returned operations
+in order (:mod:`txsink.transaction`). Re-observing after a crash and planning again is
+what makes every step idempotent: an operation that already landed is simply not
+planned a second time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from txsink.protocol.ids import parse_staging, staging_prefix
+from txsink.protocol.states import XidRecord, XidState
+
+# What the driver sees of one staging table: rows per partition id, or None if missing.
+StagingView = Mapping[str, Mapping[str, int] | None]
+
+
+@dataclass(frozen=True)
+class Prepare:
+    record: XidRecord
+
+
+@dataclass(frozen=True)
+class Publish:
+    """Move one partition of one staging table into the target."""
+
+    xid: str
+    staging: str
+    partition_id: str
+    target: str
+    rows: int
+
+
+@dataclass(frozen=True)
+class RecordCommitted:
+    xid: str
+
+
+@dataclass(frozen=True)
+class DropStaging:
+    table: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Alarm:
+    xid: str
+    reason: str
+
+
+Operation = Prepare | Publish | RecordCommitted | DropStaging | Alarm
+
+
+def plan_publish(record: XidRecord, view: StagingView) -> list[Operation]:
+    """Operations that finish ``record`` given the staging tables as they are now.
+
+    A manifest partition whose staging rows equal the manifest's count is published; one
+    with no rows left was published before a crash (MOVE PARTITION is atomic per
+    partition). Anything else (a staging table missing while PREPARED, a partial count,
+    rows the manifest does not list) is not guessed at: the plan is a single Alarm.
+    """
+    if record.state is XidState.COMMITTED:
+        return [
+            DropStaging(t, "published; xid committed")
+            for t in record.staging_tables
+            if view.get(t) is not None
+        ]
+    ops: list[Operation] = []
+    listed: dict[str, set[str]] = {}
+    for part in record.manifest:
+        listed.setdefault(part.table, set()).add(part.partition_id)
+        have = view.get(part.table)
+        if have is None:
+            return [
+                Alarm(
+                    record.xid,
+                    f"staging table {part.table} of PREPARED xid {record.xid} is missing; "
+                    f"its {part.rows} rows of partition {part.partition_id} cannot be published",
+                )
+            ]
+        rows = have.get(part.partition_id, 0)
+        if rows == part.rows:
+            ops.append(Publish(record.xid, part.table, part.partition_id, record.target, rows))
+        elif rows != 0:
+            return [
+                Alarm(
+                    record.xid,
+                    f"staging table {part.table} holds {rows} rows of partition "
+                    f"{part.partition_id}, the manifest of xid {record.xid} says {part.rows}",
+                )
+            ]
+    for table, pids in listed.items():
+        extra = {p: n for p, n in (view.get(table) or {}).items() if p not in pids and n}
+        if extra:
+            return [
+                Alarm(
+                    record.xid,
+                    f"staging table {table} holds partitions {sorted(extra)} that the "
+                    f"manifest of xid {record.xid} does not list",
+                )
+            ]
+    ops.append(RecordCommitted(record.xid))
+    ops.extend(DropStaging(t, f"published by xid {record.xid}") for t in listed)
+    return ops
+
+
+@dataclass(frozen=True)
+class BatchDecision:
+    """What to do with a finished batch whose tasks staged ``incoming``."""
+
+    action: str  # "prepare" | "roll_forward_existing" | "skip_committed"
+    drop: tuple[str, ...] = ()
+    reason: str = ""
+
+
+def decide_batch(existing: XidRecord | None, incoming: XidRecord) -> BatchDecision:
+    """Decide between preparing the new staging and honouring an earlier record.
+
+    Spark replays a batch with the same id after a restart. Once an xid is PREPARED its
+    manifest is the truth: a replay's fresh staging is dropped and the recorded manifest
+    rolled forward (or, if COMMITTED, nothing is published again).
+    """
+    if existing is None:
+        return BatchDecision("prepare", reason="new xid")
+    mine = set(existing.staging_tables)
+    stray = tuple(t for t in incoming.staging_tables if t not in mine)
+    if existing.state is XidState.COMMITTED:
+        return BatchDecision("skip_committed", stray, f"xid {existing.xid} already committed")
+    return BatchDecision(
+        "roll_forward_existing", stray, f"xid {existing.xid} already prepared; finishing it"
+    )
+
+
+@dataclass(frozen=True)
+class RecoveryPlan:
+    roll_forward: tuple[XidRecord, ...] = ()
+    roll_back: tuple[str, ...] = ()
+    drop_committed: tuple[str, ...] = ()
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.roll_forward or self.roll_back or self.drop_committed)
+
+
+def plan_recovery(
+    job: str, records: Iterable[XidRecord], staging_tables: Iterable[str]
+) -> RecoveryPlan:
+    """Roll PREPARED xids forward; drop every staging table of ``job`` no PREPARED xid needs.
+
+    Only tables whose name parses as this job's staging are ever considered, so nothing
+    outside the job's own prefix can be touched.
+    """
+    prefix = staging_prefix(job)
+    records = list(records)
+    prepared = tuple(
+        sorted(
+            (r for r in records if r.state is XidState.PREPARED),
+            key=lambda r: (r.batch is None, r.batch or 0, r.created_at),
+        )
+    )
+    needed = {t for r in prepared for t in r.staging_tables}
+    committed_tables = {t for r in records if r.state is XidState.COMMITTED for t in r.staging_tables}
+    mine = sorted(t for t in staging_tables if (n := parse_staging(t)) and n.prefix == prefix)
+    roll_back = tuple(t for t in mine if t not in needed and t not in committed_tables)
+    leftover = tuple(t for t in mine if t in committed_tables and t not in needed)
+    return RecoveryPlan(prepared, roll_back, leftover)
+
+
+def plan_prune(records: Iterable[XidRecord], keep: int) -> list[str]:
+    """COMMITTED xids beyond the newest ``keep`` (by batch, then commit time)."""
+    committed = sorted(
+        (r for r in records if r.state is XidState.COMMITTED),
+        key=lambda r: (r.committed_at or 0.0, r.batch if r.batch is not None else -1),
+    )
+    excess = len(committed) - max(keep, 0)
+    return [r.xid for r in committed[:excess]] if excess > 0 else []

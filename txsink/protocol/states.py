@@ -1,0 +1,165 @@
+"""Xid states, xid records and their manifests.
+
+An xid is one transaction: one Spark micro-batch (or one batch ``save()``) of one job.
+
+``XidState`` and its transitions::
+
+    (absent)  -> PREPARED   driver: every task succeeded; manifest recorded by a fenced
+                            create in Keeper. This is the commit point: from here the xid
+                            is only ever rolled forward.
+    PREPARED  -> COMMITTED  driver or recovery: every staged partition of the manifest
+                            has been published into the target (attach mode) or every
+                            block was inserted (dedup mode); fenced compare-and-set.
+    PREPARED  -> PREPARED   publishing is idempotent: a crash part-way leaves the xid
+                            PREPARED and the next driver or ``txsink recover`` resumes it.
+    COMMITTED -> (pruned)   retention removes old COMMITTED records; the job's ledger
+                            keeps their totals.
+
+There is no ABORTED record: an xid that never reached PREPARED exists only as staging
+objects, and rolling it back means dropping them. A PREPARED xid whose staging is gone
+cannot be finished and raises an alarm for an operator instead of being guessed at.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+
+class XidState(enum.StrEnum):
+    PREPARED = "PREPARED"
+    COMMITTED = "COMMITTED"
+
+
+ALLOWED_TRANSITIONS: frozenset[tuple[XidState | None, XidState]] = frozenset(
+    {
+        (None, XidState.PREPARED),
+        (XidState.PREPARED, XidState.PREPARED),
+        (XidState.PREPARED, XidState.COMMITTED),
+    }
+)
+
+
+def check_transition(old: XidState | None, new: XidState) -> None:
+    """Raise ValueError for an edge the table above does not allow."""
+    if (old, new) not in ALLOWED_TRANSITIONS:
+        raise ValueError(f"illegal xid transition {old} -> {new}")
+
+
+class Mode(enum.StrEnum):
+    ATTACH = "attach"
+    DEDUP = "dedup"
+
+
+@dataclass(frozen=True)
+class StagedPart:
+    """Rows of one target partition held by one staging table (attach mode), or the rows
+    one Spark partition inserted as deterministic blocks (dedup mode: ``table`` is the
+    target and ``partition_id`` the Spark partition number as text)."""
+
+    table: str
+    partition_id: str
+    rows: int
+    blocks: int = 0
+    fingerprint: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "table": self.table,
+            "partition_id": self.partition_id,
+            "rows": self.rows,
+            "blocks": self.blocks,
+            "fingerprint": self.fingerprint,
+        }
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> StagedPart:
+        return StagedPart(
+            table=str(data["table"]),
+            partition_id=str(data["partition_id"]),
+            rows=int(data["rows"]),
+            blocks=int(data.get("blocks", 0)),
+            fingerprint=str(data.get("fingerprint", "")),
+        )
+
+
+@dataclass(frozen=True)
+class XidRecord:
+    """What Keeper holds for one xid. ``version`` is Keeper's node version (not stored)."""
+
+    job: str
+    xid: str
+    batch: int | None
+    state: XidState
+    epoch: int
+    mode: Mode
+    target: str
+    manifest: tuple[StagedPart, ...] = ()
+    created_at: float = 0.0
+    committed_at: float | None = None
+    version: int = -1
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def rows(self) -> int:
+        return sum(p.rows for p in self.manifest)
+
+    @property
+    def staging_tables(self) -> tuple[str, ...]:
+        """Distinct staging tables of the manifest, in manifest order."""
+        return tuple(dict.fromkeys(p.table for p in self.manifest))
+
+    def partition_rows(self) -> dict[str, int]:
+        totals: dict[str, int] = {}
+        for p in self.manifest:
+            totals[p.partition_id] = totals.get(p.partition_id, 0) + p.rows
+        return totals
+
+    def with_state(self, state: XidState, **changes: Any) -> XidRecord:
+        check_transition(self.state, state)
+        return replace(self, state=state, **changes)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "job": self.job,
+            "xid": self.xid,
+            "batch": self.batch,
+            "state": self.state.value,
+            "epoch": self.epoch,
+            "mode": self.mode.value,
+            "target": self.target,
+            "manifest": [p.to_json() for p in self.manifest],
+            "rows": self.rows,
+            "created_at": self.created_at,
+            "committed_at": self.committed_at,
+            "extra": self.extra,
+        }
+
+    @staticmethod
+    def from_json(data: dict[str, Any], version: int = -1) -> XidRecord:
+        return XidRecord(
+            job=str(data["job"]),
+            xid=str(data["xid"]),
+            batch=None if data.get("batch") is None else int(data["batch"]),
+            state=XidState(data["state"]),
+            epoch=int(data["epoch"]),
+            mode=Mode(data.get("mode", "attach")),
+            target=str(data.get("target", "")),
+            manifest=tuple(StagedPart.from_json(p) for p in data.get("manifest", [])),
+            created_at=float(data.get("created_at", 0.0)),
+            committed_at=None if data.get("committed_at") is None else float(data["committed_at"]),
+            version=version,
+            extra=dict(data.get("extra", {})),
+        )
+
+
+@dataclass(frozen=True)
+class Epoch:
+    """A writer epoch: ``number`` grows with every takeover; ``token`` is what fenced
+    writes compare against (Keeper's version of the epoch node)."""
+
+    job: str
+    number: int
+    token: int
+    owner: str = ""
