@@ -20,6 +20,7 @@ was superseded gets :class:`txsink.errors.FencedError`.
 
 from __future__ import annotations
 
+import builtins
 import threading
 import time
 from typing import Any, Protocol
@@ -47,11 +48,11 @@ class Registry(Protocol):
     def heartbeat(self, epoch: Epoch, info: dict[str, Any]) -> None: ...
     def owner(self, job: str) -> dict[str, Any] | None: ...
     def get(self, job: str, xid: str) -> XidRecord | None: ...
-    def list(self, job: str) -> list[XidRecord]: ...
+    def list(self, job: str) -> builtins.list[XidRecord]: ...
     def prepare(self, epoch: Epoch, record: XidRecord) -> XidRecord: ...
     def commit(self, epoch: Epoch, record: XidRecord, committed_at: float) -> XidRecord: ...
     def ledger(self, job: str) -> dict[str, Any]: ...
-    def delete(self, epoch: Epoch, xids: list[str]) -> None: ...
+    def delete(self, epoch: Epoch, xids: builtins.list[str]) -> None: ...
     def get_blob(self, job: str, key: str) -> dict[str, Any] | None: ...
     def put_blob(self, job: str, key: str, value: dict[str, Any]) -> None: ...
     def close(self) -> None: ...
@@ -112,7 +113,7 @@ class MemoryRegistry:
     def job_meta(self, job: str) -> dict[str, Any] | None:
         return self._jobs.get(job)
 
-    def list_jobs(self) -> list[str]:
+    def list_jobs(self) -> builtins.list[str]:
         return sorted(self._jobs)
 
     def take_epoch(self, job: str, owner: str) -> Epoch:
@@ -149,7 +150,7 @@ class MemoryRegistry:
     def get(self, job: str, xid: str) -> XidRecord | None:
         return self._xids.get(job, {}).get(xid)
 
-    def list(self, job: str) -> list[XidRecord]:
+    def list(self, job: str) -> builtins.list[XidRecord]:
         return list(self._xids.get(job, {}).values())
 
     def prepare(self, epoch: Epoch, record: XidRecord) -> XidRecord:
@@ -179,7 +180,7 @@ class MemoryRegistry:
     def ledger(self, job: str) -> dict[str, Any]:
         return dict(self._ledgers.get(job, EMPTY_LEDGER))
 
-    def delete(self, epoch: Epoch, xids: list[str]) -> None:
+    def delete(self, epoch: Epoch, xids: builtins.list[str]) -> None:
         with self._lock:
             self._fence(epoch)
             for xid in xids:

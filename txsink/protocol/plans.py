@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from txsink.protocol.ids import parse_staging, staging_prefix
-from txsink.protocol.states import XidRecord, XidState
+from txsink.protocol.states import Mode, XidRecord, XidState
 
 # What the driver sees of one staging table: rows per partition id, or None if missing.
 StagingView = Mapping[str, Mapping[str, int] | None]
@@ -62,6 +62,9 @@ def plan_publish(record: XidRecord, view: StagingView) -> list[Operation]:
     partition). Anything else (a staging table missing while PREPARED, a partial count,
     rows the manifest does not list) is not guessed at: the plan is a single Alarm.
     """
+    if record.mode is Mode.DEDUP:
+        # Dedup mode inserted straight into the target; finishing is only the record.
+        return [] if record.state is XidState.COMMITTED else [RecordCommitted(record.xid)]
     if record.state is XidState.COMMITTED:
         return [
             DropStaging(t, "published; xid committed")

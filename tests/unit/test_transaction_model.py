@@ -1,0 +1,180 @@
+"""Model-based tests of the transaction runner: random batches, crashes and replays.
+
+A scripted "Spark" drives :class:`txsink.transaction.Transactor` against the in-memory
+registry and warehouse. Crashes are raised at random protocol fault points, after which
+a new driver run starts (new epoch, recovery) and Spark replays the first batch whose
+commit did not return. After every run to completion, the target must hold every
+produced row exactly once.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.unit.fakes import MemoryWarehouse
+from txsink.errors import FencedError, RecoveryAlarm
+from txsink.faults import POINTS
+from txsink.keeper.registry import MemoryRegistry
+from txsink.protocol.ids import batch_xid, staging_name
+from txsink.protocol.states import StagedPart, XidState
+from txsink.transaction import Transactor
+
+TARGET = "db.events"
+JOB = "orders-eo"
+
+
+class Crash(BaseException):
+    """A simulated kill -9 of the driver at a fault point."""
+
+
+class Faults:
+    def __init__(self, plan: list[tuple[str, int]]) -> None:
+        self.plan = list(plan)  # (point, arrivals to let pass first)
+        self.seen: dict[str, int] = {}
+
+    def __call__(self, point: str) -> None:
+        self.seen[point] = self.seen.get(point, 0) + 1
+        if self.plan and self.plan[0][0] == point:
+            name, skip = self.plan[0]
+            if self.seen[point] > skip:
+                self.plan.pop(0)
+                self.seen.clear()
+                raise Crash(name)
+
+
+def stage_batch(
+    wh: MemoryWarehouse, epoch: int, batch: int, rows: list[tuple[int, str]], spark_parts: int,
+    failed_attempts: int,
+) -> list[StagedPart]:
+    """Executors: each Spark partition writes a staging table; failed attempts leave junk."""
+    parts: list[StagedPart] = []
+    for sp in range(spark_parts):
+        mine = [r for i, r in enumerate(rows) if i % spark_parts == sp]
+        by_pid: dict[str, list[int]] = {}
+        for rid, pid in mine:
+            by_pid.setdefault(pid, []).append(rid)
+        attempt = 0
+        for attempt in range(failed_attempts):
+            dead = staging_name(JOB, batch_xid(batch), epoch, sp, attempt, 1000 * sp + attempt)
+            wh.create_staging(dead.table, {p: ids[: len(ids) // 2] for p, ids in by_pid.items()})
+        attempt = failed_attempts
+        name = staging_name(JOB, batch_xid(batch), epoch, sp, attempt, 1000 * sp + attempt).table
+        wh.create_staging(name, by_pid)
+        parts.extend(StagedPart(name, pid, len(ids)) for pid, ids in by_pid.items())
+    return parts
+
+
+def run_job(
+    batches: list[list[tuple[int, str]]], crashes: list[tuple[str, int]], spark_parts: int,
+    failed_attempts: int,
+) -> tuple[MemoryRegistry, MemoryWarehouse]:
+    reg, wh = MemoryRegistry(), MemoryWarehouse()
+    faults = Faults(crashes)
+    spark_done = -1  # Spark's checkpoint commit log: last batch whose commit returned
+    for _run in range(len(crashes) + 2):
+        tx = Transactor(reg, wh, JOB, fault=faults)
+        try:
+            epoch = tx.begin("driver")
+            for b in range(spark_done + 1, len(batches)):
+                parts = stage_batch(wh, epoch.number, b, batches[b], spark_parts, failed_attempts)
+                tx.commit_batch(epoch, batch_xid(b), b, TARGET, parts)
+                spark_done = b
+            return reg, wh
+        except Crash:
+            continue
+    raise AssertionError("job did not finish")
+
+
+row_batches = st.lists(
+    st.lists(st.sampled_from(["202401", "202402", "202403", "all"]), min_size=0, max_size=12),
+    min_size=1,
+    max_size=6,
+)
+crash_plans = st.lists(
+    st.tuples(st.sampled_from([p for p in POINTS if p.startswith("driver.")]),
+              st.integers(0, 3)),
+    max_size=4,
+)
+
+
+def number(batches: list[list[str]]) -> list[list[tuple[int, str]]]:
+    out, n = [], 0
+    for b in batches:
+        out.append([(n + i, pid) for i, pid in enumerate(b)])
+        n += len(b)
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(row_batches, crash_plans, st.integers(1, 3), st.integers(0, 2))
+def test_every_produced_row_is_published_exactly_once_whatever_the_crashes(
+    batches: list[list[str]], crashes: list[tuple[str, int]], spark_parts: int, failed: int
+) -> None:
+    numbered = number(batches)
+    reg, wh = run_job(numbered, crashes, spark_parts, failed)
+    produced = sorted(rid for b in numbered for rid, _ in b)
+    assert wh.target_ids(TARGET) == produced
+    records = reg.list(JOB)
+    assert all(r.state is XidState.COMMITTED for r in records)
+    assert sorted(r.batch for r in records) == list(range(len(numbered)))
+    assert reg.ledger(JOB)["rows"] == len(produced)
+
+
+@settings(max_examples=100, deadline=None)
+@given(row_batches, crash_plans)
+def test_no_staging_is_left_after_a_clean_restart(
+    batches: list[list[str]], crashes: list[tuple[str, int]]
+) -> None:
+    reg, wh = run_job(number(batches), crashes, 2, 1)
+    Transactor(reg, wh, JOB).begin("final")
+    assert wh.staging == {}
+
+
+def test_replay_of_committed_batch_publishes_nothing_and_drops_its_staging() -> None:
+    reg, wh = MemoryRegistry(), MemoryWarehouse()
+    tx = Transactor(reg, wh, JOB)
+    epoch = tx.begin()
+    parts = stage_batch(wh, epoch.number, 0, [(1, "a"), (2, "b")], 1, 0)
+    assert tx.commit_batch(epoch, "b0", 0, TARGET, parts).action == "committed"
+    epoch2 = Transactor(reg, wh, JOB).begin()
+    again = stage_batch(wh, epoch2.number, 0, [(1, "a"), (2, "b")], 1, 0)
+    result = tx.commit_batch(epoch2, "b0", 0, TARGET, again)
+    assert result.action == "skipped"
+    assert wh.target_ids(TARGET) == [1, 2]
+    assert wh.staging == {}
+
+
+def test_stale_epoch_cannot_prepare_after_takeover() -> None:
+    reg, wh = MemoryRegistry(), MemoryWarehouse()
+    old = Transactor(reg, wh, JOB)
+    old_epoch = old.begin("zombie")
+    Transactor(reg, wh, JOB).begin("new-driver")
+    parts = stage_batch(wh, old_epoch.number, 0, [(1, "a")], 1, 0)
+    with pytest.raises(FencedError, match="superseded"):
+        old.commit_batch(old_epoch, "b0", 0, TARGET, parts)
+    assert wh.target_ids(TARGET) == []
+
+
+def test_prepared_xid_with_lost_staging_raises_an_alarm_instead_of_guessing() -> None:
+    reg, wh = MemoryRegistry(), MemoryWarehouse()
+    tx = Transactor(reg, wh, JOB, fault=Faults([("driver.after_prepare", 0)]))
+    epoch = tx.begin()
+    parts = stage_batch(wh, epoch.number, 0, [(1, "a")], 1, 0)
+    with pytest.raises(Crash):
+        tx.commit_batch(epoch, "b0", 0, TARGET, parts)
+    wh.staging.clear()  # an operator dropped the staging database
+    with pytest.raises(RecoveryAlarm, match="missing"):
+        Transactor(reg, wh, JOB).begin()
+
+
+def test_orphan_staging_of_other_jobs_is_never_touched() -> None:
+    reg, wh = MemoryRegistry(), MemoryWarehouse()
+    other = staging_name("another-job", "b0", 1, 0, 0, 0).table
+    wh.create_staging(other, {"a": [1]})
+    mine = staging_name(JOB, "b0", 1, 0, 0, 0).table
+    wh.create_staging(mine, {"a": [2]})
+    Transactor(reg, wh, JOB).begin()
+    assert other in wh.staging
+    assert mine not in wh.staging

@@ -1,0 +1,254 @@
+"""The driver-side transaction runner: observes, asks :mod:`txsink.protocol.plans`, acts.
+
+One :class:`Transactor` serves one job. It owns the order of the protocol steps and the
+fault points between them; the decisions themselves are pure functions, and the stores
+sit behind :class:`txsink.keeper.registry.Registry` and
+:class:`txsink.clickhouse.warehouse.Warehouse`.
+
+Invariants:
+- the xid record in Keeper is created PREPARED (the commit point) only after every task
+  of the batch succeeded, and only by the writer holding the current epoch;
+- a PREPARED xid is only ever rolled forward; its staging is dropped only after COMMITTED;
+- staging not referenced by a PREPARED xid is dropped at recovery;
+- a failure whose outcome is unknown raises CommitOutcomeUnknown, never an abort.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from txsink.errors import (
+    CommitOutcomeUnknown,
+    RecoveryAlarm,
+    RetryableConflict,
+    UnavailableError,
+)
+from txsink.faults import fault_point
+from txsink.keeper.registry import Registry, XidExists
+from txsink.protocol import plans
+from txsink.protocol.ids import staging_prefix
+from txsink.protocol.states import Epoch, Mode, StagedPart, XidRecord, XidState
+
+log = logging.getLogger(__name__)
+
+
+class Warehouse(Protocol):
+    """The ClickHouse operations the driver needs (see txsink.clickhouse.warehouse)."""
+
+    def staging_view(self, tables: Sequence[str]) -> dict[str, dict[str, int] | None]: ...
+    def move_partition(self, staging: str, partition_id: str, target: str) -> None: ...
+    def drop_staging(self, table: str) -> None: ...
+    def list_staging(self, prefix: str) -> list[str]: ...
+
+
+@dataclass
+class CommitResult:
+    xid: str
+    action: str  # "committed" | "rolled_forward" | "skipped"
+    rows: int = 0
+    partitions: int = 0
+    seconds: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class RecoveryReport:
+    job: str
+    epoch: int
+    dry_run: bool
+    rolled_forward: list[str] = field(default_factory=list)
+    rolled_back: list[str] = field(default_factory=list)
+    dropped_leftovers: list[str] = field(default_factory=list)
+    alarms: list[str] = field(default_factory=list)
+    pruned: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def default_owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Transactor:
+    """Runs prepare / publish / record / recover for one job."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        warehouse: Warehouse,
+        job: str,
+        *,
+        retention: int = 1000,
+        clock: Callable[[], float] = time.time,
+        fault: Callable[[str], None] = fault_point,
+    ) -> None:
+        self.registry = registry
+        self.warehouse = warehouse
+        self.job = job
+        self.retention = retention
+        self.clock = clock
+        self.fault = fault
+
+    # -- start-up -------------------------------------------------------------------
+
+    def begin(self, owner: str | None = None, *, meta: dict[str, Any] | None = None) -> Epoch:
+        """Take a new writer epoch (fencing any older writer) and recover the job."""
+        self.registry.ensure_job(self.job, meta or {})
+        epoch = self.registry.take_epoch(self.job, owner or default_owner())
+        self.registry.heartbeat(epoch, {"state": "recovering"})
+        report = self.recover(epoch)
+        if report.alarms:
+            raise RecoveryAlarm(
+                f"job {self.job}: recovery needs an operator: {'; '.join(report.alarms)}. "
+                f"Inspect with `txsink status --job {self.job}`, then `txsink recover --job {self.job}`."
+            )
+        self.registry.heartbeat(epoch, {"state": "running"})
+        return epoch
+
+    # -- one batch ------------------------------------------------------------------
+
+    def commit_batch(
+        self,
+        epoch: Epoch,
+        xid: str,
+        batch: int | None,
+        target: str,
+        parts: Sequence[StagedPart],
+        mode: Mode = Mode.ATTACH,
+        extra: dict[str, Any] | None = None,
+    ) -> CommitResult:
+        """Prepare and publish one batch whose tasks all succeeded."""
+        started = self.clock()
+        incoming = XidRecord(
+            job=self.job,
+            xid=xid,
+            batch=batch,
+            state=XidState.PREPARED,
+            epoch=epoch.number,
+            mode=mode,
+            target=target,
+            manifest=tuple(p for p in parts if p.rows > 0),
+            created_at=started,
+            extra=dict(extra or {}),
+        )
+        existing = self.registry.get(self.job, xid)
+        decision = plans.decide_batch(existing, incoming)
+        if decision.action == "prepare":
+            self.fault("driver.before_prepare")
+            try:
+                record = self.registry.prepare(epoch, incoming)
+            except XidExists as exc:
+                existing = exc.existing
+                decision = plans.decide_batch(existing, incoming)
+            except UnavailableError as exc:
+                raise CommitOutcomeUnknown(
+                    f"job {self.job}: preparing xid {xid} failed with an unknown outcome ({exc}); "
+                    f"the batch will be rolled forward or back on restart or by `txsink recover "
+                    f"--job {self.job}`"
+                ) from exc
+            else:
+                self.fault("driver.after_prepare")
+        prepared_at = self.clock()
+        for table in decision.drop:
+            self.warehouse.drop_staging(table)
+        if decision.action == "skip_committed":
+            log.info("job %s: %s; replay is a no-op", self.job, decision.reason)
+            return CommitResult(xid, "skipped", seconds=self.clock() - started)
+        if decision.action == "roll_forward_existing":
+            assert existing is not None  # noqa: S101 - decide_batch guarantees it
+            log.warning("job %s: %s", self.job, decision.reason)
+            record = existing
+        done = self.finish(epoch, record)
+        action = "committed" if decision.action == "prepare" else "rolled_forward"
+        finished = self.clock()
+        self._after_commit(epoch, done)
+        return CommitResult(
+            xid,
+            action,
+            rows=done.rows,
+            partitions=len(done.partition_rows()),
+            seconds=finished - started,
+            timings={"prepare": prepared_at - started, "publish": finished - prepared_at},
+        )
+
+    def finish(self, epoch: Epoch, record: XidRecord) -> XidRecord:
+        """Run the publish plan of a PREPARED (or COMMITTED) record to its end."""
+        view = self.warehouse.staging_view(record.staging_tables) if record.manifest else {}
+        moved = 0
+        for op in plans.plan_publish(record, view):
+            if isinstance(op, plans.Alarm):
+                raise RecoveryAlarm(
+                    f"job {self.job}: {op.reason}. Nothing was published for it automatically; "
+                    f"see docs/operations.md#lost-staging"
+                )
+            if isinstance(op, plans.Publish):
+                self.warehouse.move_partition(op.staging, op.partition_id, op.target)
+                moved += 1
+                if moved == 1:
+                    self.fault("driver.mid_commit")
+            elif isinstance(op, plans.RecordCommitted):
+                self.fault("driver.after_commit")
+                record = self._record_committed(epoch, record)
+                self.fault("driver.after_record")
+            elif isinstance(op, plans.DropStaging):
+                self.warehouse.drop_staging(op.table)
+        return record
+
+    def _record_committed(self, epoch: Epoch, record: XidRecord) -> XidRecord:
+        try:
+            return self.registry.commit(epoch, record, self.clock())
+        except RetryableConflict:
+            now = self.registry.get(self.job, record.xid)
+            if now is not None and now.state is XidState.COMMITTED:
+                return now  # another runner (recovery) finished it: same outcome
+            raise
+        except UnavailableError as exc:
+            raise CommitOutcomeUnknown(
+                f"job {self.job}: xid {record.xid} is published but recording COMMITTED failed "
+                f"({exc}); `txsink recover --job {self.job}` will record it"
+            ) from exc
+
+    def _after_commit(self, epoch: Epoch, record: XidRecord) -> None:
+        self.registry.heartbeat(
+            epoch, {"state": "running", "last_xid": record.xid, "last_batch": record.batch}
+        )
+        if record.batch is not None and record.batch % 50 == 0:
+            self.prune(epoch)
+
+    def prune(self, epoch: Epoch) -> list[str]:
+        doomed = plans.plan_prune(self.registry.list(self.job), self.retention)
+        if doomed:
+            self.registry.delete(epoch, doomed)
+        return doomed
+
+    # -- recovery -------------------------------------------------------------------
+
+    def recover(self, epoch: Epoch, *, dry_run: bool = False) -> RecoveryReport:
+        """Roll PREPARED xids forward and drop staging no PREPARED xid references."""
+        records = self.registry.list(self.job)
+        tables = self.warehouse.list_staging(staging_prefix(self.job))
+        plan = plans.plan_recovery(self.job, records, tables)
+        report = RecoveryReport(self.job, epoch.number, dry_run)
+        report.rolled_forward = [r.xid for r in plan.roll_forward]
+        report.rolled_back = list(plan.roll_back)
+        report.dropped_leftovers = list(plan.drop_committed)
+        if dry_run:
+            return report
+        for record in plan.roll_forward:
+            try:
+                self.finish(epoch, record)
+                log.warning("job %s: rolled xid %s forward", self.job, record.xid)
+            except RecoveryAlarm as exc:
+                report.alarms.append(str(exc))
+        for table in (*plan.roll_back, *plan.drop_committed):
+            self.warehouse.drop_staging(table)
+            log.info("job %s: dropped staging %s", self.job, table)
+        report.pruned = self.prune(epoch)
+        return report
