@@ -1,0 +1,383 @@
+"""The Registry contract: invariants every :class:`txsink.keeper.registry.Registry` keeps.
+
+:class:`RegistryContract` holds the tests; a test module subclasses it (``TestX(RegistryContract)``)
+and provides two fixtures:
+
+- ``registry``: a fresh, empty registry (one driver);
+- ``open_registry``: a callable returning another registry on the SAME store (a second
+  driver, a recovery tool), closed by the fixture's owner.
+
+``tests/unit/test_registry_contract.py`` runs them on ``MemoryRegistry``;
+``tests/integration/test_registry_zookeeper.py`` runs the same cases on ``KazooRegistry``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from txsink.errors import FencedError, RetryableConflict
+from txsink.keeper.registry import EMPTY_LEDGER, Registry, XidExists
+from txsink.protocol.states import Epoch, Mode, StagedPart, XidRecord, XidState
+
+JOB = "orders"
+OpenRegistry = Callable[[], Registry]
+
+
+def make_record(
+    xid: str = "x-1",
+    *,
+    job: str = JOB,
+    batch: int | None = 1,
+    epoch: int = 1,
+    parts: dict[str, int] | None = None,
+    state: XidState = XidState.PREPARED,
+) -> XidRecord:
+    parts = {"202401": 3, "202402": 2} if parts is None else parts
+    return XidRecord(
+        job=job,
+        xid=xid,
+        batch=batch,
+        state=state,
+        epoch=epoch,
+        mode=Mode.ATTACH,
+        target="db.events",
+        manifest=tuple(
+            StagedPart(table=f"db._stage_{xid}", partition_id=pid, rows=rows, blocks=1)
+            for pid, rows in parts.items()
+        ),
+        created_at=1000.0,
+        extra={"attempt": 0},
+    )
+
+
+def prepared(registry: Registry, epoch: Epoch, xid: str, batch: int = 1, **kw: Any) -> XidRecord:
+    return registry.prepare(epoch, make_record(xid, job=epoch.job, batch=batch, **kw))
+
+
+class RegistryContract:
+    """Invariants of the coordination store; see the module docstring for the fixtures."""
+
+    # -- jobs -------------------------------------------------------------------------
+
+    def test_ensure_job_creates_once_and_returns_the_stored_meta(self, registry: Registry) -> None:
+        first = registry.ensure_job(JOB, {"target": "db.events", "mode": "attach"})
+        again = registry.ensure_job(JOB, {"target": "db.other", "mode": "dedup"})
+        assert first == again == {"target": "db.events", "mode": "attach"}
+        assert registry.job_meta(JOB) == first
+
+    def test_unknown_job_has_no_meta_epoch_owner_or_xids(self, registry: Registry) -> None:
+        assert registry.job_meta("nobody") is None
+        assert registry.current_epoch("nobody") is None
+        assert registry.owner("nobody") is None
+        assert registry.get("nobody", "x-1") is None
+        assert registry.list("nobody") == []
+        assert registry.ledger("nobody") == EMPTY_LEDGER
+
+    def test_list_jobs_lists_ensured_jobs_sorted(self, registry: Registry) -> None:
+        assert registry.list_jobs() == []
+        for job in ("b-job", "a-job", "c-job"):
+            registry.ensure_job(job, {"target": f"db.{job[0]}"})
+        assert registry.list_jobs() == ["a-job", "b-job", "c-job"]
+
+    def test_taking_an_epoch_does_not_make_a_listed_job(self, registry: Registry) -> None:
+        registry.take_epoch("only-epoch", "driver-a")
+        assert registry.list_jobs() == []
+        assert registry.job_meta("only-epoch") is None
+        assert registry.ensure_job("only-epoch", {"target": "t"}) == {"target": "t"}
+        assert registry.list_jobs() == ["only-epoch"]
+
+    # -- epochs -----------------------------------------------------------------------
+
+    def test_first_epoch_is_number_one(self, registry: Registry) -> None:
+        epoch = registry.take_epoch(JOB, "driver-a")
+        assert (epoch.job, epoch.number, epoch.owner) == (JOB, 1, "driver-a")
+        assert registry.current_epoch(JOB) == epoch
+
+    def test_takeover_increments_epoch_number(self, registry: Registry) -> None:
+        first = registry.take_epoch(JOB, "driver-a")
+        second = registry.take_epoch(JOB, "driver-b")
+        third = registry.take_epoch(JOB, "driver-a")
+        assert [first.number, second.number, third.number] == [1, 2, 3]
+        assert len({first.token, second.token, third.token}) == 3
+        assert registry.current_epoch(JOB) == third
+
+    def test_epochs_of_different_jobs_are_independent(self, registry: Registry) -> None:
+        a = registry.take_epoch("job-a", "d")
+        registry.take_epoch("job-b", "d")
+        registry.take_epoch("job-b", "d")
+        assert registry.current_epoch("job-a") == a
+        prepared(registry, a, "x-a")  # job-b's takeovers do not fence job-a
+
+    # -- prepare ----------------------------------------------------------------------
+
+    def test_prepare_stores_the_record_at_version_zero(self, registry: Registry) -> None:
+        epoch = registry.take_epoch(JOB, "driver-a")
+        record = make_record("x-1")
+        stored = registry.prepare(epoch, record)
+        assert stored.version == 0
+        assert stored.state is XidState.PREPARED
+        assert registry.get(JOB, "x-1") == stored
+        assert stored.to_json() == record.to_json()
+
+    def test_prepare_of_existing_xid_returns_the_existing_record(self, registry: Registry) -> None:
+        epoch = registry.take_epoch(JOB, "driver-a")
+        stored = prepared(registry, epoch, "x-1", parts={"p": 7})
+        with pytest.raises(XidExists) as info:
+            prepared(registry, epoch, "x-1", parts={"p": 99})
+        assert info.value.existing == stored
+        assert isinstance(info.value, RetryableConflict)
+        assert registry.get(JOB, "x-1") == stored
+
+    def test_prepare_of_a_committed_record_is_an_illegal_transition(
+        self, registry: Registry
+    ) -> None:
+        epoch = registry.take_epoch(JOB, "driver-a")
+        with pytest.raises(ValueError, match="illegal xid transition"):
+            registry.prepare(epoch, make_record("x-1", state=XidState.COMMITTED))
+        assert registry.get(JOB, "x-1") is None
+
+    def test_stale_epoch_cannot_prepare(self, registry: Registry) -> None:
+        old = registry.take_epoch(JOB, "driver-a")
+        registry.take_epoch(JOB, "driver-b")
+        with pytest.raises(FencedError) as info:
+            prepared(registry, old, "x-1")
+        message = str(info.value)
+        assert JOB in message and "epoch 1" in message and "epoch 2" in message
+        assert registry.get(JOB, "x-1") is None
+        assert registry.list(JOB) == []
+
+    def test_stale_epoch_is_fenced_before_its_transition_is_judged(
+        self, registry: Registry
+    ) -> None:
+        old = registry.take_epoch(JOB, "driver-a")
+        registry.take_epoch(JOB, "driver-b")
+        with pytest.raises(FencedError):
+            registry.prepare(old, make_record("x-1", state=XidState.COMMITTED))
+
+    def test_stale_epoch_cannot_overwrite_an_existing_xid(self, registry: Registry) -> None:
+        old = registry.take_epoch(JOB, "driver-a")
+        stored = prepared(registry, old, "x-1")
+        registry.take_epoch(JOB, "driver-b")
+        with pytest.raises(FencedError):
+            prepared(registry, old, "x-1")
+        assert registry.get(JOB, "x-1") == stored
+
+    # -- commit -----------------------------------------------------------------------
+
+    def test_commit_updates_ledger_and_assigns_sequence(self, registry: Registry) -> None:
+        epoch = registry.take_epoch(JOB, "driver-a")
+        one = prepared(registry, epoch, "x-1", batch=1, parts={"a": 3, "b": 2})
+        two = prepared(registry, epoch, "x-2", batch=2, parts={"a": 4})
+        done_one = registry.commit(epoch, one, committed_at=2000.0)
+        done_two = registry.commit(epoch, two, committed_at=3000.0)
+        assert done_one.state is XidState.COMMITTED and done_one.committed_at == 2000.0
+        assert [done_one.extra["seq"], done_two.extra["seq"]] == [1, 2]
+        assert done_one.extra["attempt"] == 0  # extra is kept, seq added
+        assert done_one.version == one.version + 1
+        assert registry.get(JOB, "x-1") == done_one
+        assert registry.get(JOB, "x-2") == done_two
+        assert registry.ledger(JOB) == {
+            "seq": 2,
+            "committed": 2,
+            "rows": 9,
+            "last_batch": 2,
+            "last_commit_at": 3000.0,
+            "partitions": {"a": 7, "b": 2},
+        }
+
+    def test_commit_with_stale_version_is_a_conflict(self, registry: Registry) -> None:
+        epoch = registry.take_epoch(JOB, "driver-a")
+        record = prepared(registry, epoch, "x-1")
+        registry.commit(epoch, record, committed_at=2000.0)
+        with pytest.raises(RetryableConflict):
+            registry.commit(epoch, record, committed_at=2001.0)  # version 0 is gone
+        assert registry.ledger(JOB)["committed"] == 1
+
+    def test_commit_of_a_missing_xid_is_a_conflict(self, registry: Registry) -> None:
+        epoch = registry.take_epoch(JOB, "driver-a")
+        with pytest.raises(RetryableConflict):
+            registry.commit(epoch, replace(make_record("ghost"), version=0), committed_at=1.0)
+        assert registry.ledger(JOB) == EMPTY_LEDGER
+
+    def test_illegal_transition_is_rejected(self, registry: Registry) -> None:
+        epoch = registry.take_epoch(JOB, "driver-a")
+        record = prepared(registry, epoch, "x-1")
+        done = registry.commit(epoch, record, committed_at=2000.0)
+        with pytest.raises(ValueError, match="illegal xid transition"):
+            registry.commit(epoch, done, committed_at=2001.0)  # COMMITTED -> COMMITTED
+        assert registry.get(JOB, "x-1") == done
+        assert registry.ledger(JOB)["seq"] == 1
+
+    def test_stale_epoch_cannot_commit_even_a_prepared_xid(self, registry: Registry) -> None:
+        old = registry.take_epoch(JOB, "driver-a")
+        record = prepared(registry, old, "x-1")
+        registry.take_epoch(JOB, "driver-b")
+        with pytest.raises(FencedError):
+            registry.commit(old, record, committed_at=2000.0)
+        assert registry.get(JOB, "x-1") == record
+        assert registry.ledger(JOB) == EMPTY_LEDGER
+
+    def test_new_epoch_rolls_forward_an_xid_prepared_by_the_old_one(
+        self, registry: Registry
+    ) -> None:
+        old = registry.take_epoch(JOB, "driver-a")
+        prepared(registry, old, "x-1")
+        new = registry.take_epoch(JOB, "recovery")
+        record = registry.get(JOB, "x-1")
+        assert record is not None
+        done = registry.commit(new, record, committed_at=5.0)
+        assert done.state is XidState.COMMITTED
+        assert done.epoch == old.number  # the record keeps the epoch that prepared it
+
+    # -- reads, delete, heartbeat, blobs -------------------------------------------------
+
+    def test_get_and_list_report_node_versions(self, registry: Registry) -> None:
+        epoch = registry.take_epoch(JOB, "driver-a")
+        one = prepared(registry, epoch, "x-1")
+        prepared(registry, epoch, "x-2", batch=2)
+        registry.commit(epoch, one, committed_at=1.0)
+        versions = {r.xid: (r.state, r.version) for r in registry.list(JOB)}
+        assert versions == {
+            "x-1": (XidState.COMMITTED, 1),
+            "x-2": (XidState.PREPARED, 0),
+        }
+
+    def test_list_keeps_prepare_order(self, registry: Registry) -> None:
+        epoch = registry.take_epoch(JOB, "driver-a")
+        names = ["x-9", "x-1", "x-5", "x-3"]
+        for batch, xid in enumerate(names):
+            prepared(registry, epoch, xid, batch=batch)
+        assert [r.xid for r in registry.list(JOB)] == names
+
+    def test_delete_removes_only_the_named_xids_and_ignores_missing(
+        self, registry: Registry
+    ) -> None:
+        epoch = registry.take_epoch(JOB, "driver-a")
+        for i in range(4):
+            prepared(registry, epoch, f"x-{i}", batch=i)
+        registry.delete(epoch, ["x-0", "x-2", "never-was"])
+        assert [r.xid for r in registry.list(JOB)] == ["x-1", "x-3"]
+        registry.delete(epoch, [])
+        assert len(registry.list(JOB)) == 2
+
+    def test_delete_keeps_the_ledger(self, registry: Registry) -> None:
+        epoch = registry.take_epoch(JOB, "driver-a")
+        record = prepared(registry, epoch, "x-1")
+        registry.commit(epoch, record, committed_at=1.0)
+        before = registry.ledger(JOB)
+        registry.delete(epoch, ["x-1"])
+        assert registry.get(JOB, "x-1") is None
+        assert registry.ledger(JOB) == before
+
+    def test_stale_epoch_cannot_delete(self, registry: Registry) -> None:
+        old = registry.take_epoch(JOB, "driver-a")
+        record = prepared(registry, old, "x-1")
+        registry.take_epoch(JOB, "driver-b")
+        with pytest.raises(FencedError):
+            registry.delete(old, ["x-1"])
+        with pytest.raises(FencedError):
+            registry.delete(old, [])
+        assert registry.get(JOB, "x-1") == record
+
+    def test_heartbeat_records_the_owner(self, registry: Registry) -> None:
+        epoch = registry.take_epoch(JOB, "driver-a")
+        registry.heartbeat(epoch, {"batch": 3})
+        registry.heartbeat(epoch, {"batch": 4})
+        owner = registry.owner(JOB)
+        assert owner is not None
+        assert (owner["epoch"], owner["owner"], owner["batch"]) == (1, "driver-a", 4)
+        assert isinstance(owner["heartbeat"], float)
+
+    def test_stale_epoch_cannot_heartbeat(self, registry: Registry) -> None:
+        old = registry.take_epoch(JOB, "driver-a")
+        new = registry.take_epoch(JOB, "driver-b")
+        registry.heartbeat(new, {})
+        with pytest.raises(FencedError):
+            registry.heartbeat(old, {"batch": 1})
+        owner = registry.owner(JOB)
+        assert owner is not None and owner["owner"] == "driver-b"
+
+    def test_blobs_round_trip_under_nested_keys(self, registry: Registry) -> None:
+        assert registry.get_blob(JOB, "dedup/x-1/p0") is None
+        registry.put_blob(JOB, "dedup/x-1/p0", {"state": "BEFORE", "blocks": 2})
+        registry.put_blob(JOB, "dedup/x-1/p1", {"state": "BEFORE"})
+        registry.put_blob(JOB, "dedup/x-1/p0", {"state": "AFTER", "blocks": 2})
+        assert registry.get_blob(JOB, "dedup/x-1/p0") == {"state": "AFTER", "blocks": 2}
+        assert registry.get_blob(JOB, "dedup/x-1/p1") == {"state": "BEFORE"}
+        assert registry.get_blob("other-job", "dedup/x-1/p0") is None
+
+    # -- several drivers ----------------------------------------------------------------
+
+    def test_a_second_driver_sees_the_first_drivers_writes(
+        self, registry: Registry, open_registry: OpenRegistry
+    ) -> None:
+        registry.ensure_job(JOB, {"target": "db.events"})
+        epoch = registry.take_epoch(JOB, "driver-a")
+        record = prepared(registry, epoch, "x-1")
+        other = open_registry()
+        assert other.job_meta(JOB) == {"target": "db.events"}
+        assert other.current_epoch(JOB) == epoch
+        assert other.get(JOB, "x-1") == record
+
+    def test_racing_drivers_exactly_one_prepares(
+        self, registry: Registry, open_registry: OpenRegistry
+    ) -> None:
+        drivers = [registry, open_registry()]
+        barrier = threading.Barrier(len(drivers))
+        outcomes: dict[str, object] = {}
+        epochs: dict[str, Epoch] = {}
+
+        def run(name: str, reg: Registry) -> None:
+            epochs[name] = reg.take_epoch(JOB, name)
+            barrier.wait(timeout=30)  # both epochs are taken before either prepares
+            try:
+                outcomes[name] = prepared(reg, epochs[name], "x-1")
+            except FencedError as exc:
+                outcomes[name] = exc
+
+        threads = [
+            threading.Thread(target=run, args=(f"driver-{i}", reg)) for i, reg in enumerate(drivers)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        winners = [n for n, o in outcomes.items() if isinstance(o, XidRecord)]
+        losers = [n for n, o in outcomes.items() if isinstance(o, FencedError)]
+        assert len(winners) == 1 and len(losers) == 1, outcomes
+        assert epochs[winners[0]].number == 2  # the newest epoch wins
+        current = registry.current_epoch(JOB)
+        assert current is not None and current.owner == winners[0]
+        assert registry.get(JOB, "x-1") == outcomes[winners[0]]
+
+    def test_concurrent_commits_of_one_job_count_each_xid_once(
+        self, registry: Registry, open_registry: OpenRegistry
+    ) -> None:
+        epoch = registry.take_epoch(JOB, "driver-a")
+        records = [prepared(registry, epoch, f"x-{i}", batch=i, parts={"p": 1}) for i in range(6)]
+        drivers = [registry, open_registry()]
+        errors: list[BaseException] = []
+
+        def run(reg: Registry, mine: list[XidRecord]) -> None:
+            for rec in mine:
+                try:
+                    reg.commit(epoch, rec, committed_at=1.0)
+                except RetryableConflict as exc:  # the ledger race must be retried inside
+                    errors.append(exc)
+
+        threads = [
+            threading.Thread(target=run, args=(reg, records[i::2])) for i, reg in enumerate(drivers)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert errors == []
+        committed = [r for r in registry.list(JOB) if r.state is XidState.COMMITTED]
+        assert registry.ledger(JOB)["committed"] == len(committed) == 6
+        assert sorted(r.extra["seq"] for r in committed) == list(range(1, len(committed) + 1))
