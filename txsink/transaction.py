@@ -98,12 +98,21 @@ class Transactor:
 
     # -- start-up -------------------------------------------------------------------
 
-    def begin(self, owner: str | None = None, *, meta: dict[str, Any] | None = None) -> Epoch:
-        """Take a new writer epoch (fencing any older writer) and recover the job."""
+    def begin(
+        self,
+        owner: str | None = None,
+        *,
+        meta: dict[str, Any] | None = None,
+        keep: set[str] | frozenset[str] = frozenset(),
+    ) -> Epoch:
+        """Take a new writer epoch (fencing any older writer) and recover the job.
+
+        ``keep``: staging tables of a batch in flight that recovery must not roll back.
+        """
         self.registry.ensure_job(self.job, meta or {})
         epoch = self.registry.take_epoch(self.job, owner or default_owner())
         self.registry.heartbeat(epoch, {"state": "recovering"})
-        report = self.recover(epoch)
+        report = self.recover(epoch, keep=keep)
         if report.alarms:
             raise RecoveryAlarm(
                 f"job {self.job}: recovery needs an operator: {'; '.join(report.alarms)}. "
@@ -230,10 +239,16 @@ class Transactor:
 
     # -- recovery -------------------------------------------------------------------
 
-    def recover(self, epoch: Epoch, *, dry_run: bool = False) -> RecoveryReport:
+    def recover(
+        self,
+        epoch: Epoch,
+        *,
+        dry_run: bool = False,
+        keep: set[str] | frozenset[str] = frozenset(),
+    ) -> RecoveryReport:
         """Roll PREPARED xids forward and drop staging no PREPARED xid references."""
         records = self.registry.list(self.job)
-        tables = self.warehouse.list_staging(staging_prefix(self.job))
+        tables = [t for t in self.warehouse.list_staging(staging_prefix(self.job)) if t not in keep]
         plan = plans.plan_recovery(self.job, records, tables)
         report = RecoveryReport(self.job, epoch.number, dry_run)
         report.rolled_forward = [r.xid for r in plan.roll_forward]

@@ -57,10 +57,10 @@ def stage_batch(
             by_pid.setdefault(pid, []).append(rid)
         attempt = 0
         for attempt in range(failed_attempts):
-            dead = staging_name(JOB, batch_xid(batch), epoch, sp, attempt, 1000 * sp + attempt)
+            dead = staging_name(JOB, batch_xid(batch), f"{epoch:08x}", sp, attempt, 1000 * sp + attempt)
             wh.create_staging(dead.table, {p: ids[: len(ids) // 2] for p, ids in by_pid.items()})
         attempt = failed_attempts
-        name = staging_name(JOB, batch_xid(batch), epoch, sp, attempt, 1000 * sp + attempt).table
+        name = staging_name(JOB, batch_xid(batch), f"{epoch:08x}", sp, attempt, 1000 * sp + attempt).table
         wh.create_staging(name, by_pid)
         parts.extend(StagedPart(name, pid, len(ids)) for pid, ids in by_pid.items())
     return parts
@@ -171,9 +171,9 @@ def test_prepared_xid_with_lost_staging_raises_an_alarm_instead_of_guessing() ->
 
 def test_orphan_staging_of_other_jobs_is_never_touched() -> None:
     reg, wh = MemoryRegistry(), MemoryWarehouse()
-    other = staging_name("another-job", "b0", 1, 0, 0, 0).table
+    other = staging_name("another-job", "b0", "0000000a", 0, 0, 0).table
     wh.create_staging(other, {"a": [1]})
-    mine = staging_name(JOB, "b0", 1, 0, 0, 0).table
+    mine = staging_name(JOB, "b0", "0000000a", 0, 0, 0).table
     wh.create_staging(mine, {"a": [2]})
     Transactor(reg, wh, JOB).begin()
     assert other in wh.staging

@@ -4,11 +4,13 @@ A retry of any step recomputes the same ids and so finds what a lost earlier att
 created (STYLE item 4). Staging names are parsed back by recovery, so the format below
 is part of the on-disk contract::
 
-    <prefix>__<xid>__e<epoch>_p<spark partition>_a<attempt>_t<task attempt id>
+    <prefix>__<xid>__r<run>_p<spark partition>_a<attempt>_t<task attempt id>
 
     prefix = tx_<job, sanitised, at most 40 chars>_<8 hex of sha1(job)>
     xid    = b<batch>   for a streaming batch, a foreachBatch call or a txn_version save
              u<12 hex>  for a batch save without txn_version
+    run    = 8 hex: the writer run (Spark query run, or one batch save); Spark task
+             attempt ids restart at 0 in a new run, so the run keeps names unique
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 JOB_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 _STAGING_RE = re.compile(
     r"^(?P<prefix>tx_[a-z0-9_]*_[0-9a-f]{8})__(?P<xid>[bu][0-9a-f]+)"
-    r"__e(?P<epoch>\d+)_p(?P<part>\d+)_a(?P<attempt>\d+)_t(?P<tid>\d+)$"
+    r"__r(?P<run>[0-9a-f]{8})_p(?P<part>\d+)_a(?P<attempt>\d+)_t(?P<tid>\d+)$"
 )
 
 
@@ -53,7 +55,7 @@ def xid_batch(xid: str) -> int | None:
 class StagingName:
     prefix: str
     xid: str
-    epoch: int
+    run: str
     partition: int
     attempt: int
     task_attempt_id: int
@@ -61,15 +63,20 @@ class StagingName:
     @property
     def table(self) -> str:
         return (
-            f"{self.prefix}__{self.xid}__e{self.epoch}_p{self.partition}"
+            f"{self.prefix}__{self.xid}__r{self.run}_p{self.partition}"
             f"_a{self.attempt}_t{self.task_attempt_id}"
         )
 
 
+def run_tag(run_id: str) -> str:
+    """8 hex chars naming a writer run in staging names."""
+    return hashlib.sha1(run_id.encode()).hexdigest()[:8]  # noqa: S324 - a name, not security
+
+
 def staging_name(
-    job: str, xid: str, epoch: int, partition: int, attempt: int, task_attempt_id: int
+    job: str, xid: str, run: str, partition: int, attempt: int, task_attempt_id: int
 ) -> StagingName:
-    return StagingName(staging_prefix(job), xid, epoch, partition, attempt, task_attempt_id)
+    return StagingName(staging_prefix(job), xid, run, partition, attempt, task_attempt_id)
 
 
 def parse_staging(table: str) -> StagingName | None:
@@ -78,7 +85,7 @@ def parse_staging(table: str) -> StagingName | None:
     if not m:
         return None
     return StagingName(
-        m["prefix"], m["xid"], int(m["epoch"]), int(m["part"]), int(m["attempt"]), int(m["tid"])
+        m["prefix"], m["xid"], m["run"], int(m["part"]), int(m["attempt"]), int(m["tid"])
     )
 
 

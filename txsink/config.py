@@ -1,0 +1,198 @@
+"""Writer options: every key, its default and its parsing, in one place.
+
+``WriterConfig.from_options`` is called on the driver with the options a user gave to
+``.option(...)`` / ``foreach_batch(**options)``; errors name the bad key. The frozen
+result is pickled to executors and to the commit worker. docs/options.md documents
+every key listed in ``OPTIONS`` (a unit test checks that it does).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+from urllib.parse import urlparse
+
+from txsink.errors import ConfigError
+from txsink.protocol.ids import valid_job
+
+# key -> (default, help). A default of None means required (or taken from the environment).
+OPTIONS: dict[str, tuple[str | None, str]] = {
+    "url": (None, "ClickHouse HTTP(S) URL, http(s)://host:port (env TXSINK_URL)"),
+    "user": ("default", "ClickHouse user"),
+    "password": ("", "ClickHouse password"),
+    "table": (None, "target table, db.table"),
+    "keeper": (None, "Keeper connect string host:port[,host:port][/chroot] (env TXSINK_KEEPER)"),
+    "job": (None, "stable writer name; one live writer per job"),
+    "mode": ("auto", "auto | attach | dedup"),
+    "staging_database": ("txsink_staging", "database that holds staging tables (attach mode)"),
+    "keeper_root": ("/txsink", "root node of txsink's Keeper layout"),
+    "keeper_auth": ("", "digest credentials user:password for Keeper ACLs (empty: open ACL)"),
+    "keeper_timeout": ("15", "Keeper connect/session timeout, seconds"),
+    "block_rows": ("1000000", "rows per insert block sent to ClickHouse"),
+    "block_bytes": ("268435456", "bytes per insert block (whichever limit is hit first)"),
+    "compress": ("lz4", "HTTP insert compression: lz4 | zstd | gzip | none"),
+    "connect_timeout": ("10", "ClickHouse connect timeout, seconds"),
+    "send_receive_timeout": ("300", "ClickHouse send/receive timeout, seconds"),
+    "verify": ("true", "verify the server's TLS certificate (https URLs)"),
+    "ca_cert": ("", "path of a CA bundle for https URLs"),
+    "retry_attempts": ("5", "attempts for transient ClickHouse errors"),
+    "retry_max_wait": ("30", "longest back-off between attempts, seconds"),
+    "txn_version": ("", "batch writes: a version number; a rerun with the same one is a no-op"),
+    "retention": ("1000", "committed xid records kept in Keeper for status/verify"),
+    "dedup_order_by": ("", "dedup mode: comma-separated columns to sort each partition by"),
+    "dedup_min_window": ("100", "dedup mode: refuse targets whose dedup window is smaller"),
+    "skip_committed_replays": ("true", "executors skip writing a replayed, committed batch"),
+    "metrics_textfile": ("", "write Prometheus text-format metrics to this file"),
+    "run_id": ("", "internal: set by foreach_batch to the streaming query's run id"),
+}
+MODES = ("auto", "attach", "dedup")
+COMPRESSIONS = ("lz4", "zstd", "gzip", "none")
+
+
+def _int(key: str, raw: str, minimum: int = 0) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"option {key!r} must be an integer, got {raw!r}") from None
+    if value < minimum:
+        raise ConfigError(f"option {key!r} must be >= {minimum}, got {value}")
+    return value
+
+
+def _float(key: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"option {key!r} must be a number of seconds, got {raw!r}") from None
+    if value <= 0:
+        raise ConfigError(f"option {key!r} must be > 0, got {value}")
+    return value
+
+
+def _bool(key: str, raw: str) -> bool:
+    low = raw.strip().lower()
+    if low in ("true", "1", "yes", "on"):
+        return True
+    if low in ("false", "0", "no", "off"):
+        return False
+    raise ConfigError(f"option {key!r} must be true or false, got {raw!r}")
+
+
+@dataclass(frozen=True)
+class WriterConfig:
+    url: str
+    user: str
+    password: str
+    table: str
+    keeper: str
+    job: str
+    mode: str
+    staging_database: str
+    keeper_root: str
+    keeper_auth: str
+    keeper_timeout: float
+    block_rows: int
+    block_bytes: int
+    compress: str
+    connect_timeout: float
+    send_receive_timeout: float
+    verify: bool
+    ca_cert: str
+    retry_attempts: int
+    retry_max_wait: float
+    txn_version: int | None
+    retention: int
+    dedup_order_by: tuple[str, ...]
+    dedup_min_window: int
+    skip_committed_replays: bool
+    metrics_textfile: str
+    run_id: str
+
+    @property
+    def database(self) -> str:
+        return self.table.split(".", 1)[0]
+
+    @property
+    def table_name(self) -> str:
+        return self.table.split(".", 1)[1]
+
+    @staticmethod
+    def from_options(options: Mapping[str, Any]) -> WriterConfig:
+        given = {str(k).lower(): ("" if v is None else str(v)) for k, v in options.items()}
+        given.pop("path", None)  # Spark passes save(path) as "path"; txsink has no path
+        unknown = sorted(set(given) - set(OPTIONS))
+        if unknown:
+            raise ConfigError(
+                f"unknown option(s) {', '.join(unknown)}; known options: "
+                f"{', '.join(sorted(OPTIONS))} (see docs/options.md)"
+            )
+        raw = {k: given.get(k, d if d is not None else "") for k, (d, _) in OPTIONS.items()}
+        raw["url"] = raw["url"] or os.environ.get("TXSINK_URL", "")
+        raw["keeper"] = raw["keeper"] or os.environ.get("TXSINK_KEEPER", "")
+        for key in ("url", "table", "keeper", "job"):
+            if not raw[key]:
+                raise ConfigError(f"option {key!r} is required: {OPTIONS[key][1]}")
+        url = urlparse(raw["url"])
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ConfigError(f"option 'url' must look like http(s)://host:port, got {raw['url']!r}")
+        if raw["table"].count(".") != 1 or not all(raw["table"].split(".")):
+            raise ConfigError(f"option 'table' must be db.table, got {raw['table']!r}")
+        if not valid_job(raw["job"]):
+            raise ConfigError(
+                f"option 'job' must match [A-Za-z0-9][A-Za-z0-9_.-]{{0,99}}, got {raw['job']!r}"
+            )
+        mode = raw["mode"].lower()
+        if mode not in MODES:
+            raise ConfigError(f"option 'mode' must be one of {', '.join(MODES)}, got {mode!r}")
+        compress = raw["compress"].lower()
+        if compress not in COMPRESSIONS:
+            raise ConfigError(
+                f"option 'compress' must be one of {', '.join(COMPRESSIONS)}, got {compress!r}"
+            )
+        if raw["keeper_auth"] and ":" not in raw["keeper_auth"]:
+            raise ConfigError("option 'keeper_auth' must be user:password")
+        return WriterConfig(
+            url=raw["url"].rstrip("/"),
+            user=raw["user"],
+            password=raw["password"],
+            table=raw["table"],
+            keeper=raw["keeper"],
+            job=raw["job"],
+            mode=mode,
+            staging_database=raw["staging_database"],
+            keeper_root="/" + raw["keeper_root"].strip("/"),
+            keeper_auth=raw["keeper_auth"],
+            keeper_timeout=_float("keeper_timeout", raw["keeper_timeout"]),
+            block_rows=_int("block_rows", raw["block_rows"], 1),
+            block_bytes=_int("block_bytes", raw["block_bytes"], 1024),
+            compress=compress,
+            connect_timeout=_float("connect_timeout", raw["connect_timeout"]),
+            send_receive_timeout=_float("send_receive_timeout", raw["send_receive_timeout"]),
+            verify=_bool("verify", raw["verify"]),
+            ca_cert=raw["ca_cert"],
+            retry_attempts=_int("retry_attempts", raw["retry_attempts"], 1),
+            retry_max_wait=_float("retry_max_wait", raw["retry_max_wait"]),
+            txn_version=_int("txn_version", raw["txn_version"]) if raw["txn_version"] else None,
+            retention=_int("retention", raw["retention"], 1),
+            dedup_order_by=tuple(c.strip() for c in raw["dedup_order_by"].split(",") if c.strip()),
+            dedup_min_window=_int("dedup_min_window", raw["dedup_min_window"], 1),
+            skip_committed_replays=_bool("skip_committed_replays", raw["skip_committed_replays"]),
+            metrics_textfile=raw["metrics_textfile"],
+            run_id=raw["run_id"],
+        )
+
+    def to_options(self) -> dict[str, str]:
+        """The options that rebuild this config (used by foreach_batch)."""
+        out: dict[str, str] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            if isinstance(value, bool):
+                value = "true" if value else "false"
+            elif isinstance(value, tuple):
+                value = ",".join(value)
+            out[f.name] = str(value)
+        return out

@@ -1,0 +1,96 @@
+"""The Spark Python data source ``clickhouse_tx`` (contract in docs/options.md).
+
+Thin by design: options are parsed into a :class:`txsink.config.WriterConfig`, the target
+is validated on the driver before any task runs (:mod:`txsink.spark.validate`), and the
+work is done by :mod:`txsink.spark.writer`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import StructType
+
+from txsink.config import WriterConfig
+from txsink.errors import ConfigError
+from txsink.protocol.ids import adhoc_xid, batch_xid
+from txsink.spark import writer as w
+
+FORMAT = "clickhouse_tx"
+
+
+class ClickHouseTxDataSource(DataSource):
+    """``format("clickhouse_tx")``: exactly-once writes into a ClickHouse table."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def _config(self) -> WriterConfig:
+        return WriterConfig.from_options(dict(self.options))
+
+    def writer(self, schema: StructType, overwrite: bool) -> ClickHouseTxBatchWriter:
+        if overwrite:
+            raise ConfigError(
+                "clickhouse_tx only appends; use .mode('append') (overwrite would need "
+                "REPLACE PARTITION semantics txsink does not offer)"
+            )
+        from txsink.spark.validate import validate
+
+        config = self._config()
+        plan = validate(config, schema)
+        run_id = config.run_id or f"save-{uuid.uuid4().hex}"
+        if config.txn_version is not None:
+            xid, batch = batch_xid(config.txn_version), config.txn_version
+        else:
+            xid, batch = adhoc_xid(uuid.uuid4().hex), None
+        return ClickHouseTxBatchWriter(
+            w.WritePlan(plan.config, plan.mode, plan.not_null, xid, run_id, batch)
+        )
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> ClickHouseTxStreamWriter:  # noqa: N802
+        if overwrite:
+            raise ConfigError("clickhouse_tx streaming supports outputMode('append') only")
+        from txsink.spark.validate import validate
+
+        return ClickHouseTxStreamWriter(validate(self._config(), schema))
+
+
+class ClickHouseTxBatchWriter(DataSourceArrowWriter):
+    """One ``save()`` = one transaction (xid from ``txn_version`` when given)."""
+
+    def __init__(self, plan: w.WritePlan) -> None:
+        self.plan = plan
+
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        return w.write_partition(self.plan, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        w.commit_batch(self.plan, list(messages), self.plan.batch)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        w.abort_batch(self.plan, list(messages), self.plan.batch)
+
+
+class ClickHouseTxStreamWriter(DataSourceStreamArrowWriter):
+    """One micro-batch = one transaction, xid ``b<batchId>``."""
+
+    def __init__(self, plan: w.WritePlan) -> None:
+        self.plan = plan
+
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        return w.write_partition(self.plan, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        w.commit_batch(self.plan, list(messages), batchId)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        w.abort_batch(self.plan, list(messages), batchId)

@@ -1,0 +1,38 @@
+"""``txsink.foreach_batch(**options)``: the sink for users who transform in foreachBatch.
+
+Each call writes the micro-batch DataFrame with the batch data source, using the
+streaming batch id as ``txn_version`` (so the xid is ``b<batchId>``, as with
+``format("clickhouse_tx")``) and the streaming run id for fencing. A replayed batch is
+therefore a no-op, exactly as in the streaming sink.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from txsink.config import WriterConfig
+from txsink.spark.datasource import FORMAT, ClickHouseTxDataSource
+
+
+def make_foreach_batch(**options: Any) -> Callable[[Any, int], None]:
+    WriterConfig.from_options(options)  # fail fast on bad options, before the query starts
+    registered: set[int] = set()
+
+    def write_batch(df: Any, batch_id: int) -> None:
+        spark = df.sparkSession
+        if id(spark) not in registered:
+            spark.dataSource.register(ClickHouseTxDataSource)
+            registered.add(id(spark))
+        run_id = ""
+        try:
+            run_id = spark.sparkContext.getLocalProperty("spark.jobGroup.id") or ""
+        except Exception:  # noqa: BLE001 - Spark Connect sessions have no SparkContext
+            run_id = ""
+        opts = {k: str(v) for k, v in options.items()}
+        opts["txn_version"] = str(batch_id)
+        if run_id:
+            opts["run_id"] = run_id
+        df.write.format(FORMAT).options(**opts).mode("append").save()
+
+    return write_batch

@@ -1,0 +1,132 @@
+"""Driver-side validation before any row is written; resolves ``mode=auto``.
+
+Checks, in order, each failing with one error that names the object and the remedy:
+ClickHouse reachable and the target exists; the DataFrame schema fits the target
+(:func:`txsink.clickhouse.compat.check_schema`); the mode is possible on this target
+(MOVE PARTITION blockers, dedup-window requirements); Keeper reachable. Nothing is
+created in Keeper or the target by validation; only the staging database is ensured.
+
+Nullability: Spark marks most source columns nullable (Parquet, Kafka, JSON), so a
+nullable DataFrame column bound for a non-Nullable ClickHouse column is accepted here
+and every block is checked for actual nulls at write time instead
+(:func:`txsink.spark.writer.check_nulls`), before it is sent.
+
+Results are cached per process for a short time: Spark asks for a writer on the driver
+for every micro-batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from pyspark.sql.types import StructType
+
+from txsink.clickhouse.compat import (
+    ColumnInfo,
+    SparkField,
+    TargetInfo,
+    attach_blockers,
+    check_schema,
+    parse_ch_type,
+    unwrap,
+)
+from txsink.config import WriterConfig
+from txsink.errors import ConfigError, SchemaMismatch
+from txsink.spark.writer import WritePlan
+
+log = logging.getLogger(__name__)
+CACHE_SECONDS = 30.0
+_cache: dict[tuple[WriterConfig, str], tuple[float, WritePlan]] = {}
+
+
+def dedup_blockers(info: TargetInfo, *, min_window: int) -> list[str]:
+    """Reasons dedup mode cannot guarantee exactly-once on this target."""
+    window = info.dedup_window
+    if window < min_window:
+        key = (
+            "replicated_deduplication_window"
+            if info.is_replicated
+            else "non_replicated_deduplication_window"
+        )
+        return [
+            f"{info.name} has {key}={window}, below the {min_window} blocks dedup mode needs "
+            f"to recognise a replayed batch; run ALTER TABLE {info.name} MODIFY SETTING "
+            f"{key} = 1000"
+        ]
+    return []
+
+
+def not_nullable(columns: tuple[ColumnInfo, ...]) -> tuple[str, ...]:
+    out = []
+    for col in columns:
+        _, nullable = unwrap(parse_ch_type(col.type))
+        if not nullable:
+            out.append(col.name)
+    return tuple(out)
+
+
+def resolve_mode(config: WriterConfig, info: TargetInfo) -> str:
+    blockers = attach_blockers(info)
+    if config.mode == "attach":
+        if blockers:
+            raise ConfigError(
+                f"mode=attach is impossible for {config.table}: {'; '.join(blockers)}"
+            )
+        return "attach"
+    dedup_problems = dedup_blockers(info, min_window=config.dedup_min_window)
+    if config.mode == "dedup":
+        if dedup_problems:
+            raise ConfigError(f"mode=dedup is unsafe for {config.table}: {'; '.join(dedup_problems)}")
+        return "dedup"
+    if not blockers:
+        log.info("job %s: mode=auto chose attach for %s", config.job, config.table)
+        return "attach"
+    if dedup_problems:
+        raise ConfigError(
+            f"mode=auto: {config.table} can take neither attach ({'; '.join(blockers)}) "
+            f"nor dedup ({'; '.join(dedup_problems)})"
+        )
+    log.warning(
+        "job %s: mode=auto chose dedup for %s because %s", config.job, config.table, "; ".join(blockers)
+    )
+    return "dedup"
+
+
+def validate(config: WriterConfig, schema: StructType) -> WritePlan:
+    key = (config, schema.json())
+    hit = _cache.get(key)
+    if hit and time.monotonic() - hit[0] < CACHE_SECONDS:
+        return hit[1]
+    plan = _validate(config, schema)
+    _cache[key] = (time.monotonic(), plan)
+    return plan
+
+
+def _validate(config: WriterConfig, schema: StructType) -> WritePlan:
+    from txsink.driver import open_registry, open_warehouse
+
+    warehouse: Any = open_warehouse(config)
+    try:
+        info = warehouse.target_info(config.table)
+        strict = not_nullable(info.columns)
+        fields = [
+            SparkField(f.name, f.dataType.simpleString(), f.nullable and f.name not in strict)
+            for f in schema.fields
+        ]
+        problems = check_schema(fields, list(info.columns), table=config.table)
+        if problems:
+            raise SchemaMismatch(
+                f"the DataFrame does not fit {config.table}; nothing was written:\n  - "
+                + "\n  - ".join(problems)
+            )
+        mode = resolve_mode(config, info)
+        if mode == "attach":
+            warehouse.ensure_staging_db()
+    finally:
+        close = getattr(getattr(warehouse, "client", None), "close", None)
+        if close:
+            close()
+    open_registry(config).close()  # Keeper reachable: UnavailableError names it otherwise
+    return WritePlan(config, mode, strict)

@@ -1,0 +1,224 @@
+"""What runs inside Spark: the executor-side write of one partition and the driver-side
+commit / abort of one batch. Shared by the streaming and the batch writer classes.
+
+Executors know the batch from Spark's local property ``streaming.sql.batchId`` and the
+query run from ``spark.jobGroup.id`` (Spark sets both for every micro-batch job). The
+commit message is small and picklable: the staging tables and their row counts per
+target partition.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark.sql.datasource import WriterCommitMessage
+
+from txsink.config import WriterConfig
+from txsink.errors import SchemaMismatch, TxSinkError, UnavailableError
+from txsink.faults import fault_point
+from txsink.protocol.ids import batch_xid, parse_staging, run_tag, staging_name, staging_prefix
+from txsink.protocol.states import Mode, StagedPart, XidState
+
+log = logging.getLogger(__name__)
+
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+RUN_ID_PROPERTY = "spark.jobGroup.id"
+
+
+@dataclass(frozen=True)
+class WritePlan:
+    """Everything a task needs, decided and validated once on the driver."""
+
+    config: WriterConfig
+    mode: str  # "attach" | "dedup" (auto is resolved on the driver)
+    not_null: tuple[str, ...] = ()  # target columns that are not Nullable
+    xid: str | None = None  # batch saves: fixed xid; streaming: from the batch id
+    run_id: str = ""  # batch saves: one run per save; streaming: Spark's run id
+    batch: int | None = None
+
+
+@dataclass
+class TxCommitMessage(WriterCommitMessage):
+    run_id: str
+    xid: str
+    batch: int | None
+    parts: tuple[StagedPart, ...] = ()
+    staging: tuple[str, ...] = ()
+    skipped: bool = False
+    rows: int = 0
+    seconds: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def task_identity(plan: WritePlan) -> tuple[str, str, int | None, Any]:
+    """(run id, xid, batch, TaskContext) of the running task."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    if ctx is None:
+        raise TxSinkError("txsink writers must run inside a Spark task")
+    if plan.xid is not None:
+        return plan.run_id, plan.xid, plan.batch, ctx
+    raw = ctx.getLocalProperty(BATCH_ID_PROPERTY)
+    if raw is None:
+        raise TxSinkError("no streaming batch id in this task; is this a streaming query?")
+    batch = int(raw)
+    run_id = ctx.getLocalProperty(RUN_ID_PROPERTY) or plan.run_id
+    return run_id, batch_xid(batch), batch, ctx
+
+
+def check_nulls(plan: WritePlan, batch: Any) -> None:
+    """Refuse nulls bound for a non-Nullable column (ClickHouse would store a default)."""
+    for name in plan.not_null:
+        idx = batch.schema.get_field_index(name)
+        if idx >= 0 and batch.column(idx).null_count:
+            raise SchemaMismatch(
+                f"column {name!r} of {plan.config.table} is not Nullable but the DataFrame has "
+                f"{batch.column(idx).null_count} null value(s) in it; fill them (df.fillna / "
+                f"coalesce) or make the column Nullable. Nothing was published."
+            )
+
+
+def _guarded(plan: WritePlan, batches: Iterator[Any], block_rows: int) -> Iterator[Any]:
+    """Yield batches after the null check; fire ``executor.mid_write`` once a block went out."""
+    sent = 0
+    for batch in batches:
+        check_nulls(plan, batch)
+        if sent >= block_rows:
+            fault_point("executor.mid_write")
+        sent += batch.num_rows
+        yield batch
+    fault_point("executor.mid_write")
+
+
+def already_committed(plan: WritePlan, xid: str) -> bool:
+    """Is ``xid`` committed already (a replay)? Unknown counts as no: writing is safe."""
+    if not plan.config.skip_committed_replays:
+        return False
+    from txsink.driver import open_registry
+
+    try:
+        registry = open_registry(plan.config)
+    except UnavailableError:
+        return False
+    try:
+        record = registry.get(plan.config.job, xid)
+    finally:
+        registry.close()
+    return record is not None and record.state is XidState.COMMITTED
+
+
+def write_partition(plan: WritePlan, batches: Iterator[Any]) -> TxCommitMessage:
+    """Executor: write one task attempt's rows (attach: into its own staging table)."""
+    started = time.time()
+    run_id, xid, batch, ctx = task_identity(plan)
+    if already_committed(plan, xid):
+        for _ in batches:  # drain: Spark expects the input consumed
+            pass
+        log.info("job %s: xid %s already committed; skipping the replayed write", plan.config.job, xid)
+        return TxCommitMessage(run_id, xid, batch, skipped=True, seconds=time.time() - started)
+    if plan.mode == Mode.DEDUP.value:
+        from txsink.spark.dedup_write import write_partition_dedup
+
+        return write_partition_dedup(plan, batches, run_id, xid, batch, ctx, started)
+    from txsink.driver import open_warehouse
+
+    warehouse = open_warehouse(plan.config)
+    cfg = plan.config
+    first = next(batches, None)
+    if first is None:
+        return TxCommitMessage(run_id, xid, batch, seconds=time.time() - started)
+    name = staging_name(
+        cfg.job, xid, run_tag(run_id), ctx.partitionId(), ctx.attemptNumber(), ctx.taskAttemptId()
+    ).table
+    warehouse.create_staging(cfg.table, name)
+
+    def chained() -> Iterator[Any]:
+        yield first
+        yield from batches
+
+    stats = warehouse.insert_blocks(
+        name,
+        _guarded(plan, chained(), cfg.block_rows),
+        block_rows=cfg.block_rows,
+        block_bytes=cfg.block_bytes,
+    )
+    view = warehouse.staging_view([name]).get(name) or {}
+    parts = tuple(StagedPart(name, pid, rows) for pid, rows in sorted(view.items()) if rows)
+    staged = sum(p.rows for p in parts)
+    if staged != stats.rows:
+        raise TxSinkError(
+            f"staging table {cfg.staging_database}.{name} holds {staged} rows after inserting "
+            f"{stats.rows}; refusing to report it (the batch will be retried)"
+        )
+    return TxCommitMessage(
+        run_id, xid, batch, parts, (name,), rows=stats.rows, seconds=time.time() - started
+    )
+
+
+def commit_batch(plan: WritePlan, messages: list[Any], batch_id: int | None) -> dict[str, Any]:
+    """Driver: prepare + publish + record one batch. Returns the commit result as a dict."""
+    from txsink.driver import epoch_for_run, open_job
+
+    msgs = [m for m in messages if isinstance(m, TxCommitMessage)]
+    xid = plan.xid or batch_xid(int(batch_id or 0))
+    batch = plan.batch if plan.xid is not None else batch_id
+    handle = open_job(plan.config)
+    try:
+        run_id = (msgs[0].run_id if msgs else "") or plan.run_id
+        if not run_id:
+            current = handle.registry.current_epoch(plan.config.job)
+            run_id = current.owner if current else f"adhoc-{uuid.uuid4().hex}"
+        incoming = {t for m in msgs for t in m.staging}
+        epoch = epoch_for_run(handle, run_id, plan.mode, keep=incoming)
+        parts = [p for m in msgs for p in m.parts]
+        result = handle.transactor.commit_batch(
+            epoch, xid, batch, plan.config.table, parts, Mode(plan.mode)
+        )
+        if plan.mode == Mode.ATTACH.value:
+            sweep_strays(handle, xid, incoming)
+        from txsink.metrics import record_commit
+
+        record_commit(plan.config, result, sum(m.rows for m in msgs))
+        return result.__dict__
+    finally:
+        handle.close()
+
+
+def sweep_strays(handle: Any, xid: str, incoming: set[str]) -> None:
+    """Drop staging of ``xid`` that no task message named (losing speculative attempts)."""
+    prefix = staging_prefix(handle.config.job)
+    for table in handle.warehouse.list_staging(prefix):
+        parsed = parse_staging(table)
+        if parsed is not None and parsed.xid == xid and table not in incoming:
+            handle.warehouse.drop_staging(table)
+
+
+def abort_batch(plan: WritePlan, messages: list[Any], batch_id: int | None) -> None:
+    """Driver: tasks failed. Drop their staging unless the xid already reached PREPARED.
+
+    Spark also calls abort when ``commit`` raised; if the xid was prepared by then, its
+    staging is the only copy of the batch and belongs to recovery, not to abort.
+    """
+    from txsink.driver import open_job
+
+    xid = plan.xid or batch_xid(int(batch_id or 0))
+    tables = [t for m in messages if isinstance(m, TxCommitMessage) for t in m.staging]
+    try:
+        handle = open_job(plan.config)
+    except UnavailableError as exc:
+        log.warning("abort of xid %s: cannot reach stores (%s); recovery will clean up", xid, exc)
+        return
+    try:
+        if handle.registry.get(plan.config.job, xid) is not None:
+            log.warning("abort of xid %s: it is recorded in Keeper; leaving it to recovery", xid)
+            return
+        for table in tables:
+            handle.warehouse.drop_staging(table)
+    finally:
+        handle.close()
