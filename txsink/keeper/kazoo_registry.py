@@ -39,6 +39,8 @@ from kazoo.exceptions import (
     NodeExistsError,
     NoNodeError,
     OperationTimeoutError,
+    RolledBackError,
+    RuntimeInconsistency,
     SessionExpiredError,
     SessionMovedError,
 )
@@ -76,6 +78,9 @@ _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     OperationTimeoutError,
     ConnectionDropped,
 )
+
+# Results of the ops of a failed multi-op that did not cause the failure.
+_NOT_THE_CAUSE = (RolledBackError, RuntimeInconsistency)
 
 
 def _encode(value: dict[str, Any]) -> bytes:
@@ -283,11 +288,22 @@ class KazooRegistry:
             self._ensure(parent)
             return self._wait(self._client.create_async(path, _encode(value), acl=self._acl))
 
-    def _commit_txn(self, ops: Callable[[Any], None]) -> builtins.list[Any]:
+    def _commit_txn(self, ops: Callable[[Any], None]) -> tuple[bool, builtins.list[Any]]:
+        """Run one multi-op; returns (all applied, per-op results).
+
+        In a failed multi-op only the failing op carries its real error: ZooKeeper reports
+        the ops before it as rolled back and those after it as not attempted. Both become
+        ``None`` here, so ``isinstance(results[i], Exception)`` names the culprit.
+        """
         txn = self._client.transaction()
         ops(txn)
-        results: builtins.list[Any] = self._wait(txn.commit_async())
-        return results
+        raw: builtins.list[Any] = self._wait(txn.commit_async())
+        ok = not any(isinstance(r, Exception) for r in raw)
+        return ok, [None if isinstance(r, _NOT_THE_CAUSE) else r for r in raw]
+
+    @staticmethod
+    def _first_error(results: builtins.list[Any]) -> Exception:
+        return next(r for r in results if isinstance(r, Exception))
 
     def _raise_fenced(self, epoch: Epoch) -> None:
         cur = self.current_epoch(epoch.job)
@@ -411,12 +427,14 @@ class KazooRegistry:
                     else:
                         txn.create(path, _encode(value), acl=self._acl)
 
-                results = self._commit_txn(ops)
+                ok, results = self._commit_txn(ops)
                 if isinstance(results[0], Exception):
                     self._raise_fenced(epoch)
-                if not isinstance(results[1], Exception):
+                if ok:
                     return
-                # NoNode / NodeExists: the owner node appeared or vanished; go again.
+                if not isinstance(results[1], (NoNodeError, NodeExistsError)):
+                    raise self._first_error(results)
+                # The owner node appeared or vanished since exists(): go again.
         raise RetryableConflict(f"job {epoch.job}: owner node {path} keeps changing; retry")
 
     def owner(self, job: str) -> dict[str, Any] | None:
@@ -469,10 +487,10 @@ class KazooRegistry:
                     txn.check(epoch_path, epoch.token)
                     txn.create(path, _encode(stored.to_json()), acl=self._acl)
 
-                results = self._commit_txn(ops)
+                ok, results = self._commit_txn(ops)
                 if isinstance(results[0], Exception):
                     self._raise_fenced(epoch)
-                if not isinstance(results[1], Exception):
+                if ok:
                     return stored
                 if isinstance(results[1], NodeExistsError):
                     existing = self.get(epoch.job, record.xid)
@@ -482,7 +500,7 @@ class KazooRegistry:
                     self._known_paths.discard(path.rsplit("/", 1)[0])
                     self._ensure(path.rsplit("/", 1)[0])
                 else:
-                    raise results[1]
+                    raise self._first_error(results)
         raise RetryableConflict(f"xid {record.xid} of job {epoch.job} keeps changing; retry")
 
     def commit(self, epoch: Epoch, record: XidRecord, committed_at: float) -> XidRecord:
@@ -520,13 +538,15 @@ class KazooRegistry:
                             ledger_path, _encode(new_ledger), version=ledger_found[1].version
                         )
 
-                results = self._commit_txn(ops)
+                ok, results = self._commit_txn(ops)
                 if isinstance(results[0], Exception):
                     self._raise_fenced(epoch)
+                if ok:
+                    return replace(done, version=results[1].version)
                 if isinstance(results[1], (BadVersionError, NoNodeError)):
                     raise RetryableConflict(f"xid {record.xid} changed under us; re-read and retry")
-                if not isinstance(results[2], Exception):
-                    return replace(done, version=results[1].version)
+                if not isinstance(results[2], (BadVersionError, NodeExistsError, NoNodeError)):
+                    raise self._first_error(results)
                 # Only the ledger moved (another committer of this job): re-read, go again.
         raise RetryableConflict(f"job {epoch.job}: ledger {ledger_path} keeps changing; retry")
 
@@ -555,11 +575,13 @@ class KazooRegistry:
                 for p in present:
                     txn.delete(p)
 
-            results = self._commit_txn(ops)
+            ok, results = self._commit_txn(ops)
             if isinstance(results[0], Exception):
                 self._raise_fenced(epoch)
-            if not any(isinstance(r, Exception) for r in results):
+            if ok:
                 return
+            if not any(isinstance(r, NoNodeError) for r in results):
+                raise self._first_error(results)
             # A node vanished between exists() and the delete: recompute and go again.
         raise RetryableConflict(f"job {epoch.job}: xids keep changing during delete; retry")
 

@@ -1,0 +1,286 @@
+"""The Registry contract on a real ZooKeeper (``KazooRegistry``), plus what only a real
+Keeper has: chroots, digest ACLs, unreachable servers, expired sessions, racing sessions.
+
+ZooKeeper comes from the ``stack`` fixture of ``tests/integration/conftest.py``
+(``stack.keeper`` is ``127.0.0.1:PORT``); ``TXSINK_TEST_KEEPER=host:port`` points the tests
+at another ZooKeeper instead. Every test works under its own root, so tests never collide.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoAuthError
+from kazoo.security import ACL
+
+from tests.registry_contract import JOB, RegistryContract, make_record, prepared
+from txsink.errors import ConfigError, FencedError, UnavailableError
+from txsink.keeper.kazoo_registry import KazooRegistry
+from txsink.keeper.registry import Registry, XidExists
+from txsink.protocol.states import XidState
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT = 10.0
+AUTH = "alice:s3cret"
+
+
+@pytest.fixture
+def keeper_hosts(request: pytest.FixtureRequest) -> str:
+    override = os.environ.get("TXSINK_TEST_KEEPER")
+    if override:
+        return override
+    keeper: str = request.getfixturevalue("stack").keeper
+    return keeper
+
+
+@pytest.fixture
+def raw_zk(keeper_hosts: str) -> Iterator[KazooClient]:
+    """A plain kazoo session (digest ``AUTH`` attached) to inspect and clean up nodes."""
+    client = KazooClient(hosts=keeper_hosts, timeout=TIMEOUT, auth_data=[("digest", AUTH)])
+    client.start(timeout=TIMEOUT)
+    yield client
+    client.stop()
+    client.close()
+
+
+@pytest.fixture
+def root(raw_zk: KazooClient) -> Iterator[str]:
+    path = f"/txsink-test-{uuid.uuid4().hex[:12]}"
+    yield path
+    raw_zk.delete(path, recursive=True)
+
+
+@pytest.fixture
+def open_registry(keeper_hosts: str, root: str) -> Iterator[Callable[[], Registry]]:
+    """Opens KazooRegistries (each its own session: a driver) on the test's root."""
+    opened: list[KazooRegistry] = []
+
+    def open_one() -> Registry:
+        reg = KazooRegistry(keeper_hosts, root, timeout=TIMEOUT)
+        opened.append(reg)
+        return reg
+
+    yield open_one
+    for reg in opened:
+        reg.close()
+
+
+@pytest.fixture
+def registry(open_registry: Callable[[], Registry]) -> Registry:
+    return open_registry()
+
+
+class TestRegistryContractOnZooKeeper(RegistryContract):
+    """Every contract invariant of tests/registry_contract.py, on ZooKeeper."""
+
+
+# -- ZooKeeper only ---------------------------------------------------------------------
+
+
+def test_epoch_token_is_the_epoch_nodes_version(
+    registry: KazooRegistry, raw_zk: KazooClient, root: str
+) -> None:
+    for _ in range(3):
+        epoch = registry.take_epoch(JOB, "driver-a")
+        _, stat = raw_zk.get(f"{root}/jobs/{JOB}/epoch")
+        assert epoch.token == stat.version
+
+
+def test_takeover_is_logged_with_the_previous_owner(
+    registry: KazooRegistry, caplog: pytest.LogCaptureFixture
+) -> None:
+    registry.take_epoch(JOB, "driver-a")
+    with caplog.at_level(logging.WARNING, logger="txsink.keeper.kazoo_registry"):
+        registry.take_epoch(JOB, "driver-b")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("driver-b" in m and "driver-a" in m and "epoch 2" in m for m in warnings)
+
+
+def test_nodes_are_json_under_the_documented_layout(
+    registry: KazooRegistry, raw_zk: KazooClient, root: str
+) -> None:
+    registry.ensure_job(JOB, {"target": "db.events"})
+    epoch = registry.take_epoch(JOB, "driver-a")
+    record = prepared(registry, epoch, "x-1")
+    registry.commit(epoch, record, committed_at=5.0)
+    registry.put_blob(JOB, "dedup/x-1/p0", {"state": "AFTER"})
+    job = f"{root}/jobs/{JOB}"
+    assert sorted(raw_zk.get_children(job)) == ["dedup", "epoch", "ledger", "xids"]
+    assert b'"state":"COMMITTED"' in raw_zk.get(f"{job}/xids/x-1")[0]
+    assert b'"seq":1' in raw_zk.get(f"{job}/ledger")[0]
+    assert raw_zk.exists(f"{job}/dedup/x-1/p0") is not None
+
+
+def test_chroot_holds_every_node(keeper_hosts: str, raw_zk: KazooClient) -> None:
+    chroot = f"/txsink-chroot-{uuid.uuid4().hex[:12]}"
+    reg = KazooRegistry(f"{keeper_hosts}{chroot}", "/txsink", timeout=TIMEOUT)
+    try:
+        reg.ensure_job(JOB, {"target": "db.events"})
+        epoch = reg.take_epoch(JOB, "driver-a")
+        prepared(reg, epoch, "x-1")
+        assert raw_zk.exists(f"{chroot}/txsink/jobs/{JOB}/xids/x-1") is not None
+        assert reg.list_jobs() == [JOB]
+    finally:
+        reg.close()
+        raw_zk.delete(chroot, recursive=True)
+
+
+def test_another_identity_can_read_a_job_but_not_alter_it(
+    keeper_hosts: str, root: str, raw_zk: KazooClient
+) -> None:
+    owner = KazooRegistry(keeper_hosts, root, auth=AUTH, timeout=TIMEOUT)
+    stranger = KazooClient(hosts=keeper_hosts, timeout=TIMEOUT)
+    stranger.start(timeout=TIMEOUT)
+    intruder = KazooRegistry(keeper_hosts, root, auth="mallory:guess", timeout=TIMEOUT)
+    try:
+        owner.ensure_job(JOB, {"target": "db.events"})
+        epoch = owner.take_epoch(JOB, "driver-a")
+        record = prepared(owner, epoch, "x-1")
+        path = f"{root}/jobs/{JOB}/xids/x-1"
+
+        acl, _ = raw_zk.get_acls(path)
+        assert ACL(perms=1, id=acl[1].id) in acl or any(
+            a.id.scheme == "world" and a.perms == 1 for a in acl
+        )
+        data, _ = stranger.get(path)  # everyone may read
+        assert b'"xid":"x-1"' in data
+        with pytest.raises(NoAuthError):
+            stranger.set(path, b"{}")
+        with pytest.raises(NoAuthError):
+            stranger.create(f"{root}/jobs/{JOB}/xids/x-evil", b"{}")
+
+        assert intruder.get(JOB, "x-1") == record  # a registry with other credentials reads
+        with pytest.raises(ConfigError, match="NoAuth"):
+            intruder.take_epoch(JOB, "mallory")
+
+        done = owner.commit(epoch, record, committed_at=1.0)  # the owner still writes
+        assert done.state is XidState.COMMITTED
+    finally:
+        intruder.close()
+        stranger.stop()
+        stranger.close()
+        owner.close()
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def test_unreachable_keeper_is_unavailable_within_the_timeout() -> None:
+    keeper = f"127.0.0.1:{_closed_port()}"
+    started = time.monotonic()
+    with pytest.raises(UnavailableError) as info:
+        KazooRegistry(keeper, timeout=2.0)
+    assert time.monotonic() - started < 2.0 + 3.0
+    message = str(info.value)
+    assert keeper in message
+    assert "txsink embedded status" in message
+
+
+def test_a_reused_client_stays_open_after_close(keeper_hosts: str, root: str) -> None:
+    client = KazooClient(hosts=keeper_hosts, timeout=TIMEOUT)
+    client.start(timeout=TIMEOUT)
+    try:
+        reg = KazooRegistry(keeper_hosts, root, client=client)
+        reg.ensure_job(JOB, {"target": "t"})
+        reg.close()
+        assert client.connected
+        assert client.exists(f"{root}/jobs/{JOB}") is not None
+    finally:
+        client.stop()
+        client.close()
+
+
+def _expire_session(keeper_hosts: str, victim: KazooClient) -> None:
+    """Expire ``victim``'s session for real: open a second connection on the same session
+    (id + password) and close it; the server ends the session for both connections."""
+    session_id, password = victim.client_id
+    twin = KazooClient(hosts=keeper_hosts, client_id=(session_id, password), timeout=TIMEOUT)
+    twin.start(timeout=TIMEOUT)
+    twin.stop()
+    twin.close()
+
+
+def test_session_expiry_never_loses_a_fenced_write_silently(
+    keeper_hosts: str, root: str, registry: KazooRegistry, raw_zk: KazooClient
+) -> None:
+    epoch = registry.take_epoch(JOB, "driver-a")
+    prepared(registry, epoch, "x-1")
+    old_session = registry._client.client_id[0]
+
+    _expire_session(keeper_hosts, registry._client)
+
+    unavailable: list[UnavailableError] = []
+    stored = None
+    deadline = time.monotonic() + 30
+    while stored is None and time.monotonic() < deadline:
+        try:
+            stored = prepared(registry, epoch, "x-2", batch=2)
+        except UnavailableError as exc:
+            unavailable.append(exc)  # outcome unknown: re-run the idempotent step
+            time.sleep(0.2)
+        except XidExists as exc:  # an earlier attempt landed after all
+            stored = exc.existing
+    assert stored is not None, unavailable
+    # The write that returned (or that a retry found) is really in ZooKeeper...
+    assert raw_zk.exists(f"{root}/jobs/{JOB}/xids/x-2") is not None
+    observer = KazooRegistry(keeper_hosts, root, timeout=TIMEOUT)
+    try:
+        assert observer.get(JOB, "x-2") == stored
+    finally:
+        observer.close()
+    # ...on a new session, and the epoch (a persistent node) still fences correctly.
+    registry.heartbeat(epoch, {"after": "expiry"})
+    assert registry._client.client_id[0] != old_session
+    done = registry.commit(epoch, stored, committed_at=9.0)
+    assert done.state is XidState.COMMITTED
+    assert all("txsink embedded status" in str(e) for e in unavailable)
+
+
+def test_an_operation_during_expiry_reports_unavailable_not_success(
+    keeper_hosts: str, root: str, registry: KazooRegistry
+) -> None:
+    epoch = registry.take_epoch(JOB, "driver-a")
+    _expire_session(keeper_hosts, registry._client)
+    results: list[str] = []
+    for i in range(40):
+        try:
+            prepared(registry, epoch, f"x-{i}", batch=i)
+            results.append("ok")
+        except UnavailableError:
+            results.append("unavailable")
+        time.sleep(0.05)
+    landed = {r.xid for r in registry.list(JOB)}
+    # Every reported success is in ZooKeeper; nothing reported failed was silently kept
+    # unless a retry would find it (XidExists), which is the idempotent contract.
+    for i, outcome in enumerate(results):
+        if outcome == "ok":
+            assert f"x-{i}" in landed
+
+
+def test_racing_takeovers_leave_exactly_one_writer(
+    open_registry: Callable[[], Registry],
+) -> None:
+    drivers = [open_registry() for _ in range(3)]
+    epochs = [reg.take_epoch(JOB, f"driver-{i}") for i, reg in enumerate(drivers)]
+    outcomes = []
+    for reg, epoch in zip(drivers, epochs, strict=True):
+        try:
+            prepared(reg, epoch, f"x-{epoch.number}", batch=epoch.number)
+            outcomes.append("won")
+        except FencedError:
+            outcomes.append("fenced")
+    assert outcomes == ["fenced", "fenced", "won"]
+    assert [r.xid for r in drivers[0].list(JOB)] == ["x-3"]
+    assert make_record().job == JOB
