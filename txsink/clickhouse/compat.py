@@ -1,0 +1,551 @@
+"""Pure compatibility checks between a Spark DataFrame, a ClickHouse target and its staging.
+
+Owned by the ClickHouse adapter. No I/O: :mod:`txsink.clickhouse.warehouse` observes the
+server (``system.tables``, ``system.columns``...) into the frozen records below and the
+functions here decide. Invariants:
+
+- every message names the table and, where there is one, the column, and says what to do;
+- an empty list means "no problem found", never "not checked";
+- :func:`attach_blockers` lists *every* reason ``MOVE PARTITION`` cannot publish into a
+  target, so the driver can pick ``mode=dedup`` with one explanation;
+- :func:`check_schema` returns errors; soft warnings (unsigned targets, precision loss the
+  user probably intends) go to the optional ``notes`` list.
+
+Spark types are spelled as ``DataType.simpleString()`` prints them (``bigint``,
+``decimal(10,2)``, ``array<int>``, ``struct<a:int,b:string>``); ClickHouse types as
+``system.columns.type`` prints them (``LowCardinality(Nullable(String))``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+MERGE_TREE_SUFFIX = "MergeTree"
+VIEW_ENGINES = frozenset({"View", "MaterializedView", "LiveView", "WindowView"})
+# default_kind values of system.columns a DataFrame cannot (or need not) supply.
+NOT_INSERTABLE_KINDS = frozenset({"MATERIALIZED", "ALIAS"})
+
+
+@dataclass(frozen=True)
+class ColumnInfo:
+    name: str
+    type: str
+    default_kind: str = ""  # '' | DEFAULT | MATERIALIZED | ALIAS | EPHEMERAL
+
+
+@dataclass(frozen=True)
+class SparkField:
+    name: str
+    type_string: str  # DataType.simpleString()
+    nullable: bool = True
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    """What txsink needs to know about one ClickHouse table (target or staging)."""
+
+    database: str
+    table: str
+    engine: str
+    engine_full: str = ""
+    partition_key: str = ""
+    sorting_key: str = ""
+    primary_key: str = ""
+    sampling_key: str = ""
+    storage_policy: str = ""
+    columns: tuple[ColumnInfo, ...] = ()
+    dependent_views: tuple[str, ...] = ()  # "db.view" of materialized views reading it
+    settings: Mapping[str, str] = field(default_factory=dict)
+    skip_indices: tuple[str, ...] = ()  # "name TYPE type_full GRANULARITY n ON expr"
+    projections: tuple[str, ...] = ()  # "name: query"
+
+    @property
+    def name(self) -> str:
+        return f"{self.database}.{self.table}"
+
+    @property
+    def is_replicated(self) -> bool:
+        return self.engine.startswith(("Replicated", "Shared"))
+
+    @property
+    def has_dependent_views(self) -> bool:
+        return bool(self.dependent_views)
+
+    @property
+    def is_merge_tree(self) -> bool:
+        return self.engine.endswith(MERGE_TREE_SUFFIX)
+
+    @property
+    def dedup_window(self) -> int:
+        """Insert dedup window that applies to this table (0 = no dedup)."""
+        key = (
+            "replicated_deduplication_window"
+            if self.is_replicated
+            else "non_replicated_deduplication_window"
+        )
+        try:
+            return int(self.settings.get(key, "0"))
+        except ValueError:
+            return 0
+
+
+# --------------------------------------------------------------------------- blockers
+
+
+def attach_blockers(info: TargetInfo) -> list[str]:
+    """Every reason ``ALTER TABLE staging MOVE PARTITION ... TO TABLE target`` cannot be used.
+
+    A target without a partition key is fine: all its rows live in partition id ``all``.
+    """
+    t = info.name
+    remedy = "use mode=dedup (direct inserts with insert_deduplication_token)"
+    out: list[str] = []
+    if info.engine in VIEW_ENGINES:
+        out.append(
+            f"target {t} is a {info.engine}, not a table: write to the table it reads "
+            f"from or stores into, or {remedy}"
+        )
+    elif info.engine == "Distributed":
+        out.append(
+            f"target {t} is a Distributed table: partitions can only be moved on each "
+            f"shard's local table; point table= at the local MergeTree table or {remedy}"
+        )
+    elif not info.is_merge_tree:
+        out.append(
+            f"target {t} uses engine {info.engine}, which has no partitions to move "
+            f"(MergeTree family only); {remedy}"
+        )
+    if info.is_replicated:
+        out.append(
+            f"target {t} uses {info.engine}: the embedded chdb engine cannot host "
+            f"replicated tables, and on a real server the staging tables would have to be "
+            f"Replicated too (not implemented); {remedy}"
+        )
+    if info.dependent_views:
+        views = ", ".join(info.dependent_views)
+        out.append(
+            f"target {t} feeds materialized view(s) {views}: MOVE PARTITION does not fire "
+            f"them, so they would miss the rows; {remedy}"
+        )
+    return out
+
+
+def dedup_blockers(info: TargetInfo, *, min_window: int = 1) -> list[str]:
+    """Every reason ``mode=dedup`` (direct inserts with ``insert_deduplication_token``) is
+    unsafe for this target.
+
+    A replay of a batch interrupted mid-insert is only exactly-once if the target
+    deduplicates blocks by token within a window of at least ``min_window`` inserts.
+    A Distributed target is not blocked: deduplication happens in the shards' local
+    tables, which must have the window set (txsink cannot see them from here).
+    """
+    t = info.name
+    if info.engine in ("View", "LiveView", "WindowView"):
+        return [f"target {t} is a {info.engine} and cannot be inserted into; write to its source"]
+    if info.engine == "MaterializedView":
+        return [
+            f"target {t} is a materialized view; write to the table it reads from (or its "
+            "TO table) instead"
+        ]
+    if info.engine == "Distributed":
+        return []
+    if not info.is_merge_tree:
+        return [
+            f"target {t} uses engine {info.engine}, which does not deduplicate inserts: a "
+            "batch interrupted mid-insert would be duplicated on replay; use a MergeTree "
+            "table"
+        ]
+    key = (
+        "replicated_deduplication_window"
+        if info.is_replicated
+        else "non_replicated_deduplication_window"
+    )
+    if info.dedup_window < min_window:
+        return [
+            f"target {t} has {key}={info.dedup_window} (< {min_window}): a replayed block "
+            f"would not be deduplicated; run ALTER TABLE {t} MODIFY SETTING "
+            f"{key} = {max(min_window, 100)}"
+        ]
+    return []
+
+
+def check_move_compat(staging: TargetInfo, target: TargetInfo) -> str | None:
+    """The first difference that would make MOVE PARTITION fail or publish incomplete parts.
+
+    ClickHouse 26.9 itself rejects different columns, keys and extra staging indices, but
+    accepts a staging *without* the target's indices/projections (the moved parts then
+    lack them) and a different engine: this check is stricter and demands equality.
+    """
+    pairs: list[tuple[str, object, object]] = [
+        ("engine", staging.engine, target.engine),
+        ("columns", _col_sig(staging), _col_sig(target)),
+        ("partition key", staging.partition_key, target.partition_key),
+        ("sorting key", staging.sorting_key, target.sorting_key),
+        ("primary key", staging.primary_key, target.primary_key),
+        ("sampling key", staging.sampling_key, target.sampling_key),
+        ("storage policy", staging.storage_policy, target.storage_policy),
+        ("skip indices", staging.skip_indices, target.skip_indices),
+        ("projections", staging.projections, target.projections),
+    ]
+    for what, mine, theirs in pairs:
+        if mine != theirs:
+            return (
+                f"staging table {staging.name} differs from target {target.name} in its "
+                f"{what} ({mine!r} vs {theirs!r}); drop the staging table and retry, or "
+                f"use mode=dedup"
+            )
+    return None
+
+
+def _col_sig(info: TargetInfo) -> tuple[tuple[str, str], ...]:
+    return tuple((c.name, c.type) for c in info.columns)
+
+
+# --------------------------------------------------------------------------- type parsing
+
+
+@dataclass(frozen=True)
+class CHType:
+    """A parsed ClickHouse type: ``name(args...)``; args are nested types or literals."""
+
+    name: str
+    args: tuple[str, ...] = ()
+
+    def arg_type(self, i: int) -> CHType:
+        return parse_ch_type(_strip_element_name(self.args[i]))
+
+
+def split_top_level(s: str, sep: str = ",") -> list[str]:
+    """Split on ``sep`` outside parentheses, angle brackets and quotes."""
+    parts: list[str] = []
+    depth = 0
+    quote: str | None = None
+    cur: list[str] = []
+    i = 0
+    while i < len(s):
+        ch = s[i]
+        if quote:
+            cur.append(ch)
+            if ch == "\\" and i + 1 < len(s):
+                cur.append(s[i + 1])
+                i += 1
+            elif ch == quote:
+                quote = None
+        elif ch in "'`\"":
+            quote = ch
+            cur.append(ch)
+        elif ch in "(<":
+            depth += 1
+            cur.append(ch)
+        elif ch in ")>":
+            depth -= 1
+            cur.append(ch)
+        elif ch == sep and depth == 0:
+            parts.append("".join(cur).strip())
+            cur = []
+        else:
+            cur.append(ch)
+        i += 1
+    tail = "".join(cur).strip()
+    if tail or parts:
+        parts.append(tail)
+    return parts
+
+
+def parse_ch_type(s: str) -> CHType:
+    s = s.strip()
+    m = re.match(r"^([A-Za-z_][A-Za-z0-9_]*)\s*(?:\((.*)\))?$", s, re.DOTALL)
+    if not m:
+        return CHType(s)
+    args = tuple(split_top_level(m.group(2))) if m.group(2) is not None else ()
+    return CHType(m.group(1), args)
+
+
+_ELEMENT_NAME_RE = re.compile(r"^(`[^`]+`|[A-Za-z_][A-Za-z0-9_]*)\s+(?=[A-Za-z_])")
+
+
+def _strip_element_name(arg: str) -> str:
+    """``a Int32`` (a named Tuple element) -> ``Int32``."""
+    m = _ELEMENT_NAME_RE.match(arg)
+    return arg[m.end() :] if m else arg
+
+
+def _element_name(arg: str) -> str | None:
+    m = _ELEMENT_NAME_RE.match(arg)
+    return m.group(1).strip("`") if m else None
+
+
+def unwrap(t: CHType) -> tuple[CHType, bool]:
+    """Strip LowCardinality/Nullable wrappers: (inner type, nullable)."""
+    nullable = False
+    while t.name in ("LowCardinality", "Nullable") and t.args:
+        nullable = nullable or t.name == "Nullable"
+        t = t.arg_type(0)
+    return t, nullable
+
+
+@dataclass(frozen=True)
+class SparkType:
+    name: str  # bigint, decimal, array, map, struct, ...
+    args: tuple[str, ...] = ()  # decimal: (p, s); array: (elem,); map: (k, v)
+    fields: tuple[tuple[str, str], ...] = ()  # struct: ((name, type), ...)
+
+
+def parse_spark_type(s: str) -> SparkType:
+    s = s.strip()
+    low = s.lower()
+    if low.startswith("array<") and low.endswith(">"):
+        return SparkType("array", (s[6:-1],))
+    if low.startswith("map<") and low.endswith(">"):
+        kv = split_top_level(s[4:-1])
+        return SparkType("map", tuple(kv))
+    if low.startswith("struct<") and low.endswith(">"):
+        fields = []
+        for f in split_top_level(s[7:-1]):
+            name, _, typ = f.partition(":")
+            fields.append((name.strip("`"), typ))
+        return SparkType("struct", fields=tuple(fields))
+    m = re.match(r"^(decimal|char|varchar)\((\d+)(?:,\s*(\d+))?\)$", low)
+    if m:
+        args = (m.group(2), m.group(3) or "0") if m.group(1) == "decimal" else (m.group(2),)
+        return SparkType(m.group(1), args)
+    if low == "decimal":
+        return SparkType("decimal", ("10", "0"))
+    return SparkType(low)
+
+
+# --------------------------------------------------------------------------- compatibility
+
+_SIGNED = {"Int8": 8, "Int16": 16, "Int32": 32, "Int64": 64, "Int128": 128, "Int256": 256}
+_UNSIGNED = {"UInt8": 8, "UInt16": 16, "UInt32": 32, "UInt64": 64, "UInt128": 128, "UInt256": 256}
+_SPARK_INT_BITS = {"tinyint": 8, "byte": 8, "smallint": 16, "short": 16, "int": 32,
+                   "integer": 32, "bigint": 64, "long": 64}  # fmt: skip
+_DECIMAL_MAX_P = {"Decimal32": 9, "Decimal64": 18, "Decimal128": 38, "Decimal256": 76}
+_STRINGISH = {"string", "char", "varchar"}
+
+
+@dataclass
+class _Verdict:
+    error: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _decimal_ps(t: CHType) -> tuple[int, int] | None:
+    try:
+        if t.name == "Decimal" and len(t.args) == 2:
+            return int(t.args[0]), int(t.args[1])
+        if t.name == "Decimal" and len(t.args) == 1:
+            return int(t.args[0]), 0
+        if t.name in _DECIMAL_MAX_P and len(t.args) == 1:
+            return _DECIMAL_MAX_P[t.name], int(t.args[0])
+    except ValueError:
+        return None
+    return None
+
+
+def _compatible(spark: SparkType, ch: CHType, where: str) -> _Verdict:
+    """Whether values of ``spark`` fit into ``ch`` (already unwrapped); ``where`` names it."""
+    v = _Verdict()
+    n = ch.name
+    s = spark.name
+    bad = _Verdict(f"{s} does not fit {_fmt(ch)}")
+    if s in _SPARK_INT_BITS:
+        bits = _SPARK_INT_BITS[s]
+        if n in _SIGNED and _SIGNED[n] >= bits:
+            return v
+        if n in _UNSIGNED and _UNSIGNED[n] >= bits:
+            v.notes.append(
+                f"{where}: {s} into unsigned {n}: negative values will not fit; "
+                "make sure the column holds none"
+            )
+            return v
+        if n in _SIGNED or n in _UNSIGNED:
+            return _Verdict(f"{s} is wider than {n}; widen the column or cast in Spark")
+        return bad
+    if s == "boolean":
+        return v if n in ("Bool", "Boolean", "UInt8", "Int8") else bad
+    if s == "float":
+        return v if n in ("Float32", "Float64") else bad
+    if s == "double":
+        if n == "Float64":
+            return v
+        if n == "Float32":
+            return _Verdict("double into Float32 loses precision; cast to float in Spark")
+        return bad
+    if s == "decimal":
+        p, sc = int(spark.args[0]), int(spark.args[1])
+        ps = _decimal_ps(ch)
+        if ps is None:
+            return bad
+        cp, cs = ps
+        if cp - cs >= p - sc and cs >= sc:
+            return v
+        return _Verdict(
+            f"decimal({p},{sc}) does not fit {_fmt(ch)}: need at least {p - sc} integer "
+            f"and {sc} fractional digits; widen the column or cast in Spark"
+        )
+    if s in _STRINGISH:
+        if n == "String":
+            return v
+        if n == "FixedString":
+            v.notes.append(f"{where}: string into {_fmt(ch)}: longer values will be rejected")
+            return v
+        if n == "UUID":
+            v.notes.append(f"{where}: string into UUID: every value must be a UUID")
+            return v
+        if n in ("Enum8", "Enum16", "Enum"):
+            v.notes.append(f"{where}: string into {n}: values outside the enum are rejected")
+            return v
+        return bad
+    if s == "binary":
+        if n == "String":
+            return v
+        if n == "FixedString":
+            v.notes.append(f"{where}: binary into {_fmt(ch)}: longer values will be rejected")
+            return v
+        return bad
+    if s in ("timestamp", "timestamp_ntz"):
+        if n == "DateTime64":
+            try:
+                prec = int(ch.args[0]) if ch.args else 3
+            except ValueError:
+                prec = 3
+            if prec < 6:
+                v.notes.append(
+                    f"{where}: Spark timestamps have microseconds; {_fmt(ch)} keeps {prec} "
+                    "fractional digits"
+                )
+            if s == "timestamp_ntz":
+                v.notes.append(f"{where}: timestamp_ntz is read in the column's time zone")
+            return v
+        if n == "DateTime":
+            v.notes.append(
+                f"{where}: {s} into DateTime truncates to whole seconds; use DateTime64(6) "
+                "to keep them"
+            )
+            return v
+        return bad
+    if s == "date":
+        if n == "Date32":
+            return v
+        if n == "Date":
+            v.notes.append(f"{where}: Date holds 1970-01-01..2149-06-06; Date32 holds more")
+            return v
+        return bad
+    if s == "array":
+        if n != "Array" or len(ch.args) != 1:
+            return bad
+        inner, _ = unwrap(ch.arg_type(0))
+        return _nested(parse_spark_type(spark.args[0]), inner, f"{where}[]")
+    if s == "map":
+        if n != "Map" or len(ch.args) != 2 or len(spark.args) != 2:
+            return bad
+        kv = _nested(parse_spark_type(spark.args[0]), unwrap(ch.arg_type(0))[0], f"{where} key")
+        if kv.error:
+            return kv
+        vv = _nested(parse_spark_type(spark.args[1]), unwrap(ch.arg_type(1))[0], f"{where} value")
+        vv.notes[:0] = kv.notes
+        return vv
+    if s == "struct":
+        if n != "Tuple" or len(ch.args) != len(spark.fields):
+            return _Verdict(
+                f"struct with {len(spark.fields)} fields does not fit {_fmt(ch)}; "
+                "use a Tuple with the same fields"
+            )
+        for i, (fname, ftype) in enumerate(spark.fields):
+            ename = _element_name(ch.args[i])
+            if ename is not None and ename != fname:
+                return _Verdict(f"struct field {fname} meets Tuple element {ename}")
+            sub = _nested(parse_spark_type(ftype), unwrap(ch.arg_type(i))[0], f"{where}.{fname}")
+            if sub.error:
+                return sub
+            v.notes.extend(sub.notes)
+        return v
+    if s in ("void", "null"):
+        return v
+    return _Verdict(f"Spark type {s} is not supported by txsink; cast it in Spark")
+
+
+def _nested(spark: SparkType, ch: CHType, where: str) -> _Verdict:
+    v = _compatible(spark, ch, where)
+    if v.error:
+        v.error = f"{where}: {v.error}"
+    return v
+
+
+def _fmt(t: CHType) -> str:
+    return f"{t.name}({', '.join(t.args)})" if t.args else t.name
+
+
+def check_schema(
+    spark_fields: list[SparkField],
+    columns: list[ColumnInfo],
+    *,
+    table: str = "the target",
+    notes: list[str] | None = None,
+) -> list[str]:
+    """Every reason the DataFrame cannot be inserted into ``columns`` of ``table``.
+
+    Missing columns (no default in the target), extra columns, incompatible types and
+    nullable Spark columns meeting non-Nullable ClickHouse columns are errors: ClickHouse
+    would otherwise turn nulls silently into default values (``input_format_null_as_default``).
+    A missing Nullable column is allowed (it becomes NULL) and noted.
+    """
+    errors: list[str] = []
+    by_name = {c.name: c for c in columns}
+    lower = {c.name.lower(): c.name for c in columns}
+    seen: set[str] = set()
+    for f in spark_fields:
+        col = by_name.get(f.name)
+        if col is None:
+            hint = lower.get(f.name.lower())
+            did = f" (did you mean {hint}? names are case-sensitive)" if hint else ""
+            errors.append(
+                f"DataFrame column {f.name} does not exist in {table}{did}; drop or rename "
+                "it before writing, or add the column to the table"
+            )
+            continue
+        seen.add(col.name)
+        if col.default_kind in NOT_INSERTABLE_KINDS:
+            errors.append(
+                f"column {col.name} of {table} is {col.default_kind} and cannot be written; "
+                "drop it from the DataFrame"
+            )
+            continue
+        ch, ch_nullable = unwrap(parse_ch_type(col.type))
+        where = f"column {col.name} of {table}"
+        verdict = _compatible(parse_spark_type(f.type_string), ch, where)
+        if verdict.error:
+            errors.append(
+                f"{where} is {col.type}, the DataFrame has {f.type_string}: {verdict.error}"
+            )
+            continue
+        if notes is not None:
+            notes.extend(verdict.notes)
+        if f.nullable and not ch_nullable:
+            if ch.name in ("Array", "Map", "Tuple"):
+                if notes is not None:
+                    notes.append(
+                        f"{where} is {col.type} (cannot be Nullable): null values from the "
+                        "DataFrame become empty values"
+                    )
+            else:
+                errors.append(
+                    f"{where} is {col.type} (not Nullable) but DataFrame column {f.name} is "
+                    f"nullable: make the column Nullable({col.type}) or fill nulls in Spark "
+                    "(coalesce / na.fill) so the field is non-nullable"
+                )
+    for col in columns:
+        if col.name in seen or col.default_kind:
+            continue
+        if unwrap(parse_ch_type(col.type))[1]:
+            if notes is not None:
+                notes.append(f"column {col.name} of {table} is not in the DataFrame: NULL")
+            continue
+        errors.append(
+            f"column {col.name} ({col.type}) of {table} has no default and is missing from "
+            "the DataFrame; add it to the DataFrame or give the column a DEFAULT"
+        )
+    return errors

@@ -1,0 +1,456 @@
+"""The ClickHouse side of the protocol: staging tables, inserts, MOVE PARTITION, inspection.
+
+Owned by the ClickHouse adapter. The driver and executors depend on the :class:`Warehouse`
+protocol only; :class:`ClickHouseWarehouse` implements it over :class:`~.client.Client`.
+Invariants:
+
+- only tables whose name :func:`~txsink.protocol.ids.parse_staging` recognises, inside
+  ``staging_db``, are ever created, dropped or moved from: nothing outside txsink's own
+  naming is touched;
+- a staging table is ``CREATE TABLE staging AS target`` (ClickHouse 26.9 copies columns
+  with codecs and defaults, keys, SAMPLE BY, TTL, settings, indices and projections), then
+  checked against the target with :func:`~.compat.check_move_compat` before any row lands;
+- ``move_partition`` is idempotent: moving a partition id the staging table no longer
+  holds moves nothing and does not fail;
+- ``insert_blocks`` holds at most one block (plus the batch being cut) in memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import pyarrow as pa
+
+from txsink.clickhouse.client import (
+    Client,
+    qualified,
+    quote_ident,
+    quote_literal,
+    split_table,
+)
+from txsink.clickhouse.compat import ColumnInfo, TargetInfo, check_move_compat
+from txsink.errors import ConfigError, TxSinkError
+from txsink.protocol.ids import parse_staging
+
+log = logging.getLogger(__name__)
+
+DEFAULT_STAGING_DB = "txsink_staging"
+_PARTITION_ID_RE = re.compile(r"^[A-Za-z0-9_\-]+$")
+_DB_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+DEDUP_SETTING_KEYS = ("non_replicated_deduplication_window", "replicated_deduplication_window")
+# Engines whose merges change row counts; merges of their staging tables are stopped so the
+# rows observed at prepare are still there at publish.
+_COLLAPSING_ENGINES = re.compile(
+    r"^(Replacing|Summing|Aggregating|Collapsing|VersionedCollapsing|Graphite|Coalescing)"
+    r"MergeTree$"
+)
+
+BlockSettings = Callable[[int], Mapping[str, Any]] | Mapping[str, Any] | None
+
+
+@dataclass(frozen=True)
+class InsertStats:
+    rows: int
+    bytes: int
+    blocks: int
+
+
+class Warehouse(Protocol):
+    """What the driver and executors need of ClickHouse (an in-memory twin can stand in)."""
+
+    def staging_view(self, tables: Iterable[str]) -> dict[str, dict[str, int] | None]: ...
+
+    def move_partition(self, staging: str, partition_id: str, target: str) -> None: ...
+
+    def drop_staging(self, table: str) -> None: ...
+
+    def list_staging(self, prefix: str) -> list[str]: ...
+
+    def staging_sizes(self, prefix: str) -> dict[str, dict[str, int]]: ...
+
+    def ensure_staging_db(self) -> None: ...
+
+    def create_staging(self, target: str, table: str) -> None: ...
+
+    def insert_blocks(
+        self,
+        table: str,
+        batches: Iterable[pa.RecordBatch],
+        *,
+        block_rows: int,
+        block_bytes: int,
+        settings: BlockSettings = None,
+    ) -> InsertStats: ...
+
+    def partition_rows(self, table: str, db: str | None = None) -> dict[str, int]: ...
+
+    def target_info(self, target: str) -> TargetInfo: ...
+
+
+class ClickHouseWarehouse:
+    """:class:`Warehouse` over one :class:`Client`. Cheap to create; holds no state."""
+
+    def __init__(self, client: Client, staging_db: str = DEFAULT_STAGING_DB) -> None:
+        if not _DB_RE.match(staging_db):
+            raise ConfigError(
+                f"staging database {staging_db!r} must be a plain identifier "
+                "([A-Za-z_][A-Za-z0-9_]*)"
+            )
+        self.client = client
+        self.staging_db = staging_db
+
+    # ------------------------------------------------------------------ staging naming
+
+    def _staging(self, table: str, action: str) -> str:
+        """Qualified name of a txsink staging table; ConfigError for any other name."""
+        if parse_staging(table) is None:
+            raise ConfigError(
+                f"refusing to {action} {self.staging_db}.{table}: not a txsink staging table "
+                f"name (see txsink.protocol.ids); txsink never touches tables it did not name"
+            )
+        return qualified(self.staging_db, table)
+
+    # ------------------------------------------------------------------ observation
+
+    def staging_view(self, tables: Iterable[str]) -> dict[str, dict[str, int] | None]:
+        """Rows per partition id of each staging table; None for a table that is missing.
+
+        Partitions without rows are left out: after MOVE/DROP PARTITION ClickHouse 26.9
+        keeps an empty active part covering the moved range until cleanup.
+        """
+        names = sorted(set(tables))
+        if not names:
+            return {}
+        rows = self.client.query_rows(
+            "SELECT name, '' AS partition_id, toUInt64(0) AS rows FROM system.tables "
+            "WHERE database = {db:String} AND name IN {names:Array(String)} "
+            "UNION ALL "
+            "SELECT table, partition_id, sum(rows) FROM system.parts "
+            "WHERE active AND database = {db:String} AND table IN {names:Array(String)} "
+            "GROUP BY table, partition_id HAVING sum(rows) > 0",
+            parameters={"db": self.staging_db, "names": names},
+            what=f"read staging partitions of {len(names)} table(s) in {self.staging_db}",
+        )
+        view: dict[str, dict[str, int] | None] = dict.fromkeys(names)
+        for name, pid, n in rows:
+            parts = view.get(name)
+            if parts is None:
+                parts = view[name] = {}
+            if pid:
+                parts[pid] = parts.get(pid, 0) + int(n)
+        # A table whose parts were listed but whose system.tables row raced away (dropped
+        # between the two reads) is reported with its rows: the conservative answer.
+        return view
+
+    def partition_rows(self, table: str, db: str | None = None) -> dict[str, int]:
+        """Rows per partition id of any table (``table`` is ``db.table`` when db is None)."""
+        if db is None:
+            db, table = split_table(table)
+        rows = self.client.query_rows(
+            "SELECT partition_id, sum(rows) FROM system.parts "
+            "WHERE active AND database = {db:String} AND table = {t:String} "
+            "GROUP BY partition_id HAVING sum(rows) > 0",
+            parameters={"db": db, "t": table},
+            what=f"read partitions of {db}.{table}",
+        )
+        return {pid: int(n) for pid, n in rows}
+
+    def list_staging(self, prefix: str) -> list[str]:
+        """Staging tables of one job prefix (``prefix + "__"``), sorted."""
+        rows = self.client.query_rows(
+            "SELECT name FROM system.tables WHERE database = {db:String} "
+            "AND startsWith(name, {p:String}) ORDER BY name",
+            parameters={"db": self.staging_db, "p": prefix + "__"},
+            what=f"list staging tables {prefix}__* in {self.staging_db}",
+        )
+        return [r[0] for r in rows]
+
+    def staging_sizes(self, prefix: str) -> dict[str, dict[str, int]]:
+        """``{table: {"rows": n, "bytes": n}}`` of one job's staging tables (status)."""
+        rows = self.client.query_rows(
+            "SELECT name, ifNull(total_rows, 0), ifNull(total_bytes, 0) FROM system.tables "
+            "WHERE database = {db:String} AND startsWith(name, {p:String}) ORDER BY name",
+            parameters={"db": self.staging_db, "p": prefix + "__"},
+            what=f"size staging tables {prefix}__* in {self.staging_db}",
+        )
+        return {name: {"rows": int(r), "bytes": int(b)} for name, r, b in rows}
+
+    def target_info(self, target: str) -> TargetInfo:
+        """Everything compat checks need about ``db.table``; ConfigError if it is missing."""
+        db, name = split_table(target)
+        rows = self.client.query_rows(
+            "SELECT engine, engine_full, partition_key, sorting_key, primary_key, "
+            "sampling_key, storage_policy, dependencies_database, dependencies_table "
+            "FROM system.tables WHERE database = {db:String} AND name = {t:String}",
+            parameters={"db": db, "t": name},
+            what=f"inspect {target}",
+            table=target,
+        )
+        if not rows:
+            raise ConfigError(
+                f"table {db}.{name} does not exist on {self.client.url}; create it first or "
+                f"fix the table option",
+                code=60,
+            )
+        engine, engine_full, pkey, skey, prkey, sampling, policy, dep_dbs, dep_tables = rows[0]
+        columns = tuple(
+            ColumnInfo(n, t, k)
+            for n, t, k in self.client.query_rows(
+                "SELECT name, type, default_kind FROM system.columns "
+                "WHERE database = {db:String} AND table = {t:String} ORDER BY position",
+                parameters={"db": db, "t": name},
+                what=f"read columns of {target}",
+            )
+        )
+        views = {f"{d}.{t}" for d, t in zip(dep_dbs, dep_tables, strict=False)}
+        views |= self._views_reading(db, name)
+        indices = tuple(
+            f"{n} TYPE {tf} GRANULARITY {g} ON {e}"
+            for n, tf, g, e in self.client.query_rows(
+                "SELECT name, type_full, granularity, expr FROM system.data_skipping_indices "
+                "WHERE database = {db:String} AND table = {t:String} ORDER BY name",
+                parameters={"db": db, "t": name},
+                what=f"read skip indices of {target}",
+            )
+        )
+        projections = tuple(
+            f"{n}: {q}"
+            for n, q in self.client.query_rows(
+                "SELECT name, query FROM system.projections "
+                "WHERE database = {db:String} AND table = {t:String} ORDER BY name",
+                parameters={"db": db, "t": name},
+                what=f"read projections of {target}",
+            )
+        )
+        settings: dict[str, str] = {}
+        if str(engine).endswith("MergeTree"):
+            settings.update(
+                (k, str(v))
+                for k, v in self.client.query_rows(
+                    "SELECT name, value FROM system.merge_tree_settings "
+                    "WHERE name IN {names:Array(String)}",
+                    parameters={"names": list(DEDUP_SETTING_KEYS)},
+                    what="read merge_tree_settings defaults",
+                )
+            )
+            settings.update(parse_settings_clause(str(engine_full)))
+        return TargetInfo(
+            database=db,
+            table=name,
+            engine=str(engine),
+            engine_full=str(engine_full),
+            partition_key=str(pkey),
+            sorting_key=str(skey),
+            primary_key=str(prkey),
+            sampling_key=str(sampling),
+            storage_policy=str(policy),
+            columns=columns,
+            dependent_views=tuple(sorted(views)),
+            settings=settings,
+            skip_indices=indices,
+            projections=projections,
+        )
+
+    def _views_reading(self, db: str, name: str) -> set[str]:
+        """Materialized views whose SELECT reads FROM ``db.name`` (belt to the
+        ``dependencies_table`` braces, which older servers fill inconsistently)."""
+        found: set[str] = set()
+        for vdb, vname, select in self.client.query_rows(
+            "SELECT database, name, if(as_select != '', as_select, create_table_query) "
+            "FROM system.tables WHERE engine = 'MaterializedView'",
+            what="list materialized views",
+        ):
+            if reads_from(str(select), str(vdb), db, name):
+                found.add(f"{vdb}.{vname}")
+        return found
+
+    # ------------------------------------------------------------------ staging lifecycle
+
+    def ensure_staging_db(self) -> None:
+        self.client.command(
+            f"CREATE DATABASE IF NOT EXISTS {quote_ident(self.staging_db)}",
+            table=self.staging_db,
+        )
+
+    def create_staging(self, target: str, table: str) -> None:
+        """(Re)create ``staging_db.table`` as an exact structural copy of ``target``.
+
+        A table of the same name is garbage from an earlier try of the same task attempt
+        id (never reused within an epoch), so it is dropped first.
+        """
+        fq = self._staging(table, "create")
+        db, name = split_table(target)
+        self.client.command(f"DROP TABLE IF EXISTS {fq} SYNC", table=f"{self.staging_db}.{table}")
+        self.client.command(
+            f"CREATE TABLE {fq} AS {qualified(db, name)}",
+            table=target,
+            what=f"create staging {self.staging_db}.{table} AS {target}",
+        )
+        staged = self.target_info(f"{self.staging_db}.{table}")
+        wanted = self.target_info(target)
+        problem = check_move_compat(staged, wanted)
+        if problem:
+            self.client.command(f"DROP TABLE IF EXISTS {fq} SYNC")
+            raise ConfigError(problem)
+        if _COLLAPSING_ENGINES.match(wanted.engine):
+            self._stop_merges(fq, table)
+
+    def _stop_merges(self, fq: str, table: str) -> None:
+        # Merges of Replacing/Summing/... parts shrink row counts between prepare and
+        # publish. Not persistent across a server restart: plan_publish then alarms
+        # rather than publishing a count that differs from the manifest.
+        try:
+            self.client.command(f"SYSTEM STOP MERGES {fq}", idempotent=True)
+        except TxSinkError as exc:
+            log.warning("could not stop merges of staging %s: %s", table, exc)
+
+    def drop_staging(self, table: str) -> None:
+        fq = self._staging(table, "drop")
+        self.client.command(f"DROP TABLE IF EXISTS {fq} SYNC", table=f"{self.staging_db}.{table}")
+
+    def move_partition(self, staging: str, partition_id: str, target: str) -> None:
+        """Publish one staged partition. Idempotent: once moved, a repeat moves nothing."""
+        fq = self._staging(staging, "move partitions out of")
+        if not _PARTITION_ID_RE.match(partition_id):
+            raise ConfigError(
+                f"partition id {partition_id!r} of staging {staging} is not a ClickHouse "
+                "partition id; the manifest is corrupt: run `txsink verify`"
+            )
+        db, name = split_table(target)
+        try:
+            self.client.command(
+                f"ALTER TABLE {fq} MOVE PARTITION ID {quote_literal(partition_id)} "
+                f"TO TABLE {qualified(db, name)}",
+                idempotent=True,
+                table=f"{self.staging_db}.{staging}",
+                what=f"MOVE PARTITION ID {partition_id} of {self.staging_db}.{staging} "
+                f"TO TABLE {target}",
+            )
+        except TxSinkError as exc:
+            if exc.code in (36, 122):  # BAD_ARGUMENTS / INCOMPATIBLE_COLUMNS: structure
+                raise ConfigError(
+                    f"{target} no longer matches staging {self.staging_db}.{staging} "
+                    f"(was the target altered?): {exc}; restore the target's structure, "
+                    f"then run `txsink recover`",
+                    code=exc.code,
+                ) from exc
+            raise
+
+    # ------------------------------------------------------------------ inserts
+
+    def insert_blocks(
+        self,
+        table: str,
+        batches: Iterable[pa.RecordBatch],
+        *,
+        block_rows: int,
+        block_bytes: int,
+        settings: BlockSettings = None,
+    ) -> InsertStats:
+        """Send ``batches`` as blocks of at most ``block_rows`` rows / ``block_bytes`` bytes.
+
+        ``table`` is ``db.table``, or a bare staging table name (in ``staging_db``; its
+        inserts run with ``optimize_on_insert=0``). ``settings`` is a dict for every block
+        or a callable ``block_index -> dict`` (dedup mode: a per-block
+        ``insert_deduplication_token``).
+        A block is retried after an ambiguous failure only if it carries such a token.
+        Block boundaries depend only on the batch sizes, so a replay of the same data cuts
+        the same blocks.
+        """
+        if block_rows < 1 or block_bytes < 1:
+            raise ConfigError(
+                f"block_rows={block_rows} / block_bytes={block_bytes} must both be >= 1"
+            )
+        if "." not in table and "`" not in table:
+            self._staging(table, "insert into")
+            db, name = self.staging_db, table
+            # Keep staged rows == sent rows for Replacing/Summing/... engines: the target's
+            # own merges apply the engine's semantics after the MOVE.
+            base: Mapping[str, Any] = {"optimize_on_insert": 0}
+        else:
+            db, name = split_table(table)
+            base = {}
+        rows = size = blocks = 0
+        for block in iter_blocks(batches, block_rows=block_rows, block_bytes=block_bytes):
+            extra = settings(blocks) if callable(settings) else settings
+            block_settings = {**base, **(extra or {})}
+            idempotent = bool(block_settings.get("insert_deduplication_token"))
+            self.client.insert_arrow(
+                db, name, block, settings=block_settings or None, idempotent=idempotent
+            )
+            rows += block.num_rows
+            size += block.nbytes
+            blocks += 1
+            del block  # let the block go before the next one is assembled
+        log.debug("inserted %d rows (%d bytes) in %d blocks into %s", rows, size, blocks, table)
+        return InsertStats(rows, size, blocks)
+
+
+def iter_blocks(
+    batches: Iterable[pa.RecordBatch], *, block_rows: int, block_bytes: int
+) -> Iterator[pa.Table]:
+    """Group (and cut) record batches into tables of at most ``block_rows``/``block_bytes``.
+
+    Pulls lazily: at most one block's worth of batch slices is held at a time. A single
+    row larger than ``block_bytes`` still forms a block of its own.
+    """
+    pending: list[pa.RecordBatch] = []
+    p_rows = p_bytes = 0
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        start = 0
+        while start < batch.num_rows:
+            rest = batch.num_rows - start
+            avg = max(1.0, batch.nbytes / batch.num_rows)
+            room_rows = block_rows - p_rows
+            room_by_bytes = int((block_bytes - p_bytes) // avg)
+            take = min(rest, room_rows, room_by_bytes)
+            if take <= 0:
+                if pending:
+                    yield pa.Table.from_batches(pending)
+                    pending, p_rows, p_bytes = [], 0, 0
+                    continue
+                take = 1  # one row bigger than a block: send it alone
+            piece = batch.slice(start, take)
+            pending.append(piece)
+            p_rows += take
+            p_bytes += piece.nbytes
+            start += take
+            if p_rows >= block_rows or p_bytes >= block_bytes:
+                yield pa.Table.from_batches(pending)
+                pending, p_rows, p_bytes = [], 0, 0
+    if pending:
+        yield pa.Table.from_batches(pending)
+
+
+# --------------------------------------------------------------------------- parsing helpers
+
+_SETTINGS_TAIL_RE = re.compile(r"\sSETTINGS\s+(.*)$", re.DOTALL)
+_SETTING_RE = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*('(?:[^'\\]|\\.)*'|[^,]+?)\s*(?:,|$)")
+
+
+def parse_settings_clause(engine_full: str) -> dict[str, str]:
+    """``... SETTINGS a = 1, storage_policy = 'x'`` -> ``{"a": "1", "storage_policy": "x"}``."""
+    m = _SETTINGS_TAIL_RE.search(engine_full)
+    if not m:
+        return {}
+    out: dict[str, str] = {}
+    for key, value in _SETTING_RE.findall(m.group(1)):
+        out[key] = value[1:-1] if value.startswith("'") else value
+    return out
+
+
+def reads_from(select: str, view_db: str, db: str, table: str) -> bool:
+    """Whether a view's SELECT reads FROM ``db.table`` (unqualified names are ``view_db``)."""
+    ident = r"(?:`(?:[^`\\]|\\.)+`|[A-Za-z_][A-Za-z0-9_]*)"
+    for m in re.finditer(rf"\bFROM\s+({ident})(?:\s*\.\s*({ident}))?", select, re.IGNORECASE):
+        first, second = m.group(1).strip("`"), m.group(2)
+        src_db, src = (first, second.strip("`")) if second else (view_db, first)
+        if src_db == db and src == table:
+            return True
+    return False
