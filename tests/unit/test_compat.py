@@ -1,0 +1,282 @@
+"""Pure checks of txsink.clickhouse.compat: type table, decimals, nullability, blockers."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from txsink.clickhouse.compat import (
+    ColumnInfo,
+    SparkField,
+    TargetInfo,
+    attach_blockers,
+    check_move_compat,
+    check_schema,
+    dedup_blockers,
+    parse_ch_type,
+    parse_spark_type,
+    split_top_level,
+    unwrap,
+)
+
+T = "db.events"
+
+
+def fits(spark: str, ch: str, *, nullable: bool = False) -> list[str]:
+    return check_schema([SparkField("c", spark, nullable)], [ColumnInfo("c", ch)], table=T)
+
+
+def notes_of(spark: str, ch: str) -> list[str]:
+    notes: list[str] = []
+    assert check_schema([SparkField("c", spark, False)], [ColumnInfo("c", ch)], notes=notes) == []
+    return notes
+
+
+COMPATIBLE = [
+    ("bigint", "Int64"),
+    ("bigint", "Int128"),
+    ("bigint", "UInt64"),
+    ("int", "Int32"),
+    ("int", "Int64"),
+    ("smallint", "Int16"),
+    ("tinyint", "Int8"),
+    ("tinyint", "Int64"),
+    ("boolean", "Bool"),
+    ("boolean", "UInt8"),
+    ("float", "Float32"),
+    ("float", "Float64"),
+    ("double", "Float64"),
+    ("string", "String"),
+    ("string", "LowCardinality(String)"),
+    ("string", "FixedString(16)"),
+    ("string", "UUID"),
+    ("string", "Enum8('a' = 1, 'b' = 2)"),
+    ("binary", "String"),
+    ("timestamp", "DateTime64(6, 'UTC')"),
+    ("timestamp", "DateTime64(3)"),
+    ("timestamp", "DateTime('Europe/Berlin')"),
+    ("timestamp_ntz", "DateTime64(6)"),
+    ("date", "Date"),
+    ("date", "Date32"),
+    ("decimal(10,2)", "Decimal(10, 2)"),
+    ("decimal(10,2)", "Decimal(12, 4)"),
+    ("decimal(10,2)", "Decimal64(4)"),
+    ("array<int>", "Array(Int32)"),
+    ("array<string>", "Array(LowCardinality(Nullable(String)))"),
+    ("map<string,int>", "Map(String, Int64)"),
+    ("map<string,array<bigint>>", "Map(LowCardinality(String), Array(Int64))"),
+    ("struct<a:int,b:string>", "Tuple(a Int32, b String)"),
+    ("struct<a:int,b:string>", "Tuple(Int32, String)"),
+]
+
+INCOMPATIBLE = [
+    ("bigint", "Int32"),
+    ("bigint", "Float64"),
+    ("bigint", "Decimal(38, 0)"),
+    ("bigint", "String"),
+    ("int", "UInt16"),
+    ("double", "Float32"),
+    ("double", "Decimal(18, 4)"),
+    ("string", "Int64"),
+    ("string", "Date"),
+    ("timestamp", "Date"),
+    ("timestamp", "String"),
+    ("date", "DateTime"),
+    ("boolean", "String"),
+    ("decimal(10,2)", "Decimal(10, 1)"),
+    ("decimal(10,2)", "Decimal(11, 4)"),
+    ("decimal(10,2)", "Float64"),
+    ("array<int>", "Array(Int16)"),
+    ("array<int>", "Int32"),
+    ("map<string,int>", "Map(Int32, Int32)"),
+    ("struct<a:int,b:string>", "Tuple(a Int32)"),
+    ("struct<a:int,b:string>", "Tuple(x Int32, b String)"),
+    ("interval day", "Int64"),
+]
+
+
+@pytest.mark.parametrize(("spark", "ch"), COMPATIBLE)
+def test_compatible_types_pass(spark: str, ch: str) -> None:
+    assert fits(spark, ch) == []
+
+
+@pytest.mark.parametrize(("spark", "ch"), INCOMPATIBLE)
+def test_incompatible_types_name_table_column_and_both_types(spark: str, ch: str) -> None:
+    errors = fits(spark, ch)
+    assert len(errors) == 1
+    assert "column c of db.events" in errors[0]
+    assert ch in errors[0] and spark in errors[0]
+
+
+@pytest.mark.parametrize(
+    ("spark", "ch", "word"),
+    [
+        ("bigint", "UInt64", "negative"),
+        ("timestamp", "DateTime", "whole seconds"),
+        ("timestamp", "DateTime64(3)", "fractional"),
+        ("string", "FixedString(4)", "longer"),
+        ("date", "Date", "2149"),
+    ],
+)
+def test_lossy_but_accepted_mappings_leave_a_note(spark: str, ch: str, word: str) -> None:
+    assert any(word in n for n in notes_of(spark, ch))
+
+
+@given(
+    p=st.integers(1, 38),
+    s_frac=st.integers(0, 38),
+    cp=st.integers(1, 76),
+    cs_frac=st.integers(0, 76),
+)
+def test_decimal_fits_exactly_when_integer_and_fraction_digits_both_fit(
+    p: int, s_frac: int, cp: int, cs_frac: int
+) -> None:
+    s = min(s_frac, p)
+    cs = min(cs_frac, cp)
+    ok = cp - cs >= p - s and cs >= s
+    assert (fits(f"decimal({p},{s})", f"Decimal({cp}, {cs})") == []) is ok
+
+
+@given(width=st.sampled_from([32, 64, 128, 256]), s=st.integers(0, 9))
+def test_decimal_aliases_use_their_max_precision(width: int, s: int) -> None:
+    max_p = {32: 9, 64: 18, 128: 38, 256: 76}[width]
+    ok = max_p - s >= 5 - 2 and s >= 2
+    assert (fits("decimal(5,2)", f"Decimal{width}({s})") == []) is ok
+
+
+def test_nullable_spark_column_into_non_nullable_target_is_an_error_with_remedy() -> None:
+    errors = fits("bigint", "Int64", nullable=True)
+    assert len(errors) == 1
+    assert "column c of db.events" in errors[0]
+    assert "Nullable(Int64)" in errors[0] and "fill nulls" in errors[0]
+
+
+@pytest.mark.parametrize(
+    "ch", ["Nullable(Int64)", "LowCardinality(Nullable(String))", "Nullable(Decimal(18, 2))"]
+)
+def test_nullable_spark_column_into_nullable_target_is_fine(ch: str) -> None:
+    spark = "string" if "String" in ch else "decimal(10,2)" if "Decimal" in ch else "bigint"
+    assert fits(spark, ch, nullable=True) == []
+
+
+def test_nullable_array_into_array_is_noted_not_refused() -> None:
+    notes: list[str] = []
+    cols = [ColumnInfo("a", "Array(Int32)")]
+    assert check_schema([SparkField("a", "array<int>", True)], cols, notes=notes) == []
+    assert any("empty" in n for n in notes)
+
+
+def test_missing_and_extra_columns_are_named() -> None:
+    cols = [
+        ColumnInfo("id", "Int64"),
+        ColumnInfo("payload", "String"),
+        ColumnInfo("ts", "DateTime", "DEFAULT"),
+        ColumnInfo("m", "String", "MATERIALIZED"),
+        ColumnInfo("opt", "Nullable(String)"),
+    ]
+    errors = check_schema(
+        [SparkField("id", "bigint", False), SparkField("Extra", "int", False)], cols, table=T
+    )
+    assert len(errors) == 2
+    assert any("Extra" in e and "does not exist in db.events" in e for e in errors)
+    assert any("payload" in e and "no default" in e for e in errors)
+
+
+def test_case_mismatch_suggests_the_real_name() -> None:
+    errors = check_schema([SparkField("ID", "bigint", False)], [ColumnInfo("id", "Int64")])
+    assert any("did you mean id" in e for e in errors)
+
+
+def test_writing_a_materialized_column_is_refused() -> None:
+    cols = [ColumnInfo("m", "String", "MATERIALIZED")]
+    errors = check_schema([SparkField("m", "string", False)], cols, table=T)
+    assert len(errors) == 1 and "MATERIALIZED" in errors[0]
+
+
+def test_type_parsers_handle_nesting_and_quotes() -> None:
+    t = parse_ch_type("Map(LowCardinality(String), Tuple(a Nullable(Int32), `b c` String))")
+    assert t.name == "Map" and len(t.args) == 2
+    assert unwrap(t.arg_type(0)) == (parse_ch_type("String"), False)
+    assert unwrap(parse_ch_type("LowCardinality(Nullable(String))"))[1] is True
+    assert split_top_level("'a,b' = 1, 'c' = 2") == ["'a,b' = 1", "'c' = 2"]
+    assert parse_ch_type("Enum8('a,b' = 1, 'c' = 2)").args == ("'a,b' = 1", "'c' = 2")
+    s = parse_spark_type("struct<a:map<string,int>,b:array<decimal(10,2)>>")
+    assert s.fields == (("a", "map<string,int>"), ("b", "array<decimal(10,2)>"))
+
+
+# --------------------------------------------------------------------------- blockers
+
+
+def info(engine: str = "MergeTree", **kw: object) -> TargetInfo:
+    base: dict[str, object] = {
+        "database": "db",
+        "table": "events",
+        "engine": engine,
+        "sorting_key": "id",
+        "primary_key": "id",
+        "storage_policy": "default",
+        "columns": (ColumnInfo("id", "Int64"),),
+        "settings": {"non_replicated_deduplication_window": "0"},
+    }
+    base.update(kw)
+    return TargetInfo(**base)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "engine", ["MergeTree", "ReplacingMergeTree", "SummingMergeTree", "AggregatingMergeTree"]
+)
+def test_plain_merge_tree_family_without_partition_key_has_no_blockers(engine: str) -> None:
+    assert attach_blockers(info(engine, partition_key="")) == []
+
+
+@pytest.mark.parametrize(
+    ("engine", "word"),
+    [
+        ("Distributed", "Distributed"),
+        ("Memory", "Memory"),
+        ("Log", "Log"),
+        ("View", "View"),
+        ("MaterializedView", "MaterializedView"),
+        ("ReplicatedMergeTree", "Replicated"),
+        ("SharedMergeTree", "Replicated"),
+    ],
+)
+def test_each_blocker_names_table_and_remedy(engine: str, word: str) -> None:
+    blockers = attach_blockers(info(engine))
+    assert blockers, engine
+    assert all("db.events" in b and "mode=dedup" in b for b in blockers)
+    assert any(word in b for b in blockers)
+
+
+def test_dependent_materialized_views_block_attach_and_are_named() -> None:
+    blockers = attach_blockers(info(dependent_views=("db.mv_counts", "other.mv")))
+    assert len(blockers) == 1
+    assert "db.mv_counts" in blockers[0] and "other.mv" in blockers[0]
+    assert "mode=dedup" in blockers[0]
+
+
+def test_blockers_accumulate() -> None:
+    assert len(attach_blockers(info("ReplicatedMergeTree", dependent_views=("db.mv",)))) == 2
+
+
+def test_dedup_needs_a_dedup_window() -> None:
+    (msg,) = dedup_blockers(info(), min_window=100)
+    assert "non_replicated_deduplication_window=0" in msg and "MODIFY SETTING" in msg
+    ok = info(settings={"non_replicated_deduplication_window": "1000"})
+    assert dedup_blockers(ok, min_window=100) == []
+    rep = info("ReplicatedMergeTree", settings={"replicated_deduplication_window": "1000"})
+    assert dedup_blockers(rep, min_window=100) == []
+    assert dedup_blockers(info("Memory"))
+    assert dedup_blockers(info("Distributed")) == []
+
+
+def test_move_compat_reports_first_difference_and_accepts_equal() -> None:
+    target = info(partition_key="toYYYYMM(d)", skip_indices=("ix TYPE minmax GRANULARITY 1 ON id",))
+    same = TargetInfo(**{**target.__dict__, "database": "txsink_staging", "table": "s"})
+    assert check_move_compat(same, target) is None
+    no_index = TargetInfo(**{**same.__dict__, "skip_indices": ()})
+    msg = check_move_compat(no_index, target)
+    assert msg and "skip indices" in msg and "txsink_staging.s" in msg and "db.events" in msg
+    other_key = TargetInfo(**{**same.__dict__, "partition_key": "toYear(d)"})
+    assert "partition key" in (check_move_compat(other_key, target) or "")
