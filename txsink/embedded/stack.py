@@ -1,0 +1,344 @@
+"""Start, stop and inspect the embedded stack: the chdb HTTP endpoint plus ZooKeeper.
+
+Both services run as detached processes (own session, so they outlive the command that
+started them) with their state in one stack directory::
+
+    <dir>/clickhouse/          chdb data + clickhouse-http.log (the endpoint's log)
+    <dir>/zookeeper/           zoo.cfg, data/, zookeeper.log
+    <dir>/clickhouse.pid       {"pid": ..., "port": ...}  (JSON)
+    <dir>/zookeeper.pid
+    <dir>/*.out                stdout/stderr of each process
+
+Invariants: ``down`` only signals a pid whose ``/proc/<pid>/cmdline`` shows it is this
+stack's own service (a stale pid file, or a pid reused by another program, is just
+removed); ``up`` is a no-op when both services already run and answer; a port held by
+another program is reported, never fought over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from txsink.embedded import zookeeper
+from txsink.errors import ConfigError, UnavailableError
+
+DEFAULT_CLICKHOUSE_PORT = 18123
+DEFAULT_ZOOKEEPER_PORT = 12181
+DEFAULT_TIMEOUT = 60.0
+STOP_GRACE_SECONDS = 10.0
+DIR_ENV = "TXSINK_EMBEDDED_DIR"
+SERVER_MODULE = "txsink.embedded.server"
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class StackInfo:
+    """Where a running stack answers."""
+
+    dir: str
+    url: str  # http://127.0.0.1:N
+    keeper: str  # 127.0.0.1:N
+    clickhouse_pid: int
+    zookeeper_pid: int
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    name: str
+    pid: int | None
+    alive: bool  # the pid runs this stack's service
+    answering: bool  # the service answers its health check
+    address: str | None  # url for ClickHouse, host:port for ZooKeeper
+
+
+@dataclass(frozen=True)
+class StackStatus:
+    dir: str
+    clickhouse: ServiceStatus
+    zookeeper: ServiceStatus
+
+    @property
+    def up(self) -> bool:
+        return all(s.alive and s.answering for s in (self.clickhouse, self.zookeeper))
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "dir": self.dir,
+            "up": self.up,
+            "url": self.clickhouse.address,
+            "keeper": self.zookeeper.address,
+            "clickhouse": asdict(self.clickhouse),
+            "zookeeper": asdict(self.zookeeper),
+        }
+
+
+def default_dir() -> Path:
+    """``$TXSINK_EMBEDDED_DIR``, else ``.txsink/embedded`` under the current directory."""
+    return Path(os.environ.get(DIR_ENV) or Path.cwd() / ".txsink" / "embedded")
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def _pid_file(root: Path, name: str) -> Path:
+    return root / f"{name}.pid"
+
+
+def _read_pid(root: Path, name: str) -> tuple[int, int] | None:
+    try:
+        record = json.loads(_pid_file(root, name).read_text())
+        return int(record["pid"]), int(record["port"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write_pid(root: Path, name: str, pid: int, port: int) -> None:
+    tmp = _pid_file(root, name).with_suffix(".tmp")
+    tmp.write_text(json.dumps({"pid": pid, "port": port}))
+    tmp.replace(_pid_file(root, name))
+
+
+def _cmdline(pid: int) -> list[str]:
+    raw = b""
+    for _ in range(50):
+        try:
+            raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return []
+        if raw or _is_zombie(pid):
+            break
+        time.sleep(0.01)  # a process in the middle of exec() briefly shows an empty cmdline
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] in ("Z", "X")
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit status when the service is our own child (the test fixture case)."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def _marker(root: Path, name: str) -> str:
+    return str(root / "clickhouse") if name == "clickhouse" else str(root / "zookeeper" / "zoo.cfg")
+
+
+def _is_ours(root: Path, name: str, pid: int) -> bool:
+    """True when ``pid`` is alive and runs this stack directory's ``name`` service."""
+    _reap(pid)
+    argv = _cmdline(pid)
+    if not argv or _is_zombie(pid):
+        return False
+    program = SERVER_MODULE if name == "clickhouse" else zookeeper.MAIN_CLASS
+    return program in argv and _marker(root, name) in argv
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _clickhouse_answers(port: int, timeout: float = 1.0) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=timeout) as resp:
+            return bool(resp.status == 200 and resp.read() == b"Ok.\n")
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+def _answers(name: str, port: int) -> bool:
+    return _clickhouse_answers(port) if name == "clickhouse" else zookeeper.ruok(port)
+
+
+def _argv(root: Path, name: str, port: int) -> list[str]:
+    if name == "clickhouse":
+        data = root / "clickhouse"
+        return [sys.executable, "-m", SERVER_MODULE, "--data", str(data), "--port", str(port)]
+    return zookeeper.command(root / "zookeeper", port)
+
+
+def _spawn(root: Path, name: str, port: int) -> int:
+    argv = _argv(root, name, port)
+    (root / name).mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), env.get("PYTHONPATH")]))
+    with open(root / f"{name}.out", "ab") as out:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=str(root),
+            env=env,
+            start_new_session=True,  # outlive the CLI; not hit by its terminal's Ctrl-C
+            close_fds=True,
+        )
+    _write_pid(root, name, proc.pid, port)
+    return proc.pid
+
+
+def _log_tail(root: Path, name: str, lines: int = 15) -> str:
+    logs = [root / f"{name}.out"]
+    logs.append(
+        root / "clickhouse" / "clickhouse-http.log"
+        if name == "clickhouse"
+        else root / "zookeeper" / "zookeeper.log"
+    )
+    tail: list[str] = []
+    for path in logs:
+        with contextlib.suppress(OSError):
+            tail += path.read_text(errors="replace").splitlines()[-lines:]
+    return "\n".join(tail[-lines:])
+
+
+def _stop_pid(pid: int, grace: float) -> None:
+    """SIGTERM, SIGKILL after ``grace`` seconds, and wait until the process is gone."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    killed = False
+    while True:
+        _reap(pid)
+        if not _cmdline(pid) or _is_zombie(pid):
+            return
+        if not killed and time.monotonic() > deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            killed = True
+            deadline = time.monotonic() + grace
+        elif killed and time.monotonic() > deadline:
+            raise UnavailableError(f"process {pid} survived SIGKILL for {grace:.0f}s")
+        time.sleep(0.05)
+
+
+# --------------------------------------------------------------------------- API
+
+
+def up(
+    dir: str | Path | None = None,
+    clickhouse_port: int | None = None,
+    zookeeper_port: int | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> StackInfo:
+    """Start the stack (or find it running) and wait until both services answer."""
+    root = Path(dir) if dir is not None else default_dir()
+    root = root.resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    zookeeper.check_installed()
+    wanted = {
+        "clickhouse": clickhouse_port,
+        "zookeeper": zookeeper_port,
+    }
+    defaults = {"clickhouse": DEFAULT_CLICKHOUSE_PORT, "zookeeper": DEFAULT_ZOOKEEPER_PORT}
+    pids: dict[str, int] = {}
+    ports: dict[str, int] = {}
+    started: list[str] = []
+    try:
+        for name in ("zookeeper", "clickhouse"):
+            record = _read_pid(root, name)
+            if record is not None and _is_ours(root, name, record[0]):
+                pid, port = record
+                if wanted[name] is not None and wanted[name] != port:
+                    raise ConfigError(
+                        f"the embedded {name} of {root} already runs on port {port}, not "
+                        f"{wanted[name]}: run `txsink embedded down --dir {root}` first"
+                    )
+                pids[name], ports[name] = pid, port
+                continue
+            _pid_file(root, name).unlink(missing_ok=True)  # stale: dead or reused pid
+            port = wanted[name] or defaults[name]
+            if not _port_free(port):
+                raise UnavailableError(
+                    f"port {port} on 127.0.0.1 is taken by another program, so the embedded "
+                    f"{name} cannot start: stop it or pass --{name}-port"
+                )
+            pids[name], ports[name] = _spawn(root, name, port), port
+            started.append(name)
+        _wait_answering(root, pids, ports, timeout)
+    except BaseException:
+        for name in started:  # leave nothing half-started behind
+            with contextlib.suppress(UnavailableError):
+                _stop_pid(pids[name], 2.0)
+            _pid_file(root, name).unlink(missing_ok=True)
+        raise
+    return StackInfo(
+        dir=str(root),
+        url=f"http://127.0.0.1:{ports['clickhouse']}",
+        keeper=f"127.0.0.1:{ports['zookeeper']}",
+        clickhouse_pid=pids["clickhouse"],
+        zookeeper_pid=pids["zookeeper"],
+    )
+
+
+def _wait_answering(
+    root: Path, pids: dict[str, int], ports: dict[str, int], timeout: float
+) -> None:
+    deadline = time.monotonic() + timeout
+    pending = set(pids)
+    while pending:
+        for name in sorted(pending):
+            if not _is_ours(root, name, pids[name]):
+                raise UnavailableError(
+                    f"the embedded {name} exited during startup; its log ends with:\n"
+                    + _log_tail(root, name)
+                )
+            if _answers(name, ports[name]):
+                pending.discard(name)
+        if pending and time.monotonic() > deadline:
+            raise UnavailableError(
+                f"the embedded {', '.join(sorted(pending))} did not answer within "
+                f"{timeout:.0f}s; logs are in {root}"
+            )
+        if pending:
+            time.sleep(0.1)
+
+
+def down(dir: str | Path | None = None, grace: float = STOP_GRACE_SECONDS) -> list[int]:
+    """Stop exactly the processes this stack directory started; returns their pids."""
+    root = (Path(dir) if dir is not None else default_dir()).resolve()
+    stopped: list[int] = []
+    for name in ("clickhouse", "zookeeper"):
+        record = _read_pid(root, name)
+        if record is not None and _is_ours(root, name, record[0]):
+            _stop_pid(record[0], grace)
+            stopped.append(record[0])
+        _pid_file(root, name).unlink(missing_ok=True)
+    return stopped
+
+
+def status(dir: str | Path | None = None) -> StackStatus:
+    """What really runs: per service the pid, whether it is ours and alive, and answering."""
+    root = (Path(dir) if dir is not None else default_dir()).resolve()
+    services = {}
+    for name in ("clickhouse", "zookeeper"):
+        record = _read_pid(root, name)
+        if record is None:
+            services[name] = ServiceStatus(name, None, False, False, None)
+            continue
+        pid, port = record
+        alive = _is_ours(root, name, pid)
+        address = f"http://127.0.0.1:{port}" if name == "clickhouse" else f"127.0.0.1:{port}"
+        services[name] = ServiceStatus(name, pid, alive, alive and _answers(name, port), address)
+    return StackStatus(str(root), services["clickhouse"], services["zookeeper"])
