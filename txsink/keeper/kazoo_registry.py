@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any
+from typing import Any, NoReturn
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import (
@@ -93,7 +93,7 @@ def _decode(data: bytes) -> dict[str, Any] | None:
         return None
     value = json.loads(data.decode())
     if not isinstance(value, dict):
-        raise TxSinkError(f"Keeper node holds {type(value).__name__}, expected a JSON object")
+        raise ValueError(f"holds a JSON {type(value).__name__}, expected an object")
     return value
 
 
@@ -149,7 +149,7 @@ class KazooRegistry:
                     self._wait(client.add_auth_async("digest", auth))
             with self._mapped(f"create {self._jobs_root()}"):
                 # Open ACL on purpose: other identities must be able to add their own jobs.
-                self._client.ensure_path(self._jobs_root())
+                self._wait(self._client.ensure_path_async(self._jobs_root()))
         except TxSinkError:
             self.close()
             raise
@@ -194,7 +194,7 @@ class KazooRegistry:
         self._start(boot, timeout)
         try:
             with self._mapped(f"create chroot {chroot}"):
-                boot.ensure_path(chroot)
+                boot.ensure_path_async(chroot).get(timeout=timeout)
         finally:
             boot.stop()
             boot.close()
@@ -262,7 +262,10 @@ class KazooRegistry:
             data, stat = self._wait(self._client.get_async(path))
         except NoNodeError:
             return None
-        return _decode(data), stat
+        try:
+            return _decode(data), stat
+        except ValueError as exc:  # not JSON: someone else wrote this node
+            raise TxSinkError(f"Keeper node {path} does not hold txsink's JSON: {exc}") from exc
 
     def _read_json(self, path: str) -> tuple[dict[str, Any], Any] | None:
         """Like :meth:`_read`, but an empty node counts as absent."""
@@ -275,7 +278,7 @@ class KazooRegistry:
         """Make sure ``path`` and its parents exist (job nodes get the job ACL)."""
         if path in self._known_paths:
             return
-        self._client.ensure_path(path, acl=self._acl)
+        self._wait(self._client.ensure_path_async(path, acl=self._acl))
         self._known_paths.add(path)
 
     def _create(self, path: str, value: dict[str, Any]) -> Any:
@@ -305,7 +308,7 @@ class KazooRegistry:
     def _first_error(results: builtins.list[Any]) -> Exception:
         return next(r for r in results if isinstance(r, Exception))
 
-    def _raise_fenced(self, epoch: Epoch) -> None:
+    def _raise_fenced(self, epoch: Epoch) -> NoReturn:
         cur = self.current_epoch(epoch.job)
         raise FencedError(
             f"job {epoch.job}: writer epoch {epoch.number} was superseded by epoch "
