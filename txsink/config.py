@@ -47,6 +47,7 @@ OPTIONS: dict[str, tuple[str | None, str]] = {
     "metrics_textfile": ("", "write Prometheus text-format metrics to this file"),
     "run_id": ("", "internal: set by foreach_batch to the streaming query's run id"),
 }
+SPARK_OWNED = ("path", "checkpointlocation", "queryname")
 MODES = ("auto", "attach", "dedup")
 COMPRESSIONS = ("lz4", "zstd", "gzip", "none")
 
@@ -121,7 +122,8 @@ class WriterConfig:
     @staticmethod
     def from_options(options: Mapping[str, Any]) -> WriterConfig:
         given = {str(k).lower(): ("" if v is None else str(v)) for k, v in options.items()}
-        given.pop("path", None)  # Spark passes save(path) as "path"; txsink has no path
+        for key in SPARK_OWNED:  # Spark passes its own writer options through
+            given.pop(key, None)
         unknown = sorted(set(given) - set(OPTIONS))
         if unknown:
             raise ConfigError(
