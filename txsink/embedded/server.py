@@ -90,6 +90,7 @@ SYNTAX_ERROR = 62
 CANNOT_DECOMPRESS = 271
 NETWORK_ERROR = 210
 HTTP_LENGTH_REQUIRED = 381
+UNSUPPORTED_METHOD = 1
 ERROR_NAMES = {
     UNKNOWN_FORMAT: "UNKNOWN_FORMAT",
     CANNOT_PARSE_INPUT: "CANNOT_PARSE_INPUT_ASSERTION_FAILED",
@@ -103,6 +104,7 @@ ERROR_NAMES = {
     CANNOT_DECOMPRESS: "CANNOT_DECOMPRESS",
     NETWORK_ERROR: "NETWORK_ERROR",
     HTTP_LENGTH_REQUIRED: "HTTP_LENGTH_REQUIRED",
+    UNSUPPORTED_METHOD: "UNSUPPORTED_METHOD",
 }
 # HTTP status per ClickHouse code, as the real server maps them (everything else is 500).
 HTTP_STATUS_BY_CODE = {
@@ -171,6 +173,19 @@ STREAMABLE_FORMATS = frozenset(
         "Values",
     )
 )
+EMPTY_SUMMARY = {
+    k: "0"
+    for k in (
+        "read_rows",
+        "read_bytes",
+        "written_rows",
+        "written_bytes",
+        "total_rows_to_read",
+        "result_rows",
+        "result_bytes",
+        "elapsed_ns",
+    )
+}
 TRACK_IGNORED = frozenset({"database"})  # chdb reports it as a changed setting; USE owns it
 
 
@@ -718,6 +733,15 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """Protocol-level failures (bad request line, unsupported method) in ClickHouse style."""
+        self.close_connection = True
+        status = HTTPStatus(code) if code in HTTPStatus._value2member_map_ else HTTPStatus(400)
+        text = message or status.phrase
+        err = HttpError(UNSUPPORTED_METHOD if code == 501 else CANNOT_PARSE_INPUT, text, code)
+        with contextlib.suppress(OSError):
+            self._send_error(err, str(uuid.uuid4()))
+
     def do_GET(self) -> None:
         path = urlsplit(self.path).path
         if path in ("/ping", "/replicas_status"):
@@ -945,6 +969,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_response(200)
         self._common_headers(query_id)
         self.send_header("X-ClickHouse-Format", fmt)
+        self.send_header("X-ClickHouse-Summary", json.dumps(EMPTY_SUMMARY))
         self.send_header("Content-Type", content_type_for(fmt))
         if comp is not None:
             self.send_header("Content-Encoding", comp.encoding)

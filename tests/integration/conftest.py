@@ -1,0 +1,103 @@
+"""Fixtures for integration tests: one embedded stack (chdb HTTP endpoint + ZooKeeper) per
+test session, started in a temporary directory on free ports and stopped at the end.
+
+- ``stack`` (session): a :class:`txsink.embedded.stack.StackInfo` (``.url``, ``.keeper``,
+  ``.dir``). ``TXSINK_URL`` and ``TXSINK_KEEPER`` are exported to ``os.environ`` so
+  subprocesses (CLI, Spark workers) reach the same stack.
+- ``ch``: a stock ``clickhouse_connect`` client on the stack (fresh per test).
+- ``zk``: a started kazoo client on the stack's ZooKeeper (stopped after the test).
+- ``fresh_db``: a unique database name, created before and dropped after the test.
+
+Set ``TXSINK_TEST_STACK_DIR`` to keep the stack's directory (logs, data) after the run.
+Every test under ``tests/integration`` gets the ``integration`` marker.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import clickhouse_connect
+import pytest
+from clickhouse_connect.driver.client import Client
+from kazoo.client import KazooClient
+
+from txsink.embedded import stack as embedded
+from txsink.embedded.stack import StackInfo
+
+HERE = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if Path(str(item.fspath)).is_relative_to(HERE):
+            item.add_marker(pytest.mark.integration)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def stack() -> Iterator[StackInfo]:
+    keep = os.environ.get("TXSINK_TEST_STACK_DIR")
+    root = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="txsink-stack-"))
+    info = embedded.up(root, free_port(), free_port(), timeout=90)
+    saved = {k: os.environ.get(k) for k in ("TXSINK_URL", "TXSINK_KEEPER")}
+    os.environ["TXSINK_URL"] = info.url
+    os.environ["TXSINK_KEEPER"] = info.keeper
+    try:
+        yield info
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        embedded.down(root)
+        if not keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def client_for(info: StackInfo, **kwargs: object) -> Client:
+    """A clickhouse_connect client on ``info``'s endpoint (kwargs go to get_client)."""
+    host, port = info.url.rsplit("/", 1)[-1].split(":")
+    return clickhouse_connect.get_client(host=host, port=int(port), **kwargs)
+
+
+@pytest.fixture
+def ch(stack: StackInfo) -> Iterator[Client]:
+    client = client_for(stack)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def zk(stack: StackInfo) -> Iterator[KazooClient]:
+    client = KazooClient(hosts=stack.keeper, timeout=10)
+    client.start(timeout=15)
+    try:
+        yield client
+    finally:
+        client.stop()
+        client.close()
+
+
+@pytest.fixture
+def fresh_db(ch: Client) -> Iterator[str]:
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    ch.command(f"CREATE DATABASE {name}")
+    try:
+        yield name
+    finally:
+        ch.command(f"DROP DATABASE IF EXISTS {name} SYNC")
