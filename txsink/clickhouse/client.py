@@ -38,6 +38,7 @@ T = TypeVar("T")
 # ClickHouse error codes that matter here.
 UNKNOWN_TABLE = 60
 UNKNOWN_DATABASE = 81
+CANNOT_GET_CREATE_TABLE_QUERY = 390  # CREATE TABLE x AS <missing table>
 TOO_MANY_SIMULTANEOUS_QUERIES = 202
 SOCKET_TIMEOUT = 209
 NETWORK_ERROR = 210
@@ -125,9 +126,14 @@ def _split_dotted(name: str) -> list[str] | None:
         if s[i] == "`":
             j = i + 1
             buf: list[str] = []
-            while j < n and s[j] != "`":
+            while j < n:
                 if s[j] == "\\" and j + 1 < n:
                     j += 1
+                elif s[j] == "`":
+                    if j + 1 < n and s[j + 1] == "`":  # doubled backquote
+                        j += 1
+                    else:
+                        break
                 buf.append(s[j])
                 j += 1
             if j >= n:
@@ -207,7 +213,7 @@ def map_error(exc: BaseException, *, url: str, what: str, table: str | None = No
         return exc
     code = error_code(exc)
     detail = _short(exc)
-    if code == UNKNOWN_TABLE:
+    if code in (UNKNOWN_TABLE, CANNOT_GET_CREATE_TABLE_QUERY):
         name = table or _quoted_name(detail) or "the table"
         return ConfigError(
             f"table {name} does not exist on {url} ({what}); create it, or fix the table "
@@ -312,7 +318,9 @@ class RetryPolicy:
 
         retrying = tenacity.Retrying(
             stop=tenacity.stop_after_attempt(self.attempts),
-            wait=tenacity.wait_exponential_jitter(initial=self.initial_wait, max=self.max_wait),
+            wait=tenacity.wait_exponential_jitter(
+                multiplier=self.initial_wait, max=self.max_wait, jitter=self.initial_wait
+            ),
             retry=tenacity.retry_if_exception(retryable),
             sleep=self.sleep,
             before_sleep=before_sleep,

@@ -395,8 +395,9 @@ def iter_blocks(
 ) -> Iterator[pa.Table]:
     """Group (and cut) record batches into tables of at most ``block_rows``/``block_bytes``.
 
-    Pulls lazily: at most one block's worth of batch slices is held at a time. A single
-    row larger than ``block_bytes`` still forms a block of its own.
+    Pulls lazily: at most one block's worth of batch slices (zero-copy views of at most
+    the batches they come from) is held at a time. Byte sizes are Arrow buffer sizes of
+    the slices; a single row larger than ``block_bytes`` forms a block of its own.
     """
     pending: list[pa.RecordBatch] = []
     p_rows = p_bytes = 0
@@ -417,6 +418,15 @@ def iter_blocks(
                     continue
                 take = 1  # one row bigger than a block: send it alone
             piece = batch.slice(start, take)
+            # The average row size was a guess: shrink until the slice really fits.
+            while take > 1 and p_bytes + piece.nbytes > block_bytes:
+                shrunk = int(take * (block_bytes - p_bytes) / max(piece.nbytes, 1))
+                take = max(1, min(take - 1, shrunk))
+                piece = batch.slice(start, take)
+            if pending and p_bytes + piece.nbytes > block_bytes:
+                yield pa.Table.from_batches(pending)
+                pending, p_rows, p_bytes = [], 0, 0
+                continue
             pending.append(piece)
             p_rows += take
             p_bytes += piece.nbytes

@@ -1,0 +1,393 @@
+"""ClickHouseWarehouse against the real engine, through HTTP (the ``stack`` fixture).
+
+What is checked here is ClickHouse 26.9 behaviour txsink relies on: ``CREATE TABLE AS``
+yields a staging table MOVE PARTITION accepts for every target shape, a repeated MOVE is a
+no-op, ``system.parts`` reports what was staged, blocks are cut and streamed, and errors
+reach the caller as txsink errors naming the table. Every test works in its own databases
+(``fresh_db`` for targets, ``<fresh_db>_stg`` for staging).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from clickhouse_connect.driver import exceptions as ch_exc
+
+from txsink.clickhouse.client import (
+    Client,
+    RetryPolicy,
+    connect,
+    error_code,
+    map_error,
+    quote_ident,
+    split_table,
+)
+from txsink.clickhouse.compat import attach_blockers, dedup_blockers
+from txsink.clickhouse.warehouse import ClickHouseWarehouse
+from txsink.errors import ConfigError, RetryableConflict, UnavailableError
+from txsink.protocol import ids
+
+pytestmark = pytest.mark.integration
+
+JOB = "wh-test"
+COLS = "d Date, k UInt64, v String"
+
+
+def stg(task: int, xid: str = "b1") -> str:
+    """A txsink staging name (whatever the run/epoch component currently looks like)."""
+    run: Any = ids.run_tag("test-run") if hasattr(ids, "run_tag") else 0
+    return ids.staging_name(JOB, xid, run, 0, 0, task).table
+
+
+@pytest.fixture
+def client(stack: Any) -> Iterator[Client]:
+    c = connect(stack.url, getattr(stack, "user", None), getattr(stack, "password", None))
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def wh(client: Client, ch: Any, fresh_db: str) -> Iterator[ClickHouseWarehouse]:
+    w = ClickHouseWarehouse(client, staging_db=f"{fresh_db}_stg")
+    w.ensure_staging_db()
+    yield w
+    ch.command(f"DROP DATABASE IF EXISTS `{fresh_db}_stg` SYNC")
+
+
+def rows_batch(n: int, start: int = 0, days: int = 45) -> pa.RecordBatch:
+    base = dt.date(2024, 1, 1)
+    return pa.record_batch(
+        {
+            "d": pa.array([base + dt.timedelta(days=(start + i) % days) for i in range(n)]),
+            "k": pa.array(range(start, start + n), pa.uint64()),
+            "v": pa.array([f"v{start + i}" for i in range(n)]),
+        }
+    )
+
+
+def count(ch: Any, table: str) -> int:
+    return int(ch.command(f"SELECT count() FROM {table}"))
+
+
+TARGETS = {
+    "by_month": f"({COLS}) ENGINE = MergeTree PARTITION BY toYYYYMM(d) ORDER BY (k, d)",
+    "by_tuple": f"({COLS}) ENGINE = MergeTree PARTITION BY (toYYYYMM(d), k % 3) ORDER BY k",
+    "unpartitioned": f"({COLS}) ENGINE = MergeTree ORDER BY k",
+    "skip_index": f"({COLS}, INDEX ix_v v TYPE bloom_filter GRANULARITY 2, "
+    "INDEX ix_k k TYPE minmax GRANULARITY 1) "
+    "ENGINE = MergeTree PARTITION BY toYYYYMM(d) ORDER BY k",
+    "projection": f"({COLS}, PROJECTION per_day (SELECT d, count() GROUP BY d)) "
+    "ENGINE = MergeTree PARTITION BY toYYYYMM(d) ORDER BY k",
+    "settings": f"({COLS}) ENGINE = MergeTree PARTITION BY toYYYYMM(d) ORDER BY k "
+    "SETTINGS index_granularity = 256, non_replicated_deduplication_window = 50",
+    "codecs_ttl_sample": "(d Date CODEC(Delta, ZSTD(3)), k UInt64, v String DEFAULT 'x', "
+    "n Nullable(Int32)) ENGINE = MergeTree PARTITION BY toYYYYMM(d) "
+    "ORDER BY (k, intHash32(k), d) PRIMARY KEY (k, intHash32(k)) "
+    "SAMPLE BY intHash32(k) TTL d + INTERVAL 200 YEAR",
+    "replacing": f"({COLS}) ENGINE = ReplacingMergeTree PARTITION BY toYYYYMM(d) ORDER BY k",
+}
+
+
+@pytest.mark.parametrize("shape", sorted(TARGETS))
+def test_staging_mirror_is_accepted_by_move_and_moves_exactly_the_staged_rows(
+    wh: ClickHouseWarehouse, ch: Any, fresh_db: str, shape: str
+) -> None:
+    target = f"{fresh_db}.tgt"
+    ch.command(f"CREATE TABLE {target} {TARGETS[shape]}")
+    ch.command(f"INSERT INTO {target} (d, k, v) VALUES ('2024-01-01', 999999, 'pre')")
+    name = stg(1)
+    wh.create_staging(target, name)
+    info = wh.target_info(f"{wh.staging_db}.{name}")
+    assert info.columns == wh.target_info(target).columns
+    assert attach_blockers(wh.target_info(target)) == []
+
+    stats = wh.insert_blocks(name, iter([rows_batch(300)]), block_rows=100, block_bytes=1 << 30)
+    assert (stats.rows, stats.blocks) == (300, 3)
+    view = wh.staging_view([name])[name]
+    assert view is not None and sum(view.values()) == 300
+    if shape == "unpartitioned":
+        assert set(view) == {"all"}
+
+    before = wh.partition_rows(target)
+    for pid in view:
+        wh.move_partition(name, pid, target)
+    assert count(ch, target) == 301
+    after = wh.partition_rows(target)
+    for pid, n in view.items():
+        assert after[pid] == before.get(pid, 0) + n
+    assert wh.staging_view([name]) == {name: {}}
+
+    for pid in view:  # a crash after the MOVE landed makes the driver repeat it
+        wh.move_partition(name, pid, target)
+    assert count(ch, target) == 301
+    assert wh.partition_rows(target) == after
+
+
+def test_replacing_staging_keeps_every_sent_row(
+    wh: ClickHouseWarehouse, ch: Any, fresh_db: str
+) -> None:
+    """optimize_on_insert=0 on staging inserts: staged rows equal sent rows, so the
+    manifest count is what system.parts shows; the target's merges replace later."""
+    target = f"{fresh_db}.tgt"
+    ch.command(f"CREATE TABLE {target} {TARGETS['replacing']}")
+    name = stg(2)
+    wh.create_staging(target, name)
+    dup = pa.concat_batches([rows_batch(50), rows_batch(50)])
+    stats = wh.insert_blocks(name, iter([dup]), block_rows=1000, block_bytes=1 << 30)
+    view = wh.staging_view([name])[name] or {}
+    assert stats.rows == sum(view.values()) == 100
+
+
+def test_create_staging_replaces_a_leftover_table_of_the_same_name(
+    wh: ClickHouseWarehouse, ch: Any, fresh_db: str
+) -> None:
+    target = f"{fresh_db}.tgt"
+    ch.command(f"CREATE TABLE {target} {TARGETS['by_month']}")
+    name = stg(3)
+    wh.create_staging(target, name)
+    wh.insert_blocks(name, iter([rows_batch(10)]), block_rows=100, block_bytes=1 << 30)
+    wh.create_staging(target, name)
+    assert wh.staging_view([name]) == {name: {}}
+
+
+def test_staging_view_reports_partitions_and_none_for_missing_tables(
+    wh: ClickHouseWarehouse, ch: Any, fresh_db: str
+) -> None:
+    target = f"{fresh_db}.tgt"
+    ch.command(f"CREATE TABLE {target} {TARGETS['by_month']}")
+    a, b, empty, missing = stg(10), stg(11), stg(12), stg(13)
+    for t in (a, b, empty):
+        wh.create_staging(target, t)
+    wh.insert_blocks(a, iter([rows_batch(45)]), block_rows=7, block_bytes=1 << 30)
+    wh.insert_blocks(b, iter([rows_batch(5)]), block_rows=100, block_bytes=1 << 30)
+    view = wh.staging_view([a, b, empty, missing])
+    assert view == {
+        a: {"202401": 31, "202402": 14},
+        b: {"202401": 5},
+        empty: {},
+        missing: None,
+    }
+    assert wh.list_staging(ids.staging_prefix(JOB)) == sorted([a, b, empty])
+    sizes = wh.staging_sizes(ids.staging_prefix(JOB))
+    assert sizes[a]["rows"] == 45 and sizes[a]["bytes"] > 0 and sizes[empty]["rows"] == 0
+    wh.drop_staging(a)
+    wh.drop_staging(a)  # idempotent
+    assert wh.staging_view([a])[a] is None
+
+
+def test_foreign_tables_are_never_touched(wh: ClickHouseWarehouse, ch: Any, fresh_db: str) -> None:
+    ch.command(f"CREATE TABLE `{wh.staging_db}`.users (k UInt64) ENGINE = MergeTree ORDER BY k")
+    ch.command(f"INSERT INTO `{wh.staging_db}`.users VALUES (1)")
+    for action in (
+        lambda: wh.drop_staging("users"),
+        lambda: wh.create_staging(f"{fresh_db}.users", "users"),
+        lambda: wh.move_partition("users", "all", f"{fresh_db}.users"),
+        lambda: wh.insert_blocks("users", iter([]), block_rows=1, block_bytes=1),
+    ):
+        with pytest.raises(ConfigError, match="users"):
+            action()
+    assert count(ch, f"`{wh.staging_db}`.users") == 1
+
+
+def test_insert_blocks_cuts_blocks_and_streams_with_one_block_in_memory(
+    wh: ClickHouseWarehouse, ch: Any, fresh_db: str
+) -> None:
+    target = f"{fresh_db}.tgt"
+    ch.command(f"CREATE TABLE {target} {TARGETS['by_month']}")
+    name = stg(20)
+    wh.create_staging(target, name)
+    batch_rows, n_batches, block_rows = 100, 200, 1000
+    pulled = 0
+    seen_at_insert: list[tuple[int, int]] = []
+
+    def source() -> Iterator[pa.RecordBatch]:
+        nonlocal pulled
+        for i in range(n_batches):
+            pulled += 1
+            yield rows_batch(batch_rows, start=i * batch_rows)
+
+    real_insert = wh.client.insert_arrow
+    sent = 0
+
+    def spy(db: str, table: str, arrow_table: Any, **kw: Any) -> Any:
+        nonlocal sent
+        seen_at_insert.append((pulled, arrow_table.num_rows))
+        sent += arrow_table.num_rows
+        assert pulled * batch_rows - sent <= batch_rows  # never more than one batch ahead
+        return real_insert(db, table, arrow_table, **kw)
+
+    wh.client.insert_arrow = spy  # type: ignore[method-assign]
+    stats = wh.insert_blocks(name, source(), block_rows=block_rows, block_bytes=1 << 30)
+    assert stats.blocks == n_batches * batch_rows // block_rows == len(seen_at_insert)
+    assert all(n == block_rows for _, n in seen_at_insert)
+    assert sum((wh.staging_view([name])[name] or {}).values()) == n_batches * batch_rows
+
+    # Byte limit: one 250-row batch is cut into blocks of at most block_bytes each.
+    big = rows_batch(250)
+    limit = big.nbytes // 4 + 1
+    sizes: list[int] = []
+    wh.client.insert_arrow = lambda db, t, tbl, **kw: (  # type: ignore[method-assign]
+        sizes.append(tbl.nbytes),
+        real_insert(db, t, tbl, **kw),
+    )[1]
+    stats = wh.insert_blocks(name, iter([big]), block_rows=10_000, block_bytes=limit)
+    assert stats.rows == 250 and stats.blocks == len(sizes) in (4, 5)
+    assert all(size <= limit for size in sizes) and sum(sizes) == big.nbytes
+
+
+def test_insert_blocks_passes_per_block_settings(
+    wh: ClickHouseWarehouse, ch: Any, fresh_db: str
+) -> None:
+    """Dedup mode: a per-block insert_deduplication_token makes a replay a no-op."""
+    target = f"{fresh_db}.tgt"
+    ch.command(f"CREATE TABLE {target} {TARGETS['settings']}")
+    info = wh.target_info(target)
+    assert info.dedup_window == 50 and dedup_blockers(info, min_window=10) == []
+
+    def tokens(i: int) -> dict[str, str]:
+        return {"insert_deduplication_token": ids.dedup_token(JOB, "b7", 0, i)}
+
+    for _ in range(2):
+        stats = wh.insert_blocks(
+            target, iter([rows_batch(30)]), block_rows=10, block_bytes=1 << 30, settings=tokens
+        )
+        assert stats.blocks == 3
+    assert count(ch, target) == 30
+
+
+def test_target_info_sees_dependent_materialized_views(
+    wh: ClickHouseWarehouse, ch: Any, fresh_db: str
+) -> None:
+    db = fresh_db
+    ch.command(f"CREATE TABLE {db}.src {TARGETS['by_month']}")
+    ch.command(f"CREATE TABLE {db}.agg (k UInt64, c UInt64) ENGINE = SummingMergeTree ORDER BY k")
+    ch.command(
+        f"CREATE MATERIALIZED VIEW {db}.mv TO {db}.agg "
+        f"AS SELECT k, count() AS c FROM {db}.src GROUP BY k"
+    )
+    info = wh.target_info(f"{db}.src")
+    assert info.dependent_views == (f"{db}.mv",)
+    (blocker,) = attach_blockers(info)
+    assert f"{db}.mv" in blocker and "mode=dedup" in blocker
+    assert wh.target_info(f"{db}.agg").dependent_views == ()
+
+
+@pytest.mark.parametrize("engine", ["Memory", "Log", "TinyLog"])
+def test_target_info_flags_engines_without_partitions(
+    wh: ClickHouseWarehouse, ch: Any, fresh_db: str, engine: str
+) -> None:
+    ch.command(f"CREATE TABLE {fresh_db}.t ({COLS}) ENGINE = {engine}")
+    info = wh.target_info(f"{fresh_db}.t")
+    assert info.engine == engine and not info.is_merge_tree
+    assert any(engine in b and "mode=dedup" in b for b in attach_blockers(info))
+
+
+def test_target_info_flags_distributed(wh: ClickHouseWarehouse, ch: Any, fresh_db: str) -> None:
+    ch.command(f"CREATE TABLE {fresh_db}.local {TARGETS['by_month']}")
+    clusters = [r[0] for r in ch.query("SELECT DISTINCT cluster FROM system.clusters").result_rows]
+    if not clusters:
+        pytest.skip("this engine has no clusters configured: Distributed cannot be created")
+    ch.command(
+        f"CREATE TABLE {fresh_db}.dist AS {fresh_db}.local "
+        f"ENGINE = Distributed('{clusters[0]}', '{fresh_db}', 'local')"
+    )
+    info = wh.target_info(f"{fresh_db}.dist")
+    assert any("Distributed" in b for b in attach_blockers(info))
+
+
+def test_unknown_tables_are_config_errors_naming_the_table(
+    wh: ClickHouseWarehouse, client: Client, fresh_db: str
+) -> None:
+    with pytest.raises(ConfigError, match=f"{fresh_db}.nope") as e:
+        wh.target_info(f"{fresh_db}.nope")
+    assert e.value.code == 60
+    with pytest.raises(ConfigError, match="nope") as e:
+        client.query_rows(f"SELECT * FROM `{fresh_db}`.nope")
+    assert e.value.code == 60
+    with pytest.raises(ConfigError) as e:
+        client.query_rows("SELECT * FROM no_such_db_txsink.t")
+    assert e.value.code == 81
+    name = stg(30)
+    with pytest.raises(ConfigError, match="nope"):
+        wh.create_staging(f"{fresh_db}.nope", name)
+    with pytest.raises(ConfigError, match=r"not of the form db\.table"):
+        wh.target_info("no_dot")
+
+
+def test_a_closed_port_is_unavailable_naming_the_url() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sleeps: list[float] = []
+    url = f"http://127.0.0.1:{port}"
+    with pytest.raises(UnavailableError, match=url) as e:
+        connect(url, connect_timeout=2, retry=RetryPolicy(attempts=3, sleep=sleeps.append))
+    assert "txsink embedded status" in str(e.value)
+    assert len(sleeps) == 2  # connection refused is classified transient and retried
+
+
+# --------------------------------------------------------------------------- client helpers
+# (pure; here because they belong to the adapter this file covers)
+
+
+def test_split_table_validates_and_quote_ident_escapes(
+    wh: ClickHouseWarehouse, ch: Any, fresh_db: str
+) -> None:
+    assert split_table("db.events") == ("db", "events")
+    assert split_table("`my.db`.`odd``name`") == ("my.db", "odd`name")
+    for bad in ("events", "a.b.c", "db.", ".t", "db.t-x", "db.t; DROP TABLE x", ""):
+        with pytest.raises(ConfigError, match=r"db\.table"):
+            split_table(bad)
+    odd = "we`ird name"
+    ch.command(
+        f"CREATE TABLE {fresh_db}.{quote_ident(odd)} (k UInt64) ENGINE = MergeTree ORDER BY k"
+    )
+    info = wh.target_info(f"{fresh_db}.{quote_ident(odd)}")
+    assert info.table == odd and info.columns[0].name == "k"
+
+
+class FakeServerError(ch_exc.DatabaseError):
+    pass
+
+
+def _flaky(errors: list[BaseException]) -> Any:
+    calls = {"n": 0}
+
+    def fn() -> str:
+        calls["n"] += 1
+        if errors:
+            raise errors.pop(0)
+        return "ok"
+
+    fn.calls = calls  # type: ignore[attr-defined]
+    return fn
+
+
+def test_only_classified_transient_errors_are_retried() -> None:
+    sleeps: list[float] = []
+    policy = RetryPolicy(attempts=4, max_wait=1.0, sleep=sleeps.append)
+    too_many_parts = FakeServerError("Code: 252. DB::Exception: Too many parts (TOO_MANY_PARTS)")
+    assert error_code(too_many_parts) == 252
+    fn = _flaky([too_many_parts, too_many_parts])
+    assert policy.run(fn, idempotent=False, what="insert") == "ok"  # rejected: safe to repeat
+    assert fn.calls["n"] == 3 and len(sleeps) == 2 and all(s <= 1.0 for s in sleeps)
+
+    timeout = ch_exc.OperationalError("Error HTTPConnectionPool: Read timed out.")
+    with pytest.raises(ch_exc.OperationalError):  # ambiguous, not idempotent: no retry
+        policy.run(_flaky([timeout]), idempotent=False, what="insert")
+    assert policy.run(_flaky([timeout]), idempotent=True, what="move") == "ok"
+
+    syntax = FakeServerError("Code: 62. DB::Exception: Syntax error (SYNTAX_ERROR)")
+    fn = _flaky([syntax])
+    with pytest.raises(FakeServerError):
+        policy.run(fn, idempotent=True, what="select")
+    assert fn.calls["n"] == 1
+
+    mapped = map_error(too_many_parts, url="http://h:1", what="INSERT into db.t")
+    assert isinstance(mapped, RetryableConflict) and mapped.code == 252
+    assert isinstance(map_error(timeout, url="http://h:1", what="x"), UnavailableError)
