@@ -5,12 +5,15 @@ once with ``os._exit`` (no cleanup, no finally blocks, like ``kill -9``). Unset,
 point costs one dict lookup.
 
 ``TXSINK_FAULT`` may list several points separated by commas. ``TXSINK_FAULT_AFTER=N``
-lets the first N arrivals pass (so a crash can land in a later batch), counted per
-process unless ``TXSINK_FAULT_STATE=<file>`` names a counter file shared by processes.
+lets the first N arrivals pass (so a crash can land in a later batch) and
+``TXSINK_FAULT_TIMES=K`` crashes only K times after that (so a retried task can
+succeed). Arrivals are counted per process unless ``TXSINK_FAULT_STATE=<file>`` names a
+counter file shared by processes (Spark runs writers in several Python workers).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 
 POINTS = (
@@ -30,14 +33,17 @@ def _arrivals(point: str) -> int:
     if not state:
         _counts[point] = _counts.get(point, 0) + 1
         return _counts[point]
-    path = f"{state}.{point}"
-    try:
-        with open(path) as fh:
+    with open(f"{state}.{point}", "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)  # several Spark workers count the same point
+        fh.seek(0)
+        try:
             n = int(fh.read() or 0) + 1
-    except (OSError, ValueError):
-        n = 1
-    with open(path, "w") as fh:
+        except ValueError:
+            n = 1
+        fh.seek(0)
+        fh.truncate()
         fh.write(str(n))
+        fh.flush()
     return n
 
 
@@ -47,6 +53,8 @@ def fault_point(point: str) -> None:
     if not wanted or point not in wanted.split(","):
         return
     after = int(os.environ.get("TXSINK_FAULT_AFTER", "0"))
-    if _arrivals(point) <= after:
+    times = int(os.environ.get("TXSINK_FAULT_TIMES", "0")) or None
+    n = _arrivals(point)
+    if n <= after or (times is not None and n > after + times):
         return
     os._exit(EXIT_CODE)

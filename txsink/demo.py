@@ -1,0 +1,346 @@
+"""The demo job and its chaos driver (``txsink demo`` / ``make demo``).
+
+Two halves:
+
+- :func:`job_main` (``python -m txsink.demo job ...``): one Spark driver running a
+  streaming query from a directory of Parquet files into ClickHouse with
+  ``format("clickhouse_tx")`` (or ``foreachBatch(txsink.foreach_batch(...))``) until
+  ``trigger(availableNow=True)`` has consumed every file. The integration tests run the
+  same entry point, so the demo and the tests exercise one code path.
+- :func:`run_demo`: generates a deterministic source with unique ids, then runs the job
+  again and again, each run crashed by a fault point (``TXSINK_FAULT``) or by ``kill -9``
+  of the whole driver process group, until a run finishes; then it reports produced vs
+  target rows, duplicates, missing ids, batches, commit latency and runs ``verify``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from txsink.faults import POINTS
+
+SOURCE_SCHEMA_DDL = "id BIGINT, event_time TIMESTAMP, day DATE, customer STRING, amount BIGINT"
+
+
+def target_ddl(table: str) -> str:
+    return (
+        f"CREATE TABLE {table} (id Int64, event_time DateTime64(6, 'UTC'), day Date, "
+        "customer LowCardinality(String), amount Int64) "
+        "ENGINE = MergeTree PARTITION BY toYYYYMM(day) ORDER BY (day, id)"
+    )
+
+
+def make_source(path: str | Path, files: int, rows_per_file: int, seed: int = 7) -> dict[str, int]:
+    """Write ``files`` Parquet files of unique ids spread over four monthly partitions."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    base = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
+    total_amount = 0
+    for f in range(files):
+        ids = list(range(f * rows_per_file, (f + 1) * rows_per_file))
+        times = [base + dt.timedelta(days=rng.randrange(120), seconds=rng.randrange(86400)) for _ in ids]
+        amounts = [rng.randrange(1, 100_000) for _ in ids]
+        total_amount += sum(amounts)
+        table = pa.table(
+            {
+                "id": pa.array(ids, pa.int64()),
+                "event_time": pa.array(times, pa.timestamp("us", tz="UTC")),
+                "day": pa.array([t.date() for t in times], pa.date32()),
+                "customer": pa.array([f"c{rng.randrange(50)}" for _ in ids]),
+                "amount": pa.array(amounts, pa.int64()),
+            }
+        )
+        pq.write_table(table, out / f"part-{f:05d}.parquet")
+    return {"rows": files * rows_per_file, "amount": total_amount, "files": files}
+
+
+# ---------------------------------------------------------------------------- the job
+
+
+def job_main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m txsink.demo job")
+    parser.add_argument("--src", required=True)
+    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--table", required=True)
+    parser.add_argument("--job", required=True)
+    parser.add_argument("--url", default=os.environ.get("TXSINK_URL"))
+    parser.add_argument("--keeper", default=os.environ.get("TXSINK_KEEPER"))
+    parser.add_argument("--mode", default="auto")
+    parser.add_argument("--files-per-trigger", type=int, default=2)
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--foreach", action="store_true", help="use foreachBatch(txsink.foreach_batch)")
+    parser.add_argument("--option", action="append", default=[], help="extra sink option k=v")
+    parser.add_argument("--conf", action="append", default=[], help="extra Spark conf k=v")
+    args = parser.parse_args(argv)
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    import txsink
+
+    builder = (
+        SparkSession.builder.master(args.master)
+        .appName(f"txsink-{args.job}")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.streaming.stopGracefullyOnShutdown", "false")
+    )
+    for kv in args.conf:
+        key, _, value = kv.partition("=")
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    txsink.register(spark)
+    options = {
+        "url": args.url,
+        "keeper": args.keeper,
+        "table": args.table,
+        "job": args.job,
+        "mode": args.mode,
+    }
+    for kv in args.option:
+        key, _, value = kv.partition("=")
+        options[key] = value
+    df = (
+        spark.readStream.schema(SOURCE_SCHEMA_DDL)
+        .option("maxFilesPerTrigger", args.files_per_trigger)
+        .parquet(args.src)
+    )
+    writer = df.writeStream.option("checkpointLocation", args.checkpoint).trigger(availableNow=True)
+    if args.foreach:
+        query = writer.foreachBatch(txsink.foreach_batch(**options)).start()
+    else:
+        query = writer.format("clickhouse_tx").options(**options).start()
+    try:
+        query.awaitTermination()
+    except Exception as exc:  # noqa: BLE001 - the process boundary: report and exit 1
+        sys.stderr.write(f"txsink demo job failed: {str(exc)[:2000]}\n")
+        return 1
+    finally:
+        spark.stop()
+    return 0
+
+
+def job_command(args: Sequence[str]) -> list[str]:
+    return [sys.executable, "-m", "txsink.demo", "job", *args]
+
+
+@dataclass
+class RunOutcome:
+    run: int
+    crash: str
+    exit_code: int
+    seconds: float
+
+
+def run_job_once(
+    args: Sequence[str],
+    *,
+    fault: str | None = None,
+    fault_after: int = 0,
+    kill_after: float | None = None,
+    timeout: float = 600,
+    log_path: str | None = None,
+    env: dict[str, str] | None = None,
+) -> int:
+    """Run one job process; crash it with a fault point or a kill -9 of its process group."""
+    environ = dict(os.environ if env is None else env)
+    environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    for key in ("TXSINK_FAULT", "TXSINK_FAULT_AFTER", "TXSINK_FAULT_TIMES", "TXSINK_FAULT_STATE"):
+        environ.pop(key, None)
+    state_dir = tempfile.mkdtemp(prefix="txsink-fault-")
+    if fault:
+        environ.update(
+            TXSINK_FAULT=fault,
+            TXSINK_FAULT_AFTER=str(fault_after),
+            TXSINK_FAULT_TIMES="1",
+            TXSINK_FAULT_STATE=os.path.join(state_dir, "count"),
+        )
+    log = open(log_path or os.devnull, "ab")  # noqa: SIM115 - closed below
+    try:
+        proc = subprocess.Popen(
+            job_command(args), env=environ, stdout=log, stderr=log, start_new_session=True
+        )
+        try:
+            proc.wait(timeout=kill_after if kill_after is not None else timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return -9
+        finally:
+            _reap_group(proc.pid)
+        return proc.returncode
+    finally:
+        log.close()
+
+
+def _reap_group(pgid: int) -> None:
+    """Kill what is left of a job's process group (the JVM outlives a dead Python driver)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+
+
+# ------------------------------------------------------------------------ the demo
+
+
+@dataclass
+class DemoReport:
+    produced: int
+    in_target: int
+    distinct_ids: int
+    duplicates: int
+    missing: int
+    amount_expected: int
+    amount_in_target: int
+    batches: int
+    commit_p50_ms: float
+    commit_p99_ms: float
+    runs: list[RunOutcome] = field(default_factory=list)
+    verify_clean: bool = False
+    verify: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def exact(self) -> bool:
+        return (
+            self.in_target == self.distinct_ids == self.produced
+            and self.amount_in_target == self.amount_expected
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        data = dict(self.__dict__)
+        data["runs"] = [r.__dict__ for r in self.runs]
+        data["exact"] = self.exact
+        return data
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    idx = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[idx]
+
+
+def crash_schedule(kills: int, rng: random.Random) -> list[tuple[str, str]]:
+    schedule = [("fault", p) for p in POINTS]
+    schedule += [("kill", "kill -9 driver")] * kills
+    rng.shuffle(schedule)
+    return schedule
+
+
+def run_demo(
+    url: str,
+    keeper: str,
+    workdir: str | Path,
+    *,
+    files: int = 12,
+    rows_per_file: int = 20_000,
+    kills: int = 2,
+    seed: int = 42,
+    mode: str = "auto",
+    progress: Callable[[str], None] = lambda _m: None,
+) -> DemoReport:
+    from txsink.clickhouse.client import connect
+    from txsink.config import WriterConfig
+    from txsink.driver import open_registry
+
+    rng = random.Random(seed)
+    work = Path(workdir)
+    job = f"demo-{int(time.time())}"
+    table = "txsink_demo.orders"
+    client = connect(url)
+    client.command("CREATE DATABASE IF NOT EXISTS txsink_demo")
+    client.command(f"DROP TABLE IF EXISTS {table} SYNC")
+    client.command(target_ddl(table))
+    src, ckpt = work / "source", work / "checkpoint"
+    source = make_source(src, files, rows_per_file, seed)
+    progress(f"source: {source['files']} Parquet files, {source['rows']:,} rows with unique ids in {src}")
+    args = [
+        "--src", str(src), "--checkpoint", str(ckpt), "--table", table, "--job", job,
+        "--url", url, "--keeper", keeper, "--mode", mode, "--files-per-trigger", "2",
+    ]
+    config = WriterConfig.from_options({"url": url, "keeper": keeper, "table": table, "job": job})
+    registry = open_registry(config)
+    runs: list[RunOutcome] = []
+    log_path = str(work / "job.log")
+    try:
+        for n, (kind, what) in enumerate([*crash_schedule(kills, rng), ("clean", "")], start=1):
+            for _attempt in range(3 if kind == "clean" else 1):
+                started = time.time()
+                if kind == "fault":
+                    code = run_job_once(args, fault=what, fault_after=rng.randrange(2), log_path=log_path)
+                elif kind == "kill":
+                    code = run_job_once(args, kill_after=rng.uniform(8.0, 20.0), log_path=log_path)
+                else:
+                    code = run_job_once(args, log_path=log_path)
+                runs.append(RunOutcome(n, what or "none", code, round(time.time() - started, 1)))
+                ledger = registry.ledger(job)
+                progress(
+                    f"run {n:2d}  crash={what or 'none':22s} exit={code:4d}  "
+                    f"committed batches={ledger.get('committed', 0):3d} rows={ledger.get('rows', 0):,}"
+                )
+                if kind != "clean" or code == 0:
+                    break
+        records = registry.list(job)
+    finally:
+        registry.close()
+    count, distinct, amount = client.query_rows(
+        f"SELECT count(), uniqExact(id), sum(amount) FROM {table}"
+    )[0]
+    latencies = [
+        (r.committed_at - r.created_at) * 1000 for r in records if r.committed_at is not None
+    ]
+    report = DemoReport(
+        produced=source["rows"],
+        in_target=int(count),
+        distinct_ids=int(distinct),
+        duplicates=int(count) - int(distinct),
+        missing=source["rows"] - int(distinct),
+        amount_expected=source["amount"],
+        amount_in_target=int(amount or 0),
+        batches=len([r for r in records if r.committed_at is not None]),
+        commit_p50_ms=round(percentile(latencies, 0.50), 1),
+        commit_p99_ms=round(percentile(latencies, 0.99), 1),
+        runs=runs,
+    )
+    try:
+        from txsink.ops.verify import verify_job
+
+        result = verify_job(config)
+        report.verify = result.to_json() if hasattr(result, "to_json") else dict(result.__dict__)
+        report.verify_clean = bool(getattr(result, "clean", False))
+    except ImportError:
+        report.verify = {"error": "txsink.ops.verify is not available"}
+    client.close()
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["job"]:
+        return job_main(argv[1:])
+    sys.stderr.write("usage: python -m txsink.demo job --src ... (or run `txsink demo`)\n")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
