@@ -282,6 +282,9 @@ def test_param_binding_including_identifiers(ch: Client, fresh_db: str) -> None:
         parameters={"db": fresh_db, "t": "p", "s": "it's", "n": 1},
     )
     assert sorted(r[0] for r in result.result_rows) == [2, 3]
+    # big parameters travel as multipart/form-data fields
+    big = "x" * 50_000
+    assert ch.command("SELECT length({big:String})", parameters={"big": big}) == 50_000
     # client-side binding (%(x)s) works as well
     assert ch.command("SELECT %(v)s", parameters={"v": "two words"}) == "two words"
 

@@ -61,7 +61,7 @@ except ImportError:  # pragma: no cover - Python 3.14+ ships compression.zstd
     try:
         from compression import zstd  # type: ignore[import-not-found,no-redef,unused-ignore]
     except ImportError:
-        zstd = None
+        zstd = None  # type: ignore[assignment,unused-ignore]
 try:
     import brotli  # type: ignore[import-not-found,unused-ignore]
 except ImportError:
@@ -327,7 +327,7 @@ def _decompressor(encoding: str) -> Callable[[bytes], bytes] | None:
     if enc == "lz4" and lz4_frame is not None:
         return lz4_frame.LZ4FrameDecompressor().decompress  # type: ignore[no-any-return]
     if enc == "zstd" and zstd is not None:
-        return zstd.ZstdDecompressor().decompress  # type: ignore[no-any-return]
+        return zstd.ZstdDecompressor().decompress
     if enc in ("gzip", "x-gzip"):
         return zlib.decompressobj(wbits=31).decompress
     if enc == "deflate":
@@ -614,6 +614,15 @@ class Engine:
                     session.conn.close()
                     log.info("session %s expired", sid)
 
+    def close_all(self) -> None:
+        """Close every connection (at shutdown, so chdb flushes and detaches cleanly)."""
+        with self._sessions_lock:
+            sessions, self._sessions = list(self._sessions.values()), {}
+        with self._pool_lock:
+            pool, self._pool = self._pool, []
+        for ec in [s.conn for s in sessions] + pool:
+            ec.close()
+
     def close_session(self, session_id: str) -> None:
         with self._sessions_lock:
             session = self._sessions.pop(session_id, None)
@@ -888,12 +897,13 @@ class Handler(BaseHTTPRequestHandler):
             b"Content-Type: " + content_type.encode() + b"\r\n\r\n" + raw
         )
         fields: dict[str, str] = {}
-        for part in message.iter_parts():  # type: ignore[attr-defined]
+        for part in message.iter_parts():
             name = part.get_param("name", header="content-disposition")
             if part.get_param("filename", header="content-disposition"):
                 raise HttpError(NOT_IMPLEMENTED, "External data tables are not supported")
-            if name:
-                fields[str(name)] = part.get_payload(decode=True).decode()
+            payload = part.get_payload(decode=True)
+            if name and isinstance(payload, bytes):
+                fields[str(name)] = payload.decode()
         return fields
 
     def _run(
@@ -1058,6 +1068,7 @@ def serve(data_dir: str, port: int, host: str = "127.0.0.1") -> None:
     finally:
         stop.set()
         server.server_close()
+        engine.close_all()
         log.info("stopped")
 
 
