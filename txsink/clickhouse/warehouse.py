@@ -287,6 +287,7 @@ class ClickHouseWarehouse:
         self.client.command(f"DROP TABLE IF EXISTS {fq} SYNC", table=f"{self.staging_db}.{table}")
         self.client.command(
             f"CREATE TABLE {fq} AS {qualified(db, name)}",
+            idempotent=False,  # a blind repeat after a lost reply fails "already exists"
             table=target,
             what=f"create staging {self.staging_db}.{table} AS {target}",
         )
