@@ -1,15 +1,14 @@
 """The Registry contract on a real ZooKeeper (``KazooRegistry``), plus what only a real
 Keeper has: chroots, digest ACLs, unreachable servers, expired sessions, racing sessions.
 
-ZooKeeper comes from the ``stack`` fixture of ``tests/integration/conftest.py``
-(``stack.keeper`` is ``127.0.0.1:PORT``); ``TXSINK_TEST_KEEPER=host:port`` points the tests
-at another ZooKeeper instead. Every test works under its own root, so tests never collide.
+ZooKeeper comes from the ``stack`` and ``zk`` fixtures of ``tests/integration/conftest.py``
+(``stack.keeper`` is ``127.0.0.1:PORT``). Every test works under its own root (or chroot),
+so tests never collide.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import time
 import uuid
@@ -21,6 +20,7 @@ from kazoo.exceptions import NoAuthError
 from kazoo.security import Permissions
 
 from tests.registry_contract import JOB, RegistryContract, prepared
+from txsink.embedded.stack import StackInfo
 from txsink.errors import ConfigError, FencedError, UnavailableError
 from txsink.keeper.kazoo_registry import KazooRegistry
 from txsink.keeper.registry import Registry, XidExists
@@ -33,22 +33,16 @@ AUTH = "alice:s3cret"
 
 
 @pytest.fixture
-def keeper_hosts(request: pytest.FixtureRequest) -> str:
-    override = os.environ.get("TXSINK_TEST_KEEPER")
-    if override:
-        return override
-    keeper: str = request.getfixturevalue("stack").keeper
-    return keeper
+def keeper_hosts(stack: StackInfo) -> str:
+    return stack.keeper
 
 
 @pytest.fixture
-def raw_zk(keeper_hosts: str) -> Iterator[KazooClient]:
-    """A plain kazoo session (digest ``AUTH`` attached) to inspect and clean up nodes."""
-    client = KazooClient(hosts=keeper_hosts, timeout=TIMEOUT, auth_data=[("digest", AUTH)])
-    client.start(timeout=TIMEOUT)
-    yield client
-    client.stop()
-    client.close()
+def raw_zk(zk: KazooClient) -> KazooClient:
+    """The conftest's plain kazoo session, with digest ``AUTH`` attached so it can inspect
+    and clean up nodes that the ACL tests protect."""
+    zk.add_auth("digest", AUTH)
+    return zk
 
 
 @pytest.fixture
