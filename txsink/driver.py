@@ -35,7 +35,7 @@ def open_registry(config: WriterConfig) -> Registry:
 
 
 def open_client(config: WriterConfig, **settings: Any) -> Any:
-    from txsink.clickhouse.client import connect
+    from txsink.clickhouse.client import RetryPolicy, connect
 
     return connect(
         config.url,
@@ -47,6 +47,7 @@ def open_client(config: WriterConfig, **settings: Any) -> Any:
         ca_cert=config.ca_cert or None,
         compress=None if config.compress == "none" else config.compress,
         settings=settings or None,
+        retry=RetryPolicy(attempts=config.retry_attempts, max_wait=config.retry_max_wait),
     )
 
 

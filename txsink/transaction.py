@@ -21,8 +21,9 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
+from txsink.clickhouse.warehouse import Warehouse
 from txsink.errors import (
     CommitOutcomeUnknown,
     RecoveryAlarm,
@@ -36,15 +37,6 @@ from txsink.protocol.ids import staging_prefix
 from txsink.protocol.states import Epoch, Mode, StagedPart, XidRecord, XidState
 
 log = logging.getLogger(__name__)
-
-
-class Warehouse(Protocol):
-    """The ClickHouse operations the driver needs (see txsink.clickhouse.warehouse)."""
-
-    def staging_view(self, tables: Sequence[str]) -> dict[str, dict[str, int] | None]: ...
-    def move_partition(self, staging: str, partition_id: str, target: str) -> None: ...
-    def drop_staging(self, table: str) -> None: ...
-    def list_staging(self, prefix: str) -> list[str]: ...
 
 
 @dataclass

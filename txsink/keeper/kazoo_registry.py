@@ -520,7 +520,7 @@ class KazooRegistry:
                 ledger_found = self._read_json(ledger_path)
                 ledger = EMPTY_LEDGER if ledger_found is None else ledger_found[0]
                 try:
-                    done = committed_record(cur, ledger, committed_at)
+                    done = committed_record(cur, ledger, committed_at, epoch.number)
                 except ValueError:
                     self._fence_now(epoch)
                     raise

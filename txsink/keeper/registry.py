@@ -86,10 +86,16 @@ def next_ledger(ledger: dict[str, Any], record: XidRecord, committed_at: float) 
     }
 
 
-def committed_record(record: XidRecord, ledger: dict[str, Any], committed_at: float) -> XidRecord:
-    """``record`` in state COMMITTED with its commit sequence number in ``extra['seq']``."""
+def committed_record(
+    record: XidRecord, ledger: dict[str, Any], committed_at: float, epoch: int | None = None
+) -> XidRecord:
+    """``record`` in state COMMITTED with its commit sequence number in ``extra['seq']``
+    and the epoch that recorded it in ``extra['committed_epoch']`` (equal to
+    ``record.epoch`` when no crash or takeover came between prepare and commit)."""
     extra = dict(record.extra)
     extra["seq"] = int(ledger.get("seq", 0)) + 1
+    if epoch is not None:
+        extra["committed_epoch"] = epoch
     return record.with_state(XidState.COMMITTED, committed_at=committed_at, extra=extra)
 
 
@@ -171,7 +177,7 @@ class MemoryRegistry:
             if cur is None or cur.version != record.version:
                 raise RetryableConflict(f"xid {record.xid} changed under us; re-read and retry")
             ledger = self._ledgers.get(epoch.job, dict(EMPTY_LEDGER))
-            done = committed_record(cur, ledger, committed_at)
+            done = committed_record(cur, ledger, committed_at, epoch.number)
             done = XidRecord(**{**done.__dict__, "version": cur.version + 1})
             self._xids[epoch.job][record.xid] = done
             self._ledgers[epoch.job] = next_ledger(ledger, cur, committed_at)

@@ -1,0 +1,84 @@
+"""Exactly-once under crashes: real Spark drivers killed at every protocol step.
+
+Each test runs the streaming job (``python -m txsink.demo job``) in a subprocess against
+the embedded stack, crashes it (fault point or ``kill -9`` of the driver's process
+group), restarts it from the same checkpoint and finally checks
+``count() == uniqExact(id) == produced`` and the sum of a value column.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tests.integration.sparkjob import assert_exact, new_job, staging_left
+from txsink.faults import POINTS
+from txsink.protocol.states import XidState
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_crash_at_fault_point_then_restart_publishes_every_row_exactly_once(
+    point, stack, ch, fresh_db, tmp_path
+):
+    job = new_job(tmp_path, ch, fresh_db, stack.url, stack.keeper)
+    crashed = job.run(fault=point, fault_after=1)
+    assert crashed != 0, f"the job was supposed to die at {point}\n{job.log_tail()}"
+    assert job.run() == 0, job.log_tail()
+    assert_exact(ch, job)
+    assert staging_left(ch, job) == []
+    records = job.records()
+    assert records and all(r.state is XidState.COMMITTED for r in records)
+    assert sorted(r.batch for r in records) == list(range(len(records)))
+
+
+def test_random_kill_minus_9_of_the_driver_several_times_is_exact(stack, ch, fresh_db, tmp_path):
+    job = new_job(tmp_path, ch, fresh_db, stack.url, stack.keeper, files=10, rows_per_file=2000)
+    rng = random.Random(1234)
+    codes = [job.run(kill_after=rng.uniform(9.0, 16.0)) for _ in range(3)]
+    assert -9 in codes, f"no run was killed: {codes}"
+    for _ in range(2):
+        if job.run() == 0:
+            break
+    assert_exact(ch, job)
+    assert staging_left(ch, job) == []
+
+
+def test_a_task_that_fails_once_is_retried_and_its_dead_attempt_never_published(
+    stack, ch, fresh_db, tmp_path
+):
+    job = new_job(tmp_path, ch, fresh_db, stack.url, stack.keeper)
+    code = job.run("--master", "local[2,3]", fault="executor.mid_write", fault_after=0)
+    assert code == 0, job.log_tail()
+    assert_exact(ch, job)
+    assert staging_left(ch, job) == []
+
+
+def test_speculative_execution_on_is_still_exact(stack, ch, fresh_db, tmp_path):
+    job = new_job(tmp_path, ch, fresh_db, stack.url, stack.keeper)
+    code = job.run(
+        "--master", "local[2,3]",
+        "--conf", "spark.speculation=true",
+        "--conf", "spark.speculation.multiplier=1.1",
+        "--conf", "spark.speculation.quantile=0.1",
+        "--conf", "spark.speculation.minTaskRuntime=10ms",
+    )
+    assert code == 0, job.log_tail()
+    assert_exact(ch, job)
+
+
+def test_foreach_batch_helper_crashed_after_prepare_is_exact(stack, ch, fresh_db, tmp_path):
+    job = new_job(tmp_path, ch, fresh_db, stack.url, stack.keeper)
+    assert job.run("--foreach", fault="driver.after_prepare", fault_after=1) != 0
+    assert job.run("--foreach") == 0, job.log_tail()
+    assert_exact(ch, job)
+    assert staging_left(ch, job) == []
+
+
+def test_restart_after_completion_rewrites_nothing(stack, ch, fresh_db, tmp_path):
+    job = new_job(tmp_path, ch, fresh_db, stack.url, stack.keeper, files=2)
+    assert job.run() == 0, job.log_tail()
+    assert job.run() == 0, job.log_tail()
+    assert_exact(ch, job)

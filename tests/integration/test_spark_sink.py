@@ -1,0 +1,183 @@
+"""The ``clickhouse_tx`` data source in one Spark session: validation before any write,
+batch saves with ``txn_version``, and option handling."""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from decimal import Decimal
+
+import pytest
+
+import txsink
+from txsink.errors import ConfigError
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="module")
+def spark():
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("txsink-tests")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    txsink.register(session)
+    yield session
+    session.stop()
+
+
+def write(df, stack, table, job=None, **opts):
+    w = (
+        df.write.format("clickhouse_tx")
+        .option("url", opts.pop("url", stack.url))
+        .option("keeper", opts.pop("keeper", stack.keeper))
+        .option("table", table)
+        .option("job", job or f"t-{uuid.uuid4().hex[:8]}")
+    )
+    for k, v in opts.items():
+        w = w.option(k, v)
+    w.mode("append").save()
+
+
+def job_exists(zk, job):
+    return zk.exists(f"/txsink/jobs/{job}") is not None
+
+
+@pytest.fixture
+def target(ch, fresh_db):
+    table = f"{fresh_db}.t"
+    ch.command(
+        f"CREATE TABLE {table} (id Int64, name String, price Decimal(10, 2), day Date) "
+        "ENGINE = MergeTree PARTITION BY toYYYYMM(day) ORDER BY id"
+    )
+    return table
+
+
+def rows(spark, n=100, start=0):
+    import datetime as dt
+
+    return spark.createDataFrame(
+        [(i, f"n{i}", Decimal("1.25"), dt.date(2024, 1 + i % 3, 1)) for i in range(start, start + n)],
+        "id long, name string, price decimal(10,2), day date",
+    )
+
+
+def test_batch_save_publishes_all_rows_once(spark, stack, ch, target):
+    write(rows(spark, 500), stack, target)
+    assert ch.query(f"SELECT count(), uniqExact(id) FROM {target}").result_rows[0] == (500, 500)
+
+
+def test_batch_save_with_txn_version_rerun_twice_appears_once(spark, stack, ch, target):
+    job = f"v-{uuid.uuid4().hex[:8]}"
+    for _ in range(3):
+        write(rows(spark, 300), stack, target, job=job, txn_version="7")
+    write(rows(spark, 10, start=1000), stack, target, job=job, txn_version="8")
+    assert ch.query(f"SELECT count(), uniqExact(id) FROM {target}").result_rows[0] == (310, 310)
+
+
+def test_saves_without_txn_version_are_independent_transactions(spark, stack, ch, target):
+    job = f"u-{uuid.uuid4().hex[:8]}"
+    write(rows(spark, 50), stack, target, job=job)
+    write(rows(spark, 50), stack, target, job=job)
+    assert ch.query(f"SELECT count() FROM {target}").result_rows[0][0] == 100
+
+
+@pytest.mark.parametrize(
+    ("ddl", "frame", "expect"),
+    [
+        ("id Int64, name String, price Decimal(10,2), day Date, extra String",
+         "id long, name string, price decimal(10,2), day date", "extra"),
+        ("id Int64, day Date",
+         "id long, name string, price decimal(10,2), day date", "name"),
+        ("id Int64, name Int32, price Decimal(10,2), day Date",
+         "id long, name string, price decimal(10,2), day date", "name"),
+        ("id Int64, name String, price Decimal(4,2), day Date",
+         "id long, name string, price decimal(10,2), day date", "price"),
+    ],
+    ids=["missing-column", "extra-column", "type-mismatch", "decimal-precision"],
+)
+def test_schema_mismatch_is_refused_before_any_write(spark, stack, ch, zk, fresh_db, ddl, frame, expect):
+    table = f"{fresh_db}.bad"
+    ch.command(f"CREATE TABLE {table} ({ddl}) ENGINE = MergeTree ORDER BY id")
+    import datetime as dt
+
+    df = spark.createDataFrame([(1, "a", Decimal("1.00"), dt.date(2024, 1, 1))], frame)
+    job = f"bad-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(Exception) as info:
+        write(df, stack, table, job=job)
+    message = str(info.value)
+    assert table in message and expect in message
+    assert ch.query(f"SELECT count() FROM {table}").result_rows[0][0] == 0
+    assert not job_exists(zk, job)
+
+
+def test_nulls_into_a_non_nullable_column_fail_the_write_and_leave_the_target_untouched(
+    spark, stack, ch, zk, target
+):
+    import datetime as dt
+
+    df = spark.createDataFrame(
+        [(1, None, Decimal("1.00"), dt.date(2024, 1, 1)), (2, "b", Decimal("2.00"), dt.date(2024, 1, 1))],
+        "id long, name string, price decimal(10,2), day date",
+    )
+    job = f"null-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(Exception, match="not Nullable") as info:
+        write(df, stack, target, job=job)
+    assert "name" in str(info.value)
+    assert ch.query(f"SELECT count() FROM {target}").result_rows[0][0] == 0
+    assert not job_exists(zk, job)
+    left = ch.query(
+        "SELECT count() FROM system.tables WHERE database='txsink_staging' AND name LIKE {p:String}",
+        parameters={"p": f"%{job.replace('-', '_')}%"},
+    ).result_rows[0][0]
+    assert left == 0
+
+
+def test_mode_attach_on_a_target_with_a_materialized_view_is_refused_naming_the_view(
+    spark, stack, ch, target, fresh_db
+):
+    ch.command(f"CREATE TABLE {fresh_db}.agg (day Date, n UInt64) ENGINE = SummingMergeTree ORDER BY day")
+    ch.command(f"CREATE MATERIALIZED VIEW {fresh_db}.mv TO {fresh_db}.agg AS SELECT day, count() AS n FROM {target} GROUP BY day")
+    with pytest.raises(Exception, match="mode=attach is impossible") as info:
+        write(rows(spark, 10), stack, target, mode="attach")
+    assert "mv" in str(info.value)
+    assert ch.query(f"SELECT count() FROM {target}").result_rows[0][0] == 0
+
+
+def test_unreachable_clickhouse_is_named_in_the_error(spark, stack, ch, target):
+    with pytest.raises(Exception, match="127.0.0.1:1") as info:
+        write(rows(spark, 10), stack, target, url="http://127.0.0.1:1", connect_timeout="2")
+    assert "Unavailable" in str(info.value) or "reach" in str(info.value).lower()
+
+
+def test_unreachable_keeper_is_named_and_nothing_is_written(spark, stack, ch, target):
+    with pytest.raises(Exception, match="127.0.0.1:2") as info:
+        write(rows(spark, 10), stack, target, keeper="127.0.0.1:2", keeper_timeout="2")
+    assert "zookeeper" in str(info.value).lower() or "keeper" in str(info.value).lower()
+    assert ch.query(f"SELECT count() FROM {target}").result_rows[0][0] == 0
+
+
+def test_unknown_option_is_refused_with_the_list_of_known_ones(spark, stack, target):
+    with pytest.raises(Exception, match="unknown option") as info:
+        write(rows(spark, 1), stack, target, blocksize="10")
+    assert "block_rows" in str(info.value)
+
+
+def test_overwrite_mode_is_refused(spark, stack, target):
+    df = rows(spark, 1)
+    with pytest.raises(Exception, match="only appends"):
+        (df.write.format("clickhouse_tx").option("url", stack.url).option("keeper", stack.keeper)
+         .option("table", target).option("job", "ow").mode("overwrite").save())
+
+
+def test_foreach_batch_refuses_bad_options_before_the_query_starts():
+    with pytest.raises(ConfigError, match="table"):
+        txsink.foreach_batch(url="http://h:1", keeper="k:1", job="j", table="nodot")
