@@ -9,6 +9,7 @@ target partition.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
@@ -125,7 +126,8 @@ def write_partition(plan: WritePlan, batches: Iterator[Any]) -> TxCommitMessage:
     if plan.mode == Mode.DEDUP.value:
         from txsink.spark.dedup_write import write_partition_dedup
 
-        return write_partition_dedup(plan, batches, run_id, xid, batch, ctx, started)
+        message: TxCommitMessage = write_partition_dedup(plan, batches, run_id, xid, batch, ctx, started)
+        return message
     from txsink.driver import open_warehouse
 
     warehouse = open_warehouse(plan.config)
@@ -142,12 +144,19 @@ def write_partition(plan: WritePlan, batches: Iterator[Any]) -> TxCommitMessage:
         yield first
         yield from batches
 
-    stats = warehouse.insert_blocks(
-        name,
-        _guarded(plan, chained(), cfg.block_rows),
-        block_rows=cfg.block_rows,
-        block_bytes=cfg.block_bytes,
-    )
+    try:
+        stats = warehouse.insert_blocks(
+            name,
+            _guarded(plan, chained(), cfg.block_rows),
+            block_rows=cfg.block_rows,
+            block_bytes=cfg.block_bytes,
+        )
+    except BaseException:
+        # this attempt failed: its staging is garbage (Spark hands abort() no message
+        # for a failed task). A hard crash skips this; recovery drops it then.
+        with contextlib.suppress(TxSinkError, OSError):
+            warehouse.drop_staging(name)
+        raise
     view = warehouse.staging_view([name]).get(name) or {}
     parts = tuple(StagedPart(name, pid, rows) for pid, rows in sorted(view.items()) if rows)
     staged = sum(p.rows for p in parts)
@@ -208,7 +217,9 @@ def abort_batch(plan: WritePlan, messages: list[Any], batch_id: int | None) -> N
     from txsink.driver import open_job
 
     xid = plan.xid or batch_xid(int(batch_id or 0))
-    tables = [t for m in messages if isinstance(m, TxCommitMessage) for t in m.staging]
+    msgs = [m for m in messages if isinstance(m, TxCommitMessage)]
+    tables = {t for m in msgs for t in m.staging}
+    runs = {run_tag(r) for r in [plan.run_id, *(m.run_id for m in msgs)] if r}
     try:
         handle = open_job(plan.config)
     except UnavailableError as exc:
@@ -218,7 +229,12 @@ def abort_batch(plan: WritePlan, messages: list[Any], batch_id: int | None) -> N
         if handle.registry.get(plan.config.job, xid) is not None:
             log.warning("abort of xid %s: it is recorded in Keeper; leaving it to recovery", xid)
             return
-        for table in tables:
+        # also attempts that died after creating their staging (no message): same xid, same run
+        for table in handle.warehouse.list_staging(staging_prefix(plan.config.job)):
+            parsed = parse_staging(table)
+            if parsed is not None and parsed.xid == xid and parsed.run in runs:
+                tables.add(table)
+        for table in sorted(tables):
             handle.warehouse.drop_staging(table)
     finally:
         handle.close()
