@@ -1,0 +1,56 @@
+"""Fault points hard-exit exactly where and when TXSINK_FAULT says, and cost nothing unset."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from txsink.faults import EXIT_CODE, POINTS, fault_point
+
+SCRIPT = (
+    "from txsink.faults import fault_point\n"
+    "for i in range(5):\n"
+    "    fault_point('driver.after_prepare')\n"
+    "    print(i, flush=True)\n"
+)
+
+
+def run(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("TXSINK_FAULT")}
+    full.update(env)
+    return subprocess.run([sys.executable, "-c", SCRIPT], env=full, capture_output=True, text=True, check=False)
+
+
+def test_unset_fault_never_exits() -> None:
+    out = run({})
+    assert out.returncode == 0 and out.stdout.split() == ["0", "1", "2", "3", "4"]
+
+
+def test_named_point_exits_hard_at_first_arrival() -> None:
+    out = run({"TXSINK_FAULT": "driver.after_prepare"})
+    assert out.returncode == EXIT_CODE and out.stdout == ""
+
+
+def test_after_lets_arrivals_pass_first() -> None:
+    out = run({"TXSINK_FAULT": "driver.mid_commit,driver.after_prepare", "TXSINK_FAULT_AFTER": "2"})
+    assert out.returncode == EXIT_CODE and out.stdout.split() == ["0", "1"]
+
+
+def test_times_limits_crashes_and_state_file_counts_across_processes(tmp_path) -> None:
+    env = {
+        "TXSINK_FAULT": "driver.after_prepare",
+        "TXSINK_FAULT_TIMES": "1",
+        "TXSINK_FAULT_STATE": str(tmp_path / "count"),
+    }
+    assert run(env).returncode == EXIT_CODE  # first process: crashes at arrival 1
+    second = run(env)  # second process: arrival 2..6 are past the single crash
+    assert second.returncode == 0 and second.stdout.split() == ["0", "1", "2", "3", "4"]
+
+
+def test_other_points_do_not_fire() -> None:
+    os.environ.pop("TXSINK_FAULT", None)
+    for point in POINTS:
+        fault_point(point)  # returns: nothing configured
+    out = run({"TXSINK_FAULT": "executor.mid_write"})
+    assert out.returncode == 0
