@@ -55,6 +55,7 @@ class Registry(Protocol):
     def delete(self, epoch: Epoch, xids: builtins.list[str]) -> None: ...
     def get_blob(self, job: str, key: str) -> dict[str, Any] | None: ...
     def put_blob(self, job: str, key: str, value: dict[str, Any]) -> None: ...
+    def delete_job(self, job: str) -> None: ...
     def close(self) -> None: ...
 
 
@@ -197,6 +198,17 @@ class MemoryRegistry:
 
     def put_blob(self, job: str, key: str, value: dict[str, Any]) -> None:
         self._blobs[(job, key)] = dict(value)
+
+    def delete_job(self, job: str) -> None:
+        """Remove a job and everything under it (unfenced: scratch jobs of `txsink tune`)."""
+        with self._lock:
+            self._jobs.pop(job, None)
+            self._epochs.pop(job, None)
+            self._owners.pop(job, None)
+            self._xids.pop(job, None)
+            self._ledgers.pop(job, None)
+            for key in [k for k in self._blobs if k[0] == job]:
+                del self._blobs[key]
 
     def close(self) -> None:
         return None
