@@ -19,7 +19,7 @@ Spark types are spelled as ``DataType.simpleString()`` prints them (``bigint``,
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 MERGE_TREE_SUFFIX = "MergeTree"
@@ -132,14 +132,21 @@ def attach_blockers(info: TargetInfo) -> list[str]:
     return out
 
 
-def dedup_blockers(info: TargetInfo, *, min_window: int = 1) -> list[str]:
+def dedup_blockers(
+    info: TargetInfo, *, min_window: int = 1, view_tables: Sequence[TargetInfo] = ()
+) -> list[str]:
     """Every reason ``mode=dedup`` (direct inserts with ``insert_deduplication_token``) is
     unsafe for this target.
 
     A replay of a batch interrupted mid-insert is only exactly-once if the target
     deduplicates blocks by token within a window of at least ``min_window`` inserts.
-    A Distributed target is not blocked: deduplication happens in the shards' local
-    tables, which must have the window set (txsink cannot see them from here).
+    ``view_tables`` are the tables the target's materialized views store into: txsink
+    sends ``deduplicate_blocks_in_dependent_materialized_views=1`` with every block, but
+    ClickHouse (checked on 26.9) deduplicates a view's block only in a view table that
+    has a dedup window itself; with none, a replayed block is dropped from the target and
+    counted again in the view. A Distributed target is not blocked: deduplication
+    happens in the shards' local tables, which must have the window set (txsink cannot
+    see them from here; see :func:`dedup_notes`).
     """
     t = info.name
     if info.engine in ("View", "LiveView", "WindowView"):
@@ -157,18 +164,52 @@ def dedup_blockers(info: TargetInfo, *, min_window: int = 1) -> list[str]:
             "batch interrupted mid-insert would be duplicated on replay; use a MergeTree "
             "table"
         ]
+    out = (
+        [_window_blocker(f"target {t}", info, min_window)] if info.dedup_window < min_window else []
+    )
+    for view in view_tables:
+        if not view.is_merge_tree:
+            out.append(
+                f"{view.name}, fed by a materialized view of {t}, uses engine {view.engine}, "
+                "which does not deduplicate: a replayed block would be counted twice there; "
+                "store the view into a MergeTree table"
+            )
+        elif view.dedup_window < min_window:
+            out.append(
+                _window_blocker(
+                    f"{view.name} (fed by a materialized view of {t})", view, min_window
+                )
+                + ": without it a replayed block is deduplicated in the target but counted "
+                "again in the view"
+            )
+    return out
+
+
+def _window_blocker(what: str, info: TargetInfo, min_window: int) -> str:
     key = (
         "replicated_deduplication_window"
         if info.is_replicated
         else "non_replicated_deduplication_window"
     )
-    if info.dedup_window < min_window:
-        return [
-            f"target {t} has {key}={info.dedup_window} (< {min_window}): a replayed block "
-            f"would not be deduplicated; run ALTER TABLE {t} MODIFY SETTING "
-            f"{key} = {max(min_window, 100)}"
-        ]
-    return []
+    return (
+        f"{what} has {key}={info.dedup_window} (< {min_window}): a replayed block "
+        f"would not be deduplicated; run ALTER TABLE {info.name} MODIFY SETTING "
+        f"{key} = {max(min_window, 100)}"
+    )
+
+
+def dedup_notes(info: TargetInfo) -> list[str]:
+    """What dedup mode relies on but cannot check (logged as warnings, not refused)."""
+    if info.engine != "Distributed":
+        return []
+    return [
+        f"target {info.name} is Distributed: txsink inserts with insert_distributed_sync=1 "
+        "(distributed_foreground_insert) so a block is on the shards when acknowledged; "
+        "every shard's local table must be a MergeTree with a dedup window "
+        "(non_replicated_/replicated_deduplication_window) and its sharding key must be "
+        "deterministic (not rand()), or a replayed block lands on another shard and is "
+        "not recognised"
+    ]
 
 
 def check_move_compat(staging: TargetInfo, target: TargetInfo) -> str | None:

@@ -29,33 +29,19 @@ from txsink.clickhouse.compat import (
     TargetInfo,
     attach_blockers,
     check_schema,
+    dedup_blockers,
+    dedup_notes,
     parse_ch_type,
     unwrap,
 )
 from txsink.config import WriterConfig
 from txsink.errors import ConfigError, SchemaMismatch
+from txsink.spark.dedup_write import view_tables
 from txsink.spark.writer import WritePlan
 
 log = logging.getLogger(__name__)
 CACHE_SECONDS = 30.0
 _cache: dict[tuple[WriterConfig, str], tuple[float, WritePlan]] = {}
-
-
-def dedup_blockers(info: TargetInfo, *, min_window: int) -> list[str]:
-    """Reasons dedup mode cannot guarantee exactly-once on this target."""
-    window = info.dedup_window
-    if window < min_window:
-        key = (
-            "replicated_deduplication_window"
-            if info.is_replicated
-            else "non_replicated_deduplication_window"
-        )
-        return [
-            f"{info.name} has {key}={window}, below the {min_window} blocks dedup mode needs "
-            f"to recognise a replayed batch; run ALTER TABLE {info.name} MODIFY SETTING "
-            f"{key} = 1000"
-        ]
-    return []
 
 
 def not_nullable(columns: tuple[ColumnInfo, ...]) -> tuple[str, ...]:
@@ -67,7 +53,14 @@ def not_nullable(columns: tuple[ColumnInfo, ...]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def resolve_mode(config: WriterConfig, info: TargetInfo) -> str:
+def resolve_mode(
+    config: WriterConfig, info: TargetInfo, view_tables: tuple[TargetInfo, ...] = ()
+) -> str:
+    """attach where MOVE PARTITION can publish, else dedup (mode=auto); logs which and why.
+
+    ``view_tables``: the tables the target's materialized views store into (dedup mode
+    needs a dedup window there too).
+    """
     blockers = attach_blockers(info)
     if config.mode == "attach":
         if blockers:
@@ -75,7 +68,11 @@ def resolve_mode(config: WriterConfig, info: TargetInfo) -> str:
                 f"mode=attach is impossible for {config.table}: {'; '.join(blockers)}"
             )
         return "attach"
-    dedup_problems = dedup_blockers(info, min_window=config.dedup_min_window)
+    dedup_problems = dedup_blockers(
+        info, min_window=config.dedup_min_window, view_tables=view_tables
+    )
+    for note in dedup_notes(info) if config.mode != "attach" else ():
+        log.warning("job %s: %s", config.job, note)
     if config.mode == "dedup":
         if dedup_problems:
             raise ConfigError(f"mode=dedup is unsafe for {config.table}: {'; '.join(dedup_problems)}")
@@ -121,7 +118,10 @@ def _validate(config: WriterConfig, schema: StructType) -> WritePlan:
                 f"the DataFrame does not fit {config.table}; nothing was written:\n  - "
                 + "\n  - ".join(problems)
             )
-        mode = resolve_mode(config, info)
+        views: tuple[TargetInfo, ...] = ()
+        if info.dependent_views and config.mode != "attach":
+            views = view_tables(warehouse, info)
+        mode = resolve_mode(config, info, views)
         if mode == "attach":
             warehouse.ensure_staging_db()
     finally:
