@@ -28,11 +28,13 @@ from txsink.errors import (
     CommitOutcomeUnknown,
     RecoveryAlarm,
     RetryableConflict,
+    TxSinkError,
     UnavailableError,
 )
 from txsink.faults import fault_point
 from txsink.keeper.registry import Registry, XidExists
 from txsink.protocol import plans
+from txsink.protocol.dedup import xid_key as dedup_xid_key
 from txsink.protocol.ids import staging_prefix
 from txsink.protocol.states import Epoch, Mode, StagedPart, XidRecord, XidState
 
@@ -161,6 +163,8 @@ class Transactor:
             self.warehouse.drop_staging(table)
         if decision.action == "skip_committed":
             log.info("job %s: %s; replay is a no-op", self.job, decision.reason)
+            if existing is not None and existing.mode is Mode.DEDUP:
+                self.forget_dedup_state(xid)  # a crash may have come before the cleanup
             return CommitResult(xid, "skipped", seconds=self.clock() - started)
         if decision.action == "roll_forward_existing":
             assert existing is not None  # noqa: S101 - decide_batch guarantees it
@@ -217,6 +221,8 @@ class Transactor:
             ) from exc
 
     def _after_commit(self, epoch: Epoch, record: XidRecord) -> None:
+        if record.mode is Mode.DEDUP:
+            self.forget_dedup_state(record.xid)
         self.registry.heartbeat(
             epoch, {"state": "running", "last_xid": record.xid, "last_batch": record.batch}
         )
@@ -224,10 +230,26 @@ class Transactor:
             self.prune(epoch)
 
     def prune(self, epoch: Epoch) -> list[str]:
-        doomed = plans.plan_prune(self.registry.list(self.job), self.retention)
+        records = self.registry.list(self.job)
+        doomed = plans.plan_prune(records, self.retention)
         if doomed:
             self.registry.delete(epoch, doomed)
+        dedup_xids = {r.xid for r in records if r.mode is Mode.DEDUP}
+        for xid in doomed:
+            if xid in dedup_xids:  # normally gone already; left by a crash after COMMITTED
+                self.forget_dedup_state(xid)
         return doomed
+
+    def forget_dedup_state(self, xid: str) -> None:
+        """Delete ``dedup/<xid>`` (per-partition BEFORE/AFTER) of a COMMITTED dedup xid.
+
+        Best effort: a replay of a committed xid is skipped by the xid record, not by this
+        state; what a failed delete leaves is retried at the next skip, recovery or prune.
+        """
+        try:
+            self.registry.delete_blobs(self.job, dedup_xid_key(xid))
+        except TxSinkError as exc:
+            log.warning("job %s: could not delete dedup state of xid %s: %s", self.job, xid, exc)
 
     # -- recovery -------------------------------------------------------------------
 
@@ -252,6 +274,8 @@ class Transactor:
             try:
                 self.finish(epoch, record)
                 log.warning("job %s: rolled xid %s forward", self.job, record.xid)
+                if record.mode is Mode.DEDUP:
+                    self.forget_dedup_state(record.xid)
             except RecoveryAlarm as exc:
                 report.alarms.append(str(exc))
         for table in (*plan.roll_back, *plan.drop_committed):

@@ -9,6 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.unit.fakes import MemoryWarehouse
+from txsink.keeper.registry import MemoryRegistry
 from txsink.protocol.dedup import (
     BlockAction,
     BlockFingerprint,
@@ -26,6 +28,8 @@ from txsink.protocol.dedup import (
     summarize,
     xid_key,
 )
+from txsink.protocol.states import Mode, StagedPart
+from txsink.transaction import Transactor
 
 
 def fps(*digests: str, rows: int = 10) -> tuple[BlockFingerprint, ...]:
@@ -191,3 +195,33 @@ def test_a_crash_at_any_block_then_an_identical_replay_completes_the_partition(
     plan = decide_partition(stored, incoming)
     assert plan.decision in (Decision.NEW, Decision.RESUME)
     assert plan.insert == tuple(range(len(incoming)))
+
+
+# ------------------------------------------------------------------ cleanup in Keeper
+
+
+def test_dedup_state_of_an_xid_is_deleted_once_it_is_committed() -> None:
+    reg = MemoryRegistry()
+    tx = Transactor(reg, MemoryWarehouse(), "j")
+    epoch = tx.begin("run-1")
+    for xid in ("b0", "b1"):
+        reg.put_blob("j", partition_key(xid, 0), after(fps("a"), 0, 1.0).to_json())
+    reg.put_blob("j", "runs/run-1", {"started_at": 1.0})
+    part = StagedPart("db.t", "0", 10, 1, "d")
+    result = tx.commit_batch(epoch, "b0", 0, "db.t", [part], Mode.DEDUP)
+    assert result.action == "committed"
+    assert reg.get_blob("j", partition_key("b0", 0)) is None
+    assert reg.get_blob("j", partition_key("b1", 0)) is not None  # another xid: kept
+    assert reg.get_blob("j", "runs/run-1") is not None  # not under dedup/: kept
+
+
+def test_a_replay_of_a_committed_dedup_xid_removes_leftover_state() -> None:
+    reg = MemoryRegistry()
+    tx = Transactor(reg, MemoryWarehouse(), "j")
+    epoch = tx.begin("run-1")
+    part = StagedPart("db.t", "0", 10, 1, "d")
+    tx.commit_batch(epoch, "b0", 0, "db.t", [part], Mode.DEDUP)
+    # as if the driver died after COMMITTED, before the delete
+    reg.put_blob("j", partition_key("b0", 0), after(fps("a"), 0, 1.0).to_json())
+    assert tx.commit_batch(epoch, "b0", 0, "db.t", [part], Mode.DEDUP).action == "skipped"
+    assert reg.get_blob("j", partition_key("b0", 0)) is None

@@ -612,6 +612,14 @@ class KazooRegistry:
                     continue
         raise RetryableConflict(f"job {job}: blob {path} keeps changing; retry")
 
+    def delete_blobs(self, job: str, key: str) -> None:
+        """Remove blob ``key`` and its subtree (unfenced: only dedup state of COMMITTED xids)."""
+        path = self._blob_path(job, key)
+        with self._mapped(f"delete {path}"):
+            if self._wait(self._client.exists_async(path)) is not None:
+                self._client.delete(path, recursive=True)
+        self._known_paths = {p for p in self._known_paths if not p.startswith(path)}
+
     def delete_job(self, job: str) -> None:
         """Remove a job's whole subtree (unfenced: scratch jobs of `txsink tune`)."""
         path = self._job(job)

@@ -56,6 +56,7 @@ class Registry(Protocol):
     def get_blob(self, job: str, key: str) -> dict[str, Any] | None: ...
     def put_blob(self, job: str, key: str, value: dict[str, Any]) -> None: ...
     def delete_job(self, job: str) -> None: ...
+    def delete_blobs(self, job: str, key: str) -> None: ...
     def close(self) -> None: ...
 
 
@@ -198,6 +199,13 @@ class MemoryRegistry:
 
     def put_blob(self, job: str, key: str, value: dict[str, Any]) -> None:
         self._blobs[(job, key)] = dict(value)
+
+    def delete_blobs(self, job: str, key: str) -> None:
+        """Remove blob ``key`` and every blob under ``key/`` (dedup state of a committed xid)."""
+        with self._lock:
+            doomed = [k for k in self._blobs if k[0] == job and f"{k[1]}/".startswith(f"{key}/")]
+            for k in doomed:
+                del self._blobs[k]
 
     def delete_job(self, job: str) -> None:
         """Remove a job and everything under it (unfenced: scratch jobs of `txsink tune`)."""
