@@ -9,7 +9,7 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
 .DEFAULT_GOAL := help
-.PHONY: help setup zookeeper test test-unit test-integration lint typecheck demo bench clean embedded-up embedded-down
+.PHONY: help setup zookeeper test test-unit test-integration test-realserver lint typecheck demo bench clean embedded-up embedded-down
 
 help: ## List the targets with what they do
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-18s %s\n", $$1, $$2}'
@@ -42,6 +42,9 @@ test-unit: setup ## Unit tests only (no services)
 
 test-integration: setup ## Integration tests on the embedded stack (real ClickHouse engine, ZooKeeper, Spark)
 	$(PY) -m pytest tests/integration -q
+
+test-realserver: setup ## Tests against a real ClickHouse (TXSINK_REAL_URL / TXSINK_REAL_KEEPER, e.g. docker compose up -d)
+	$(PY) -m pytest tests/realserver -q -rs
 
 test: setup ## Everything CI runs: lint, typecheck, unit and integration tests
 	$(MAKE) --no-print-directory lint typecheck
