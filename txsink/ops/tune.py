@@ -1,0 +1,488 @@
+"""``txsink tune``: measure the real per-batch overhead on a target and pick a trigger interval.
+
+Every micro-batch pays a fixed cost whatever its size: executors create a staging table
+per task, the driver prepares in Keeper, moves each partition, records COMMITTED and
+drops staging. :func:`measure` runs that path for real (``Transactor.commit_batch``)
+against a scratch COPY of the target (``CREATE TABLE db.__txsink_tune_<hex> AS db.t``),
+under a scratch job ``tune-<hex>``, staging a few rows into 1 and into 4 partitions per
+transaction. The target itself is only read (to seed sample rows); the scratch table, its
+staging and the scratch job's Keeper nodes are removed afterwards, also on failure.
+
+:func:`recommend` (pure) turns the measurement into a trigger interval::
+
+    T = max(overhead_p95 / max_overhead,                       # overhead budget
+            merge_seconds * writers / (PARTS_BUDGET * parts_to_delay_insert),  # parts
+            1 s)
+
+The parts term: each batch adds up to ``writers`` parts (one per Spark task that staged
+rows of the partition) to every partition it touches; keeping the parts one merge cycle
+adds to a tenth of ``parts_to_delay_insert`` keeps inserts far from being delayed.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from txsink.clickhouse.client import qualified, split_table
+from txsink.clickhouse.warehouse import parse_settings_clause
+from txsink.errors import ConfigError, TxSinkError
+from txsink.keeper.registry import Registry
+from txsink.protocol.ids import batch_xid, run_tag, staging_name, staging_prefix
+from txsink.protocol.states import StagedPart, XidState
+from txsink.transaction import Transactor
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TRANSACTIONS = 20
+DEFAULT_MAX_OVERHEAD = 0.05
+DEFAULT_WRITERS = 4
+DEFAULT_MERGE_SECONDS = 60.0
+PARTS_BUDGET = 0.1  # "well below" parts_to_delay_insert: a tenth of it per merge cycle
+MIN_INTERVAL = 1.0
+ROWS_PER_PARTITION = 2
+SCRATCH_PREFIX = "__txsink_tune_"
+
+
+@dataclass
+class Sample:
+    """One measured transaction."""
+
+    batch: int
+    partitions: int
+    rows: int
+    stage_seconds: float  # create staging + insert (the executors' fixed cost)
+    commit_seconds: float  # prepare + publish + record + drop (Transactor.commit_batch)
+    prepare_seconds: float
+    publish_seconds: float
+
+    @property
+    def overhead_seconds(self) -> float:
+        return self.stage_seconds + self.commit_seconds
+
+
+@dataclass
+class Recommendation:
+    interval: float
+    overhead_interval: float
+    parts_interval: float
+    rows_per_second: float | None
+    rate_source: str
+    rows_per_batch: int | None
+    reasoning: list[str]
+
+
+@dataclass
+class TuneResult:
+    table: str
+    scratch_table: str
+    job: str
+    warmup_seconds: float
+    samples: list[Sample]
+    parts_to_delay_insert: int
+    parts_to_throw_insert: int
+    partitions_available: int
+    max_overhead: float
+    writers: int
+    merge_seconds: float
+    recommendation: Recommendation | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def stats(self, attr: str, samples: Sequence[Sample] | None = None) -> dict[str, float]:
+        values = [getattr(s, attr) for s in (self.samples if samples is None else samples)]
+        return {
+            "p50": round(percentile(values, 0.50), 4),
+            "p95": round(percentile(values, 0.95), 4),
+            "p99": round(percentile(values, 0.99), 4),
+            "mean": round(statistics.fmean(values), 4) if values else 0.0,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        by_parts = {
+            str(k): self.stats("commit_seconds", [s for s in self.samples if s.partitions == k])
+            for k in sorted({s.partitions for s in self.samples})
+        }
+        return {
+            "table": self.table,
+            "scratch_table": self.scratch_table,
+            "job": self.job,
+            "transactions": len(self.samples),
+            "warmup_seconds": round(self.warmup_seconds, 4),
+            "commit_seconds": self.stats("commit_seconds"),
+            "stage_seconds": self.stats("stage_seconds"),
+            "overhead_seconds": self.stats("overhead_seconds"),
+            "prepare_seconds": self.stats("prepare_seconds"),
+            "publish_seconds": self.stats("publish_seconds"),
+            "commit_seconds_by_partitions": by_parts,
+            "parts_to_delay_insert": self.parts_to_delay_insert,
+            "parts_to_throw_insert": self.parts_to_throw_insert,
+            "partitions_available": self.partitions_available,
+            "max_overhead": self.max_overhead,
+            "writers": self.writers,
+            "merge_seconds": self.merge_seconds,
+            "recommendation": asdict(self.recommendation) if self.recommendation else None,
+            "samples": [
+                {**asdict(s), "overhead_seconds": s.overhead_seconds} for s in self.samples
+            ],
+            "notes": list(self.notes),
+        }
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (0 for no values)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q * len(ordered)))
+    return float(ordered[min(rank, len(ordered)) - 1])
+
+
+# --------------------------------------------------------------------------- table facts
+
+
+def merge_tree_limits(client: Any, table: str) -> tuple[int, int]:
+    """(parts_to_delay_insert, parts_to_throw_insert) of ``db.table``: the table's own
+    SETTINGS, else the server's merge_tree_settings defaults."""
+    db, name = split_table(table)
+    rows = client.query_rows(
+        "SELECT engine, engine_full FROM system.tables WHERE database = {db:String} "
+        "AND name = {t:String}",
+        parameters={"db": db, "t": name},
+        what=f"inspect {table}",
+        table=table,
+    )
+    if not rows:
+        raise ConfigError(
+            f"table {table} does not exist on {client.url}; pass an existing --table db.t",
+            code=60,
+        )
+    engine, engine_full = str(rows[0][0]), str(rows[0][1])
+    if not engine.endswith("MergeTree"):
+        raise ConfigError(
+            f"table {table} is {engine}, not a MergeTree: txsink publishes with MOVE PARTITION "
+            "only into MergeTree tables (dedup mode has no staging to measure)"
+        )
+    keys = ("parts_to_delay_insert", "parts_to_throw_insert")
+    limits = {
+        k: int(v)
+        for k, v in client.query_rows(
+            "SELECT name, value FROM system.merge_tree_settings WHERE name IN {n:Array(String)}",
+            parameters={"n": list(keys)},
+            what="read merge_tree_settings defaults",
+        )
+    }
+    own = parse_settings_clause(engine_full)
+    for k in keys:
+        if k in own:
+            limits[k] = int(own[k])
+    return limits.get(keys[0], 1000), limits.get(keys[1], 3000)
+
+
+# --------------------------------------------------------------------------- measurement
+
+
+def _seed(client: Any, table: str, scratch: str, want: int) -> list[str]:
+    """Fill the scratch copy with a few rows of up to ``want`` partitions; their ids."""
+    db, name = split_table(scratch)
+    fq = qualified(db, name)
+    tdb, tname = split_table(table)
+    client.command(
+        f"INSERT INTO {fq} SELECT * FROM {qualified(tdb, tname)} WHERE _partition_id IN "
+        f"(SELECT DISTINCT partition_id FROM system.parts WHERE active AND "
+        f"database = {{db:String}} AND table = {{t:String}} ORDER BY partition_id DESC "
+        f"LIMIT {int(want)}) LIMIT {ROWS_PER_PARTITION * 4} BY _partition_id",
+        parameters={"db": tdb, "t": tname},
+        idempotent=False,
+        what=f"seed {scratch} from {table}",
+    )
+    pids = sorted(_partitions(client, scratch))
+    if len(pids) < want:
+        try:
+            client.command(
+                f"INSERT INTO {fq} SELECT * FROM generateRandom() LIMIT 64",
+                idempotent=False,
+                what=f"seed {scratch} with random rows",
+            )
+        except TxSinkError as exc:
+            log.info("random seed rows for %s failed: %s", scratch, exc)
+        pids = sorted(_partitions(client, scratch))
+    return pids[:want]
+
+
+def _partitions(client: Any, table: str) -> list[str]:
+    db, name = split_table(table)
+    return [
+        str(r[0])
+        for r in client.query_rows(
+            "SELECT partition_id FROM system.parts WHERE active AND database = {db:String} "
+            "AND table = {t:String} GROUP BY partition_id HAVING sum(rows) > 0",
+            parameters={"db": db, "t": name},
+            what=f"read partitions of {table}",
+        )
+    ]
+
+
+def measure(
+    registry: Registry,
+    warehouse: Any,
+    table: str,
+    *,
+    transactions: int = DEFAULT_TRANSACTIONS,
+    max_overhead: float = DEFAULT_MAX_OVERHEAD,
+    writers: int = DEFAULT_WRITERS,
+    merge_seconds: float = DEFAULT_MERGE_SECONDS,
+    progress: Callable[[str], None] | None = None,
+) -> TuneResult:
+    """Run ``transactions`` tiny real transactions into a scratch copy of ``table``."""
+    if transactions < 2:
+        raise ConfigError(f"--transactions must be at least 2, got {transactions}")
+    client = warehouse.client
+    delay, throw = merge_tree_limits(client, table)
+    db, _ = split_table(table)
+    tag = uuid.uuid4().hex[:10]
+    scratch = f"{db}.{SCRATCH_PREFIX}{tag}"
+    job = f"tune-{tag}"
+    say = progress or (lambda _msg: None)
+    samples: list[Sample] = []
+    notes: list[str] = []
+    prefix = staging_prefix(job)
+    transactor = Transactor(registry, warehouse, job)
+    sdb, sname = split_table(scratch)
+    tdb, tname = split_table(table)
+    try:
+        client.command(
+            f"CREATE TABLE {qualified(sdb, sname)} AS {qualified(tdb, tname)}",
+            idempotent=False,
+            what=f"create scratch copy {scratch} AS {table}",
+        )
+        warehouse.ensure_staging_db()
+        pids = _seed(client, table, scratch, 4)
+        if not pids:
+            raise ConfigError(
+                f"cannot find sample rows for {table} (it is empty and random rows do not fit "
+                "its columns); insert a few rows into it, then re-run `txsink tune`"
+            )
+        if len(pids) < 4:
+            notes.append(
+                f"only {len(pids)} partition(s) available: the 4-partition transactions "
+                f"touch {len(pids)}"
+            )
+        epoch = transactor.begin(
+            f"txsink-tune-{tag}", meta={"target": scratch, "mode": "attach", "scratch": True}
+        )
+        run = run_tag(job)
+        warmup = 0.0
+        say(f"measuring {transactions} transactions into scratch copy {scratch} (job {job})")
+        for i in range(transactions + 1):  # transaction 0 warms connections and paths up
+            k = 1 if i % 2 else min(4, len(pids))
+            chosen = pids[:k]
+            name = staging_name(job, batch_xid(i), run, 0, 0, i).table
+            t0 = time.perf_counter()
+            warehouse.create_staging(scratch, name)
+            client.command(
+                f"INSERT INTO {qualified(warehouse.staging_db, name)} SELECT * FROM "
+                f"{qualified(sdb, sname)} WHERE _partition_id IN {{p:Array(String)}} "
+                f"LIMIT {ROWS_PER_PARTITION} BY _partition_id",
+                parameters={"p": chosen},
+                settings={"optimize_on_insert": 0},
+                idempotent=False,
+                what=f"stage rows into {name}",
+            )
+            view = warehouse.staging_view([name]).get(name) or {}
+            parts = [StagedPart(name, pid, rows) for pid, rows in sorted(view.items()) if rows]
+            t1 = time.perf_counter()
+            result = transactor.commit_batch(epoch, batch_xid(i), i, scratch, parts)
+            t2 = time.perf_counter()
+            if i == 0:
+                warmup = t2 - t0
+                continue
+            samples.append(
+                Sample(
+                    i,
+                    len(parts),
+                    sum(p.rows for p in parts),
+                    t1 - t0,
+                    t2 - t1,
+                    result.timings.get("prepare", 0.0),
+                    result.timings.get("publish", 0.0),
+                )
+            )
+        committed = [r for r in registry.list(job) if r.state is XidState.COMMITTED]
+        if len(committed) < transactions:
+            notes.append(f"only {len(committed)} of {transactions + 1} transactions committed")
+    finally:
+        _cleanup(registry, warehouse, scratch, job, prefix)
+    return TuneResult(
+        table,
+        scratch,
+        job,
+        warmup,
+        samples,
+        delay,
+        throw,
+        len(pids),
+        max_overhead,
+        writers,
+        merge_seconds,
+        notes=notes,
+    )
+
+
+def _cleanup(registry: Registry, warehouse: Any, scratch: str, job: str, prefix: str) -> None:
+    """Remove the scratch table, its staging and the scratch job; log what fails."""
+    sdb, sname = split_table(scratch)
+    try:
+        for table in warehouse.list_staging(prefix):
+            warehouse.drop_staging(table)
+        warehouse.client.command(
+            f"DROP TABLE IF EXISTS {qualified(sdb, sname)} SYNC", what=f"drop scratch {scratch}"
+        )
+    except TxSinkError as exc:
+        log.warning("could not drop scratch %s or its staging: %s; drop it by hand", scratch, exc)
+    try:
+        registry.delete_job(job)
+    except TxSinkError as exc:
+        log.warning("could not delete scratch job %s from Keeper: %s", job, exc)
+
+
+# --------------------------------------------------------------------------- rates
+
+
+def observed_rate(
+    registry: Registry,
+    job: str,
+    *,
+    sample_seconds: float | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tuple[float | None, str]:
+    """Rows per second of ``job``: a ledger delta over ``sample_seconds`` if given (and
+    non-zero), else rows over the span of the retained committed records."""
+    if sample_seconds:
+        before = int(registry.ledger(job).get("rows", 0))
+        sleep(sample_seconds)
+        delta = int(registry.ledger(job).get("rows", 0)) - before
+        if delta > 0:
+            return delta / sample_seconds, (
+                f"ledger of job {job}: {delta} rows committed in {sample_seconds:g}s"
+            )
+    done = sorted(
+        (r for r in registry.list(job) if r.state is XidState.COMMITTED and r.committed_at),
+        key=lambda r: r.committed_at or 0.0,
+    )
+    if len(done) < 2:
+        return None, f"job {job} has fewer than 2 retained committed records: no rate"
+    span = (done[-1].committed_at or 0.0) - (done[0].committed_at or 0.0)
+    rows = sum(r.rows for r in done[1:])
+    if span <= 0:
+        return None, f"job {job}'s retained commits span no time: no rate"
+    return rows / span, (
+        f"ledger of job {job}: {rows} rows over {span:.0f}s between its oldest and newest "
+        f"retained commits ({len(done)} records)"
+    )
+
+
+# --------------------------------------------------------------------------- the advice
+
+
+def recommend(
+    overhead_p95: float,
+    *,
+    max_overhead: float,
+    parts_to_delay_insert: int,
+    parts_to_throw_insert: int,
+    writers: int = DEFAULT_WRITERS,
+    merge_seconds: float = DEFAULT_MERGE_SECONDS,
+    rows_per_second: float | None = None,
+    rate_source: str = "",
+    samples: int = 0,
+) -> Recommendation:
+    """The trigger interval and its reasoning, line by line (pure)."""
+    if not 0 < max_overhead < 1:
+        raise ConfigError(f"--max-overhead must be between 0 and 1, got {max_overhead}")
+    budget = PARTS_BUDGET * parts_to_delay_insert
+    t_overhead = overhead_p95 / max_overhead
+    t_parts = merge_seconds * writers / budget if budget > 0 else float("inf")
+    interval = max(t_overhead, t_parts, MIN_INTERVAL)
+    trigger = math.ceil(interval)
+    lines = [
+        f"fixed cost per batch (stage + prepare + publish + record), p95 over {samples} "
+        f"transactions: {overhead_p95:.3f} s",
+        f"overhead budget {max_overhead:.0%} of the interval: T >= {overhead_p95:.3f} / "
+        f"{max_overhead:g} = {t_overhead:.2f} s",
+        f"parts_to_delay_insert = {parts_to_delay_insert} (parts_to_throw_insert = "
+        f"{parts_to_throw_insert}): keep new parts per partition per merge cycle <= "
+        f"{PARTS_BUDGET:.0%} of it = {budget:g}",
+        f"each batch adds up to {writers} parts per partition (--writers), merge cycle "
+        f"{merge_seconds:g} s (--merge-seconds): T >= {merge_seconds:g} x {writers} / "
+        f"{budget:g} = {t_parts:.2f} s",
+        f"floor: T >= {MIN_INTERVAL:g} s",
+        f"recommended trigger interval T = max({t_overhead:.2f}, {t_parts:.2f}, "
+        f"{MIN_INTERVAL:g}) = {interval:.2f} s: "
+        f'.trigger(processingTime="{trigger} seconds")',
+    ]
+    rows_per_batch = None
+    if rows_per_second is not None:
+        rows_per_batch = round(rows_per_second * trigger)
+        lines.append(
+            f"at {rows_per_second:,.0f} rows/s ({rate_source or '--rows-per-second'}): about "
+            f"{rows_per_batch:,} rows per batch at T = {trigger} s"
+        )
+    return Recommendation(
+        round(interval, 3),
+        round(t_overhead, 3),
+        round(t_parts, 3),
+        rows_per_second,
+        rate_source,
+        rows_per_batch,
+        lines,
+    )
+
+
+def overhead_curve(
+    overhead: float, intervals: Sequence[float] | None = None
+) -> list[tuple[float, float]]:
+    """(trigger interval, share of it spent on the fixed per-batch cost)."""
+    grid = intervals or [0.5 * 1.25**i for i in range(40)]
+    return [(t, min(1.0, overhead / t)) for t in grid]
+
+
+def write_plot(result: TuneResult, path: str) -> str:
+    """A PNG of overhead share vs trigger interval; ConfigError if matplotlib is missing."""
+    try:
+        import matplotlib  # noqa: PLC0415 - optional dependency (extra "bench")
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # noqa: PLC0415 - see above
+    except ImportError as exc:
+        raise ConfigError(
+            f"--plot {path} needs matplotlib, which is not installed: "
+            "`pip install 'txsink[bench]'` (or `pip install matplotlib`), or drop --plot"
+        ) from exc
+    over = result.stats("overhead_seconds")
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for key, style in (("p50", "-"), ("p95", "--")):
+        xs, ys = zip(*overhead_curve(over[key]), strict=True)
+        ax.plot(xs, [y * 100 for y in ys], style, label=f"overhead {key} ({over[key]:.3f} s)")
+    ax.axhline(result.max_overhead * 100, color="grey", linewidth=0.8, label="--max-overhead")
+    if result.recommendation:
+        ax.axvline(
+            result.recommendation.interval,
+            color="red",
+            linewidth=0.8,
+            label=f"recommended T = {result.recommendation.interval:.2f} s",
+        )
+    ax.set_xscale("log")
+    ax.set_xlabel("trigger interval (s)")
+    ax.set_ylabel("share of the interval spent on commit overhead (%)")
+    ax.set_title(f"txsink commit overhead on {result.table}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

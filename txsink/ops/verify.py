@@ -1,0 +1,418 @@
+"""The auditor behind ``txsink verify``: the committed history and the target, cross-checked.
+
+In the spirit of eBay's Aggregator Runtime Verifier (ARV), which replays the metadata its
+Block Aggregators committed and checks each consecutive pair. Here the metadata is the
+xid records in Keeper, ordered by their commit sequence ``extra["seq"]`` (the ledger's
+counter, assigned in the same Keeper transaction as COMMITTED). For consecutive
+committed batch xids ``M`` and ``M'`` (``b<n>``; ad-hoc ``u...`` xids of batch saves
+without txn_version have no order and are exempt):
+
+- **backward**: ``M'.batch < M.batch`` (a batch committed after a later one);
+- **overlap**: two committed xids claim the same batch (``M'.batch == M.batch`` is the
+  consecutive case): its rows were published twice;
+- **gap**: ``M'.batch > M.batch + 1``: the batches in between were never committed
+  (lost, or the history was edited).
+
+Retention prunes the oldest COMMITTED records, so only pairs inside the retained
+history are checked. Further checks: PREPARED xids older than a threshold (data nobody
+has published), and **reconciliation**: per partition id, what the ledgers of every job
+writing the target say was committed against the target's active rows in
+``system.parts``. Equal when txsink is the only writer. Dedup-mode ledgers count Spark
+partitions, not target partitions, so a target any dedup-mode job writes is reconciled
+by total only.
+
+Everything below :func:`verify` is pure and unit-tested without services.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import re
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from txsink.clickhouse.client import split_table
+from txsink.driver import open_registry, open_warehouse
+from txsink.keeper.registry import Registry
+from txsink.protocol.ids import staging_prefix
+from txsink.protocol.states import Mode, XidRecord, XidState
+
+log = logging.getLogger(__name__)
+
+DEFAULT_STUCK_AFTER = 300.0
+DEFAULT_RECENT = 20
+_BATCH_XID = re.compile(r"^b(\d+)$")
+# Engines whose merges remove rows: the target may legitimately hold fewer than committed.
+_MERGING_ENGINES = re.compile(
+    r"^(Replacing|Summing|Aggregating|Collapsing|VersionedCollapsing|Graphite|Coalescing)"
+    r"MergeTree$"
+)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One anomaly or warning; ``xids``/``batches``/``partition`` name what is involved."""
+
+    kind: str
+    message: str
+    xids: tuple[str, ...] = ()
+    batches: tuple[int, ...] = ()
+    partition: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["xids"], data["batches"] = list(self.xids), list(self.batches)
+        return data
+
+
+@dataclass
+class VerifyResult:
+    job: str
+    target: str
+    anomalies: list[Finding] = field(default_factory=list)
+    warnings: list[Finding] = field(default_factory=list)
+    checked: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def clean(self) -> bool:
+        return not self.anomalies
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "job": self.job,
+            "target": self.target,
+            "clean": self.clean,
+            "anomalies": [a.to_json() for a in self.anomalies],
+            "warnings": [w.to_json() for w in self.warnings],
+            "checked": dict(self.checked),
+        }
+
+
+# --------------------------------------------------------------------------- history
+
+
+def _seq(record: XidRecord) -> int | None:
+    raw = record.extra.get("seq")
+    return None if raw is None else int(raw)
+
+
+def committed_history(records: Iterable[XidRecord]) -> list[XidRecord]:
+    """COMMITTED records in commit order: by ``extra["seq"]`` (commit time breaks ties and
+    places records without a sequence, which only a hand-edited history has)."""
+    done = [r for r in records if r.state is XidState.COMMITTED]
+    return sorted(
+        done,
+        key=lambda r: (
+            _seq(r) is None,
+            _seq(r) or 0,
+            r.committed_at or 0.0,
+            r.xid,
+        ),
+    )
+
+
+def batch_of(record: XidRecord) -> int | None:
+    """The batch a batch-id xid claims (its recorded batch); None for ad-hoc xids."""
+    m = _BATCH_XID.match(record.xid)
+    if not m:
+        return None
+    return record.batch if record.batch is not None else int(m.group(1))
+
+
+def _ref(record: XidRecord) -> str:
+    seq = _seq(record)
+    return f"xid {record.xid} (seq {seq if seq is not None else '?'})"
+
+
+def detect_anomalies(records: Iterable[XidRecord]) -> list[Finding]:
+    """Backward, overlap and gap anomalies of a job's committed history (pure)."""
+    history = committed_history(records)
+    found: list[Finding] = []
+    seqs: dict[int, list[XidRecord]] = {}
+    for r in history:
+        seq = _seq(r)
+        if seq is not None:
+            seqs.setdefault(seq, []).append(r)
+    for seq, same in sorted(seqs.items()):
+        if len(same) > 1:
+            xids = tuple(r.xid for r in same)
+            found.append(
+                Finding(
+                    "sequence",
+                    f"sequence: commit seq {seq} was given to {len(same)} xids "
+                    f"({', '.join(xids)}); "
+                    "the ledger counted one commit for several records",
+                    xids=xids,
+                )
+            )
+    ordered = [(r, b) for r in history if (b := batch_of(r)) is not None]
+    claims: dict[int, list[XidRecord]] = {}
+    for r, b in ordered:
+        claims.setdefault(b, []).append(r)
+    for b, owners in sorted(claims.items()):
+        if len(owners) > 1:
+            found.append(
+                Finding(
+                    "overlap",
+                    f"overlap: batch {b} was committed {len(owners)} times, by "
+                    + ", ".join(_ref(r) for r in owners)
+                    + ": its rows were published more than once",
+                    xids=tuple(r.xid for r in owners),
+                    batches=(b,),
+                )
+            )
+    for (m, mb), (n, nb) in itertools.pairwise(ordered):
+        if nb < mb:
+            found.append(
+                Finding(
+                    "backward",
+                    f"backward: batch {nb} ({_ref(n)}) was committed after batch {mb} ({_ref(m)})",
+                    xids=(m.xid, n.xid),
+                    batches=(mb, nb),
+                )
+            )
+        elif nb > mb + 1:
+            missing = f"{mb + 1}" if nb == mb + 2 else f"{mb + 1}..{nb - 1}"
+            found.append(
+                Finding(
+                    "gap",
+                    f"gap: batch(es) {missing} never committed between batch {mb} ({_ref(m)}) "
+                    f"and batch {nb} ({_ref(n)})",
+                    xids=(m.xid, n.xid),
+                    batches=(mb, nb),
+                )
+            )
+    return found
+
+
+def stuck_prepared(
+    records: Iterable[XidRecord], now: float, older_than: float = DEFAULT_STUCK_AFTER
+) -> list[Finding]:
+    """PREPARED xids older than ``older_than`` seconds: rows no one has published."""
+    out = []
+    for r in records:
+        if r.state is XidState.PREPARED and now - r.created_at > older_than:
+            out.append(
+                Finding(
+                    "stuck-prepared",
+                    f"stuck-prepared: xid {r.xid} (batch {r.batch}, {r.rows} rows) of job {r.job} "
+                    f"has been PREPARED for {now - r.created_at:.0f}s; run "
+                    f"`txsink recover --job {r.job}`",
+                    xids=(r.xid,),
+                    batches=() if r.batch is None else (r.batch,),
+                )
+            )
+    return out
+
+
+# --------------------------------------------------------------------------- reconciliation
+
+
+def reconcile(
+    target: str,
+    ledger_rows: Mapping[str, int],
+    target_rows: Mapping[str, int],
+    inflight: Mapping[str, int] | None = None,
+    *,
+    jobs: Iterable[str] = (),
+    allow_other_writers: bool = False,
+    engine_merges: bool = False,
+    by_partition: bool = True,
+) -> tuple[list[Finding], list[Finding]]:
+    """(anomalies, warnings) of ledger totals vs target rows (pure).
+
+    ``ledger_rows``/``target_rows``/``inflight`` map partition id to rows; with
+    ``by_partition=False`` they are compared as totals (key ``"*"``). ``inflight`` is
+    rows of PREPARED xids, which may already sit in the target before the ledger counts
+    them. A surplus is another writer's (a warning with ``allow_other_writers``); a
+    deficit is lost rows unless the engine's merges remove rows.
+    """
+    inflight = dict(inflight or {})
+    who = ", ".join(sorted(jobs)) or "txsink"
+    if not by_partition:
+        ledger_rows = {"*": sum(ledger_rows.values())}
+        target_rows = {"*": sum(target_rows.values())}
+        inflight = {"*": sum(inflight.values())}
+    anomalies: list[Finding] = []
+    warnings: list[Finding] = []
+    for pid in sorted(set(ledger_rows) | set(target_rows)):
+        want, have = int(ledger_rows.get(pid, 0)), int(target_rows.get(pid, 0))
+        if want == have:
+            continue
+        where = f"partition {pid} of {target}" if pid != "*" else f"{target} (total)"
+        diff = have - want
+        base = f"reconciliation: {where} has {have} rows, the ledger of {who} counts {want}"
+        if diff > 0:
+            if diff <= inflight.get(pid, 0):
+                warnings.append(
+                    Finding(
+                        "in-flight",
+                        f"{base}: {diff} rows of PREPARED xids are published but not yet "
+                        "recorded (a commit in flight, or `txsink recover` will record it)",
+                        partition=pid,
+                    )
+                )
+            elif allow_other_writers:
+                warnings.append(
+                    Finding(
+                        "other-writers",
+                        f"{base}: {diff} rows were written by something other than txsink",
+                        partition=pid,
+                    )
+                )
+            else:
+                anomalies.append(
+                    Finding(
+                        "reconciliation",
+                        f"{base}: {diff} rows more than txsink committed (duplicates, or another "
+                        "writer: pass --allow-other-writers if others write this table)",
+                        partition=pid,
+                    )
+                )
+        elif engine_merges:
+            warnings.append(
+                Finding(
+                    "merged-away",
+                    f"{base}: {-diff} rows fewer; the engine's merges remove rows, so the target "
+                    "may hold fewer than committed",
+                    partition=pid,
+                )
+            )
+        else:
+            anomalies.append(
+                Finding(
+                    "reconciliation",
+                    f"{base}: {-diff} rows missing (lost rows, or removed by DROP PARTITION, "
+                    "DELETE or TTL)",
+                    partition=pid,
+                )
+            )
+    return anomalies, warnings
+
+
+# --------------------------------------------------------------------------- the audit
+
+
+def verify(
+    registry: Registry,
+    warehouse: Any,
+    job: str,
+    *,
+    target: str | None = None,
+    now: float | None = None,
+    stuck_after: float = DEFAULT_STUCK_AFTER,
+    recent: int = DEFAULT_RECENT,
+    allow_other_writers: bool = False,
+) -> VerifyResult:
+    """Audit one job: history anomalies, stuck PREPARED xids, reconciliation, leftovers."""
+    now = time.time() if now is None else now
+    meta = registry.job_meta(job) or {}
+    target = target or str(meta.get("target", ""))
+    result = VerifyResult(job, target)
+    records = registry.list(job)
+    history = committed_history(records)
+    result.anomalies += detect_anomalies(records)
+    result.anomalies += stuck_prepared(records, now, stuck_after)
+    seqs = [s for r in history if (s := _seq(r)) is not None]
+    result.checked.update(
+        committed_retained=len(history),
+        seq_range=[min(seqs), max(seqs)] if seqs else None,
+        prepared=sum(r.state is XidState.PREPARED for r in records),
+        adhoc_exempt=sum(batch_of(r) is None for r in history),
+    )
+
+    # Reconciliation against every job under this root that writes the same target.
+    if target:
+        writers: dict[str, dict[str, Any]] = {}
+        dedup = False
+        inflight: dict[str, int] = {}
+        for name in registry.list_jobs():
+            other = meta if name == job else (registry.job_meta(name) or {})
+            if str(other.get("target", "")) != target:
+                continue
+            writers[name] = registry.ledger(name)
+            dedup |= str(other.get("mode", "")) == Mode.DEDUP.value
+            for r in records if name == job else registry.list(name):
+                dedup |= r.mode is Mode.DEDUP
+                if r.state is XidState.PREPARED:
+                    for pid, rows in r.partition_rows().items():
+                        inflight[pid] = inflight.get(pid, 0) + rows
+        ledger_rows: dict[str, int] = {}
+        for ledger in writers.values():
+            for pid, rows in dict(ledger.get("partitions", {})).items():
+                ledger_rows[pid] = ledger_rows.get(pid, 0) + int(rows)
+        engine = _engine(warehouse, target)
+        if not engine:
+            result.anomalies.append(
+                Finding(
+                    "reconciliation",
+                    f"reconciliation: target {target} of job {job} does not exist; the ledger of "
+                    f"{', '.join(sorted(writers)) or job} counts {sum(ledger_rows.values())} rows",
+                )
+            )
+        target_rows = warehouse.partition_rows(target) if engine else dict(ledger_rows)
+        anomalies, warnings = reconcile(
+            target,
+            ledger_rows,
+            target_rows,
+            inflight,
+            jobs=writers,
+            allow_other_writers=allow_other_writers,
+            engine_merges=bool(_MERGING_ENGINES.match(engine)),
+            by_partition=not dedup,
+        )
+        result.anomalies += anomalies
+        result.warnings += warnings
+        result.checked.update(
+            writers=sorted(writers),
+            reconciled_by="total" if dedup else "partition",
+            partitions=len(set(ledger_rows) | set(target_rows)),
+            ledger_rows=sum(ledger_rows.values()),
+            target_rows=sum(target_rows.values()),
+            engine=engine,
+        )
+
+    # Staging of recently committed xids that still exists: publish finished, drop did not.
+    newest = history[-recent:] if recent > 0 else []
+    existing = set(warehouse.list_staging(staging_prefix(job))) if newest else set()
+    for r in reversed(newest):
+        left = [t for t in r.staging_tables if t in existing]
+        if left:
+            result.warnings.append(
+                Finding(
+                    "leftover-staging",
+                    f"xid {r.xid} is COMMITTED but its staging {', '.join(left)} still exists in "
+                    f"{getattr(warehouse, 'staging_db', 'the staging database')}; "
+                    f"`txsink recover --job {job}` drops it",
+                    xids=(r.xid,),
+                    batches=() if r.batch is None else (r.batch,),
+                )
+            )
+    result.checked["recent_checked"] = len(newest)
+    return result
+
+
+def _engine(warehouse: Any, target: str) -> str:
+    db, name = split_table(target)
+    rows = warehouse.client.query_rows(
+        "SELECT engine FROM system.tables WHERE database = {db:String} AND name = {t:String}",
+        parameters={"db": db, "t": name},
+        what=f"read the engine of {target}",
+    )
+    return str(rows[0][0]) if rows else ""
+
+
+def verify_job(config: Any, **options: Any) -> VerifyResult:
+    """Verify the job of a :class:`txsink.config.WriterConfig` (used by ``txsink demo``)."""
+    registry = open_registry(config)
+    try:
+        warehouse = open_warehouse(config)
+        try:
+            return verify(registry, warehouse, config.job, target=config.table, **options)
+        finally:
+            warehouse.client.close()
+    finally:
+        registry.close()
