@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from txsink.config import WriterConfig
-from txsink.errors import FencedError
+from txsink.errors import ConfigError, FencedError
 from txsink.keeper.registry import Registry
 from txsink.protocol.states import Epoch
 from txsink.transaction import Transactor
@@ -85,19 +85,44 @@ def open_job(config: WriterConfig) -> JobHandle:
     )
 
 
-def job_meta(config: WriterConfig, mode: str) -> dict[str, Any]:
+def job_meta(config: WriterConfig, mode: str, query_id: str = "") -> dict[str, Any]:
     return {
         "job": config.job,
         "target": config.table,
         "mode": mode,
         "url": config.url,
         "staging_database": config.staging_database,
+        "query_id": query_id,
         "created_at": time.time(),
     }
 
 
+def check_job_identity(handle: JobHandle, meta: dict[str, Any]) -> None:
+    """Refuse a writer that would reuse a job's xids for a different query or table.
+
+    Streaming xids are ``b<batchId>``: a new query (new checkpoint) writing under an old
+    job name restarts at batch 0 and would find those batches "already committed", i.e.
+    silently drop its data. The streaming query id (stable across restarts of one
+    checkpoint) recorded with the job catches that.
+    """
+    job = handle.config.job
+    stored = handle.registry.ensure_job(job, meta)
+    if stored.get("target") and stored["target"] != meta["target"]:
+        raise ConfigError(
+            f"job {job} writes to {stored['target']}, not {meta['target']}; a job keeps one "
+            f"target for its whole life: choose a new job name"
+        )
+    old, new = stored.get("query_id") or "", meta.get("query_id") or ""
+    if old and new and old != new and handle.registry.ledger(job).get("committed", 0):
+        raise ConfigError(
+            f"job {job} was written by streaming query {old} and this is query {new} (a new "
+            f"checkpoint?). Its batch ids would collide with committed ones and be skipped as "
+            f"replays. Use a new job name, or keep the old checkpointLocation."
+        )
+
+
 def epoch_for_run(
-    handle: JobHandle, run_id: str, mode: str, keep: Iterable[str] = ()
+    handle: JobHandle, run_id: str, mode: str, keep: Iterable[str] = (), query_id: str = ""
 ) -> Epoch:
     """The epoch of ``run_id``: the current one if the run owns the job, else a takeover.
 
@@ -114,8 +139,10 @@ def epoch_for_run(
             f"(epoch {current.number if current else '?'}); this query must stop. Two queries "
             f"must not write with the same job name."
         )
+    meta = job_meta(handle.config, mode, query_id)
+    check_job_identity(handle, meta)
     registry.put_blob(job, f"runs/{run_id}", {"started_at": time.time()})
-    epoch = handle.transactor.begin(run_id, meta=job_meta(handle.config, mode), keep=set(keep))
+    epoch = handle.transactor.begin(run_id, meta=meta, keep=set(keep))
     if current is not None:
         log.warning(
             "job %s: run %s took over from %s (epoch %d -> %d)",

@@ -82,3 +82,14 @@ def test_restart_after_completion_rewrites_nothing(stack, ch, fresh_db, tmp_path
     assert job.run() == 0, job.log_tail()
     assert job.run() == 0, job.log_tail()
     assert_exact(ch, job)
+
+
+def test_a_new_checkpoint_under_an_old_job_name_is_refused_not_silently_skipped(
+    stack, ch, fresh_db, tmp_path
+):
+    job = new_job(tmp_path, ch, fresh_db, stack.url, stack.keeper, files=2)
+    assert job.run() == 0, job.log_tail()
+    job.checkpoint = tmp_path / "another-checkpoint"
+    assert job.run() != 0
+    assert "new checkpoint" in job.log_tail(20000)
+    assert_exact(ch, job)

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 RUN_ID_PROPERTY = "spark.jobGroup.id"
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
 
 
 @dataclass(frozen=True)
@@ -118,11 +119,14 @@ def write_partition(plan: WritePlan, batches: Iterator[Any]) -> TxCommitMessage:
     """Executor: write one task attempt's rows (attach: into its own staging table)."""
     started = time.time()
     run_id, xid, batch, ctx = task_identity(plan)
+    ident = {"query_id": ctx.getLocalProperty(QUERY_ID_PROPERTY) or ""}
     if already_committed(plan, xid):
         for _ in batches:  # drain: Spark expects the input consumed
             pass
         log.info("job %s: xid %s already committed; skipping the replayed write", plan.config.job, xid)
-        return TxCommitMessage(run_id, xid, batch, skipped=True, seconds=time.time() - started)
+        return TxCommitMessage(
+            run_id, xid, batch, skipped=True, seconds=time.time() - started, extra=ident
+        )
     if plan.mode == Mode.DEDUP.value:
         from txsink.spark.dedup_write import write_partition_dedup
 
@@ -134,7 +138,7 @@ def write_partition(plan: WritePlan, batches: Iterator[Any]) -> TxCommitMessage:
     cfg = plan.config
     first = next(batches, None)
     if first is None:
-        return TxCommitMessage(run_id, xid, batch, seconds=time.time() - started)
+        return TxCommitMessage(run_id, xid, batch, seconds=time.time() - started, extra=ident)
     name = staging_name(
         cfg.job, xid, run_tag(run_id), ctx.partitionId(), ctx.attemptNumber(), ctx.taskAttemptId()
     ).table
@@ -166,7 +170,8 @@ def write_partition(plan: WritePlan, batches: Iterator[Any]) -> TxCommitMessage:
             f"{stats.rows}; refusing to report it (the batch will be retried)"
         )
     return TxCommitMessage(
-        run_id, xid, batch, parts, (name,), rows=stats.rows, seconds=time.time() - started
+        run_id, xid, batch, parts, (name,), rows=stats.rows, seconds=time.time() - started,
+        extra=ident,
     )
 
 
@@ -184,7 +189,8 @@ def commit_batch(plan: WritePlan, messages: list[Any], batch_id: int | None) -> 
             current = handle.registry.current_epoch(plan.config.job)
             run_id = current.owner if current else f"adhoc-{uuid.uuid4().hex}"
         incoming = {t for m in msgs for t in m.staging}
-        epoch = epoch_for_run(handle, run_id, plan.mode, keep=incoming)
+        query_id = next((m.extra.get("query_id", "") for m in msgs if m.extra), "")
+        epoch = epoch_for_run(handle, run_id, plan.mode, keep=incoming, query_id=query_id)
         parts = [p for m in msgs for p in m.parts]
         result = handle.transactor.commit_batch(
             epoch, xid, batch, plan.config.table, parts, Mode(plan.mode)
