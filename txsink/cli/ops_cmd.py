@@ -249,7 +249,7 @@ def _render_status(j: st.JobStatus) -> str:
     staging = table(
         [s.__dict__ for s in j.staging], ["table", "xid", "rows", "bytes", "referenced_by"]
     )
-    warnings = "\n".join(f"  [{w.level}] {w.kind}: {w.message}" for w in j.warnings) or "  (none)"
+    warnings = "\n".join(f"    [{w.level}] {w.kind}: {w.message}" for w in j.warnings)
     indent = "\n".join("  " + line for line in head.splitlines())
     return "\n".join(
         [

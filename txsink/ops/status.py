@@ -548,8 +548,6 @@ def carry_out_recovery(
     previous = before.owner if before else None
     registry.heartbeat(epoch, {"state": "recovering", "previous_owner": previous})
     report = Transactor(registry, warehouse, job).recover(epoch)
-    for xid in report.rolled_forward:
-        log.warning("job %s: recovery handled PREPARED xid %s", job, xid)
     for table in (*report.rolled_back, *report.dropped_leftovers):
         log.warning("job %s: recovery dropped staging %s.%s", job, warehouse.staging_db, table)
     for alarm in report.alarms:
