@@ -105,7 +105,7 @@ def test_replay_whose_content_changed_is_refused_not_duplicated(stack, ch, zk, f
                   ddl=ORDERS)  # fmt: skip
     with_view(ch, fresh_db)
     # every partition of batch 0 is inserted and recorded AFTER; the driver dies before PREPARE
-    assert job.run(*SINK, fault="driver.before_prepare", fault_after=0) != 0
+    assert job.run(*SINK, mode="auto", fault="driver.before_prepare", fault_after=0) != 0
     landed = ch.query(f"SELECT count(), sum(amount) FROM {job.table}").result_rows[0]
     assert landed[0] == 2000, job.log_tail()
     # the source of batch 0 changes under the same file name: same ids, other amounts
@@ -114,7 +114,7 @@ def test_replay_whose_content_changed_is_refused_not_duplicated(stack, ch, zk, f
     amounts = pa.array([a + 1 for a in table.column("amount").to_pylist()], pa.int64())
     pq.write_table(table.set_column(table.schema.get_field_index("amount"), "amount", amounts),
                    first)  # fmt: skip
-    assert job.run(*SINK) != 0, "a changed replay must fail loudly"
+    assert job.run(*SINK, mode="auto") != 0, "a changed replay must fail loudly"
     log = job.log.read_text(errors="replace")
     assert "ContentChanged" in log or "differs in Spark partition" in log, job.log_tail()
     assert "xid b0" in log and "CHANGED" in log
