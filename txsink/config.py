@@ -138,7 +138,9 @@ class WriterConfig:
                 raise ConfigError(f"option {key!r} is required: {OPTIONS[key][1]}")
         url = urlparse(raw["url"])
         if url.scheme not in ("http", "https") or not url.hostname:
-            raise ConfigError(f"option 'url' must look like http(s)://host:port, got {raw['url']!r}")
+            raise ConfigError(
+                f"option 'url' must look like http(s)://host:port, got {raw['url']!r}"
+            )
         if raw["table"].count(".") != 1 or not all(raw["table"].split(".")):
             raise ConfigError(f"option 'table' must be db.table, got {raw['table']!r}")
         if not valid_job(raw["job"]):

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import random
 import signal
@@ -55,7 +54,9 @@ def make_source(path: str | Path, files: int, rows_per_file: int, seed: int = 7)
     total_amount = 0
     for f in range(files):
         ids = list(range(f * rows_per_file, (f + 1) * rows_per_file))
-        times = [base + dt.timedelta(days=rng.randrange(120), seconds=rng.randrange(86400)) for _ in ids]
+        times = [
+            base + dt.timedelta(days=rng.randrange(120), seconds=rng.randrange(86400)) for _ in ids
+        ]
         amounts = [rng.randrange(1, 100_000) for _ in ids]
         total_amount += sum(amounts)
         table = pa.table(
@@ -85,7 +86,9 @@ def job_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--mode", default="auto")
     parser.add_argument("--files-per-trigger", type=int, default=2)
     parser.add_argument("--master", default="local[2]")
-    parser.add_argument("--foreach", action="store_true", help="use foreachBatch(txsink.foreach_batch)")
+    parser.add_argument(
+        "--foreach", action="store_true", help="use foreachBatch(txsink.foreach_batch)"
+    )
     parser.add_argument("--option", action="append", default=[], help="extra sink option k=v")
     parser.add_argument("--conf", action="append", default=[], help="extra Spark conf k=v")
     args = parser.parse_args(argv)
@@ -273,10 +276,26 @@ def run_demo(
     client.command(target_ddl(table))
     src, ckpt = work / "source", work / "checkpoint"
     source = make_source(src, files, rows_per_file, seed)
-    progress(f"source: {source['files']} Parquet files, {source['rows']:,} rows with unique ids in {src}")
+    progress(
+        f"source: {source['files']} Parquet files, {source['rows']:,} rows with unique ids in {src}"
+    )
     args = [
-        "--src", str(src), "--checkpoint", str(ckpt), "--table", table, "--job", job,
-        "--url", url, "--keeper", keeper, "--mode", mode, "--files-per-trigger", "1",
+        "--src",
+        str(src),
+        "--checkpoint",
+        str(ckpt),
+        "--table",
+        table,
+        "--job",
+        job,
+        "--url",
+        url,
+        "--keeper",
+        keeper,
+        "--mode",
+        mode,
+        "--files-per-trigger",
+        "1",
     ]
     config = WriterConfig.from_options({"url": url, "keeper": keeper, "table": table, "job": job})
     registry = open_registry(config)
@@ -287,7 +306,9 @@ def run_demo(
             for _attempt in range(3 if kind == "clean" else 1):
                 started = time.time()
                 if kind == "fault":
-                    code = run_job_once(args, fault=what, fault_after=rng.randrange(2), log_path=log_path)
+                    code = run_job_once(
+                        args, fault=what, fault_after=rng.randrange(2), log_path=log_path
+                    )
                 elif kind == "kill":
                     code = run_job_once(args, kill_after=rng.uniform(8.0, 20.0), log_path=log_path)
                 else:
@@ -296,7 +317,8 @@ def run_demo(
                 ledger = registry.ledger(job)
                 progress(
                     f"run {n:2d}  crash={what or 'none':22s} exit={code:4d}  "
-                    f"committed batches={ledger.get('committed', 0):3d} rows={ledger.get('rows', 0):,}"
+                    f"committed batches={ledger.get('committed', 0):3d} "
+                    f"rows={ledger.get('rows', 0):,}"
                 )
                 if kind != "clean" or code == 0:
                     break

@@ -81,7 +81,10 @@ def open_job(config: WriterConfig) -> JobHandle:
         registry.close()
         raise
     return JobHandle(
-        config, registry, warehouse, Transactor(registry, warehouse, config.job, retention=config.retention)
+        config,
+        registry,
+        warehouse,
+        Transactor(registry, warehouse, config.job, retention=config.retention),
     )
 
 
@@ -146,6 +149,10 @@ def epoch_for_run(
     if current is not None:
         log.warning(
             "job %s: run %s took over from %s (epoch %d -> %d)",
-            job, run_id, current.owner, current.number, epoch.number,
+            job,
+            run_id,
+            current.owner,
+            current.number,
+            epoch.number,
         )
     return epoch

@@ -86,7 +86,12 @@ def record_commit(config: WriterConfig, result: Any, rows: int) -> None:
     """Log one commit and, when configured, add it to the metrics textfile."""
     log.info(
         "job %s: %s %s (%d rows, %d partitions) in %.3fs",
-        config.job, result.action, result.xid, result.rows, result.partitions, result.seconds,
+        config.job,
+        result.action,
+        result.xid,
+        result.rows,
+        result.partitions,
+        result.seconds,
     )
     if not config.metrics_textfile:
         return

@@ -110,7 +110,8 @@ class Transactor:
         if report.alarms:
             raise RecoveryAlarm(
                 f"job {self.job}: recovery needs an operator: {'; '.join(report.alarms)}. "
-                f"Inspect with `txsink status --job {self.job}`, then `txsink recover --job {self.job}`."
+                f"Inspect with `txsink status --job {self.job}`, then "
+                f"`txsink recover --job {self.job}`."
             )
         self.registry.heartbeat(epoch, {"state": "running"})
         return epoch
@@ -167,7 +168,7 @@ class Transactor:
                 self.forget_dedup_state(xid)  # a crash may have come before the cleanup
             return CommitResult(xid, "skipped", seconds=self.clock() - started)
         if decision.action == "roll_forward_existing":
-            assert existing is not None  # noqa: S101 - decide_batch guarantees it
+            assert existing is not None
             log.warning("job %s: %s", self.job, decision.reason)
             record = existing
         done = self.finish(epoch, record)

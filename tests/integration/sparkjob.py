@@ -33,9 +33,23 @@ class Job:
 
     def args(self, *extra: str, mode: str = "attach", files_per_trigger: int = 2) -> list[str]:
         return [
-            "--src", str(self.src), "--checkpoint", str(self.checkpoint), "--table", self.table,
-            "--job", self.name, "--url", self.url, "--keeper", self.keeper, "--mode", mode,
-            "--files-per-trigger", str(files_per_trigger), *extra,
+            "--src",
+            str(self.src),
+            "--checkpoint",
+            str(self.checkpoint),
+            "--table",
+            self.table,
+            "--job",
+            self.name,
+            "--url",
+            self.url,
+            "--keeper",
+            self.keeper,
+            "--mode",
+            mode,
+            "--files-per-trigger",
+            str(files_per_trigger),
+            *extra,
         ]
 
     def run(self, *extra: str, mode: str = "attach", **kwargs: Any) -> int:
@@ -57,8 +71,17 @@ class Job:
             registry.close()
 
 
-def new_job(tmp_path: Path, ch: Any, db: str, url: str, keeper: str, *, files: int = 4,
-            rows_per_file: int = 3000, ddl: str | None = None) -> Job:
+def new_job(
+    tmp_path: Path,
+    ch: Any,
+    db: str,
+    url: str,
+    keeper: str,
+    *,
+    files: int = 4,
+    rows_per_file: int = 3000,
+    ddl: str | None = None,
+) -> Job:
     table = f"{db}.orders"
     ch.command(ddl.format(table=table) if ddl else target_ddl(table))
     source = make_source(tmp_path / "src", files, rows_per_file)
@@ -87,7 +110,8 @@ def assert_exact(ch: Any, job: Job) -> None:
 
 def staging_left(ch: Any, job: Job) -> list[str]:
     rows = ch.query(
-        "SELECT name FROM system.tables WHERE database = 'txsink_staging' AND startsWith(name, {p:String})",
+        "SELECT name FROM system.tables "
+        "WHERE database = 'txsink_staging' AND startsWith(name, {p:String})",
         parameters={"p": staging_prefix(job.name) + "__"},
     ).result_rows
     return [r[0] for r in rows]

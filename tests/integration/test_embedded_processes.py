@@ -28,10 +28,10 @@ BATCHES = 20
 
 
 def _writer(url: str, table: str, writer: int) -> None:
-    import pyarrow as pa  # noqa: PLC0415 - runs in a spawned process
+    import pyarrow as pa
 
     host, port = url.rsplit("/", 1)[-1].split(":")
-    import clickhouse_connect  # noqa: PLC0415
+    import clickhouse_connect
 
     client = clickhouse_connect.get_client(host=host, port=int(port))
     per_batch = ROWS_PER_WRITER // BATCHES
@@ -147,7 +147,7 @@ def test_up_is_idempotent_and_handles_stale_pid_files(private_stack: Path) -> No
 
 
 def test_port_taken_by_another_program_is_a_clear_error(private_stack: Path) -> None:
-    import socket  # noqa: PLC0415
+    import socket
 
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", 0))

@@ -59,11 +59,16 @@ def test_a_task_that_fails_once_is_retried_and_its_dead_attempt_never_published(
 def test_speculative_execution_on_is_still_exact(stack, ch, fresh_db, tmp_path):
     job = new_job(tmp_path, ch, fresh_db, stack.url, stack.keeper)
     code = job.run(
-        "--master", "local[2,3]",
-        "--conf", "spark.speculation=true",
-        "--conf", "spark.speculation.multiplier=1.1",
-        "--conf", "spark.speculation.quantile=0.1",
-        "--conf", "spark.speculation.minTaskRuntime=10ms",
+        "--master",
+        "local[2,3]",
+        "--conf",
+        "spark.speculation=true",
+        "--conf",
+        "spark.speculation.multiplier=1.1",
+        "--conf",
+        "spark.speculation.quantile=0.1",
+        "--conf",
+        "spark.speculation.minTaskRuntime=10ms",
     )
     assert code == 0, job.log_tail()
     assert_exact(ch, job)

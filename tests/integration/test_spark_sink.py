@@ -65,7 +65,10 @@ def rows(spark, n=100, start=0):
     import datetime as dt
 
     return spark.createDataFrame(
-        [(i, f"n{i}", Decimal("1.25"), dt.date(2024, 1 + i % 3, 1)) for i in range(start, start + n)],
+        [
+            (i, f"n{i}", Decimal("1.25"), dt.date(2024, 1 + i % 3, 1))
+            for i in range(start, start + n)
+        ],
         "id long, name string, price decimal(10,2), day date",
     )
 
@@ -93,18 +96,28 @@ def test_saves_without_txn_version_are_independent_transactions(spark, stack, ch
 @pytest.mark.parametrize(
     ("ddl", "frame", "expect"),
     [
-        ("id Int64, name String, price Decimal(10,2), day Date, extra String",
-         "id long, name string, price decimal(10,2), day date", "extra"),
-        ("id Int64, day Date",
-         "id long, name string, price decimal(10,2), day date", "name"),
-        ("id Int64, name Int32, price Decimal(10,2), day Date",
-         "id long, name string, price decimal(10,2), day date", "name"),
-        ("id Int64, name String, price Decimal(4,2), day Date",
-         "id long, name string, price decimal(10,2), day date", "price"),
+        (
+            "id Int64, name String, price Decimal(10,2), day Date, extra String",
+            "id long, name string, price decimal(10,2), day date",
+            "extra",
+        ),
+        ("id Int64, day Date", "id long, name string, price decimal(10,2), day date", "name"),
+        (
+            "id Int64, name Int32, price Decimal(10,2), day Date",
+            "id long, name string, price decimal(10,2), day date",
+            "name",
+        ),
+        (
+            "id Int64, name String, price Decimal(4,2), day Date",
+            "id long, name string, price decimal(10,2), day date",
+            "price",
+        ),
     ],
     ids=["missing-column", "extra-column", "type-mismatch", "decimal-precision"],
 )
-def test_schema_mismatch_is_refused_before_any_write(spark, stack, ch, zk, fresh_db, ddl, frame, expect):
+def test_schema_mismatch_is_refused_before_any_write(
+    spark, stack, ch, zk, fresh_db, ddl, frame, expect
+):
     table = f"{fresh_db}.bad"
     ch.command(f"CREATE TABLE {table} ({ddl}) ENGINE = MergeTree ORDER BY id")
     import datetime as dt
@@ -125,7 +138,10 @@ def test_nulls_into_a_non_nullable_column_fail_the_write_and_leave_the_target_un
     import datetime as dt
 
     df = spark.createDataFrame(
-        [(1, None, Decimal("1.00"), dt.date(2024, 1, 1)), (2, "b", Decimal("2.00"), dt.date(2024, 1, 1))],
+        [
+            (1, None, Decimal("1.00"), dt.date(2024, 1, 1)),
+            (2, "b", Decimal("2.00"), dt.date(2024, 1, 1)),
+        ],
         "id long, name string, price decimal(10,2), day date",
     )
     job = f"null-{uuid.uuid4().hex[:8]}"
@@ -135,7 +151,8 @@ def test_nulls_into_a_non_nullable_column_fail_the_write_and_leave_the_target_un
     assert ch.query(f"SELECT count() FROM {target}").result_rows[0][0] == 0
     assert not job_exists(zk, job)
     left = ch.query(
-        "SELECT count() FROM system.tables WHERE database='txsink_staging' AND name LIKE {p:String}",
+        "SELECT count() FROM system.tables "
+        "WHERE database='txsink_staging' AND name LIKE {p:String}",
         parameters={"p": f"%{job.replace('-', '_')}%"},
     ).result_rows[0][0]
     assert left == 0
@@ -144,8 +161,13 @@ def test_nulls_into_a_non_nullable_column_fail_the_write_and_leave_the_target_un
 def test_mode_attach_on_a_target_with_a_materialized_view_is_refused_naming_the_view(
     spark, stack, ch, target, fresh_db
 ):
-    ch.command(f"CREATE TABLE {fresh_db}.agg (day Date, n UInt64) ENGINE = SummingMergeTree ORDER BY day")
-    ch.command(f"CREATE MATERIALIZED VIEW {fresh_db}.mv TO {fresh_db}.agg AS SELECT day, count() AS n FROM {target} GROUP BY day")
+    ch.command(
+        f"CREATE TABLE {fresh_db}.agg (day Date, n UInt64) ENGINE = SummingMergeTree ORDER BY day"
+    )
+    ch.command(
+        f"CREATE MATERIALIZED VIEW {fresh_db}.mv TO {fresh_db}.agg "
+        f"AS SELECT day, count() AS n FROM {target} GROUP BY day"
+    )
     with pytest.raises(Exception, match="mode=attach is impossible") as info:
         write(rows(spark, 10), stack, target, mode="attach")
     assert "mv" in str(info.value)
@@ -153,13 +175,13 @@ def test_mode_attach_on_a_target_with_a_materialized_view_is_refused_naming_the_
 
 
 def test_unreachable_clickhouse_is_named_in_the_error(spark, stack, ch, target):
-    with pytest.raises(Exception, match="127.0.0.1:1") as info:
+    with pytest.raises(Exception, match=r"127\.0\.0\.1:1") as info:
         write(rows(spark, 10), stack, target, url="http://127.0.0.1:1", connect_timeout="2")
     assert "Unavailable" in str(info.value) or "reach" in str(info.value).lower()
 
 
 def test_unreachable_keeper_is_named_and_nothing_is_written(spark, stack, ch, target):
-    with pytest.raises(Exception, match="127.0.0.1:2") as info:
+    with pytest.raises(Exception, match=r"127\.0\.0\.1:2") as info:
         write(rows(spark, 10), stack, target, keeper="127.0.0.1:2", keeper_timeout="2")
     assert "zookeeper" in str(info.value).lower() or "keeper" in str(info.value).lower()
     assert ch.query(f"SELECT count() FROM {target}").result_rows[0][0] == 0
@@ -174,8 +196,15 @@ def test_unknown_option_is_refused_with_the_list_of_known_ones(spark, stack, tar
 def test_overwrite_mode_is_refused(spark, stack, target):
     df = rows(spark, 1)
     with pytest.raises(Exception, match="only appends"):
-        (df.write.format("clickhouse_tx").option("url", stack.url).option("keeper", stack.keeper)
-         .option("table", target).option("job", "ow").mode("overwrite").save())
+        (
+            df.write.format("clickhouse_tx")
+            .option("url", stack.url)
+            .option("keeper", stack.keeper)
+            .option("table", target)
+            .option("job", "ow")
+            .mode("overwrite")
+            .save()
+        )
 
 
 def test_foreach_batch_refuses_bad_options_before_the_query_starts():

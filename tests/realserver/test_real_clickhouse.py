@@ -62,11 +62,20 @@ def test_batch_save_with_txn_version_is_exactly_once_on_a_real_server(tmp_path) 
         )
         spark = SparkSession.builder.master("local[2]").getOrCreate()
         txsink.register(spark)
-        df = spark.sql("SELECT id, date_add(DATE'2024-01-01', CAST(id % 90 AS INT)) AS day FROM range(10000)")
+        df = spark.sql(
+            "SELECT id, date_add(DATE'2024-01-01', CAST(id % 90 AS INT)) AS day FROM range(10000)"
+        )
         for _ in range(2):
-            (df.write.format("clickhouse_tx").option("url", URL).option("keeper", KEEPER)
-             .option("table", f"{db}.t").option("job", f"real-{db}").option("txn_version", 1)
-             .mode("append").save())
+            (
+                df.write.format("clickhouse_tx")
+                .option("url", URL)
+                .option("keeper", KEEPER)
+                .option("table", f"{db}.t")
+                .option("job", f"real-{db}")
+                .option("txn_version", 1)
+                .mode("append")
+                .save()
+            )
         assert client.query_rows(f"SELECT count(), uniqExact(id) FROM {db}.t")[0] == (10000, 10000)
     finally:
         client.command(f"DROP DATABASE IF EXISTS {db}")

@@ -20,7 +20,11 @@ def test_every_option_is_documented_in_docs_options_md() -> None:
 
 def test_defaults_and_round_trip_through_options() -> None:
     cfg = WriterConfig.from_options(BASE)
-    assert (cfg.mode, cfg.staging_database, cfg.keeper_root) == ("auto", "txsink_staging", "/txsink")
+    assert (cfg.mode, cfg.staging_database, cfg.keeper_root) == (
+        "auto",
+        "txsink_staging",
+        "/txsink",
+    )
     assert WriterConfig.from_options(cfg.to_options()) == cfg
 
 

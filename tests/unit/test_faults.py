@@ -19,7 +19,9 @@ SCRIPT = (
 def run(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     full = {k: v for k, v in os.environ.items() if not k.startswith("TXSINK_FAULT")}
     full.update(env)
-    return subprocess.run([sys.executable, "-c", SCRIPT], env=full, capture_output=True, text=True, check=False)
+    return subprocess.run(
+        [sys.executable, "-c", SCRIPT], env=full, capture_output=True, text=True, check=False
+    )
 
 
 def test_unset_fault_never_exits() -> None:

@@ -45,7 +45,11 @@ class Faults:
 
 
 def stage_batch(
-    wh: MemoryWarehouse, epoch: int, batch: int, rows: list[tuple[int, str]], spark_parts: int,
+    wh: MemoryWarehouse,
+    epoch: int,
+    batch: int,
+    rows: list[tuple[int, str]],
+    spark_parts: int,
     failed_attempts: int,
 ) -> list[StagedPart]:
     """Executors: each Spark partition writes a staging table; failed attempts leave junk."""
@@ -57,17 +61,23 @@ def stage_batch(
             by_pid.setdefault(pid, []).append(rid)
         attempt = 0
         for attempt in range(failed_attempts):
-            dead = staging_name(JOB, batch_xid(batch), f"{epoch:08x}", sp, attempt, 1000 * sp + attempt)
+            dead = staging_name(
+                JOB, batch_xid(batch), f"{epoch:08x}", sp, attempt, 1000 * sp + attempt
+            )
             wh.create_staging(dead.table, {p: ids[: len(ids) // 2] for p, ids in by_pid.items()})
         attempt = failed_attempts
-        name = staging_name(JOB, batch_xid(batch), f"{epoch:08x}", sp, attempt, 1000 * sp + attempt).table
+        name = staging_name(
+            JOB, batch_xid(batch), f"{epoch:08x}", sp, attempt, 1000 * sp + attempt
+        ).table
         wh.create_staging(name, by_pid)
         parts.extend(StagedPart(name, pid, len(ids)) for pid, ids in by_pid.items())
     return parts
 
 
 def run_job(
-    batches: list[list[tuple[int, str]]], crashes: list[tuple[str, int]], spark_parts: int,
+    batches: list[list[tuple[int, str]]],
+    crashes: list[tuple[str, int]],
+    spark_parts: int,
     failed_attempts: int,
 ) -> tuple[MemoryRegistry, MemoryWarehouse]:
     reg, wh = MemoryRegistry(), MemoryWarehouse()
@@ -93,8 +103,7 @@ row_batches = st.lists(
     max_size=6,
 )
 crash_plans = st.lists(
-    st.tuples(st.sampled_from([p for p in POINTS if p.startswith("driver.")]),
-              st.integers(0, 3)),
+    st.tuples(st.sampled_from([p for p in POINTS if p.startswith("driver.")]), st.integers(0, 3)),
     max_size=4,
 )
 

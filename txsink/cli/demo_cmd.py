@@ -19,10 +19,22 @@ def register(subs: Any) -> None:
         "restarting from the checkpoint until done, then reports and runs verify. Exit 0 "
         "only when the target is exact and verify is clean.",
     )
-    p.add_argument("--url", default=os.environ.get("TXSINK_URL"), help="ClickHouse URL (default: start the embedded stack)")
-    p.add_argument("--keeper", default=os.environ.get("TXSINK_KEEPER"), help="Keeper connect string (default: embedded)")
-    p.add_argument("--dir", default=None, help="work directory for source and checkpoint (default: a temp dir)")
-    p.add_argument("--files", type=int, default=12, help="Parquet files in the source (one per micro-batch)")
+    p.add_argument(
+        "--url",
+        default=os.environ.get("TXSINK_URL"),
+        help="ClickHouse URL (default: start the embedded stack)",
+    )
+    p.add_argument(
+        "--keeper",
+        default=os.environ.get("TXSINK_KEEPER"),
+        help="Keeper connect string (default: embedded)",
+    )
+    p.add_argument(
+        "--dir", default=None, help="work directory for source and checkpoint (default: a temp dir)"
+    )
+    p.add_argument(
+        "--files", type=int, default=12, help="Parquet files in the source (one per micro-batch)"
+    )
     p.add_argument("--rows-per-file", type=int, default=20_000)
     p.add_argument("--kills", type=int, default=2, help="extra runs ended by kill -9 of the driver")
     p.add_argument("--mode", default="auto", choices=("auto", "attach", "dedup"))
@@ -70,9 +82,13 @@ def run(args: argparse.Namespace, out: Output) -> int:
                     "distinct ids": f"{report.distinct_ids:,}",
                     "duplicates": report.duplicates,
                     "missing": report.missing,
-                    "sum(amount) expected / target": f"{report.amount_expected} / {report.amount_in_target}",
+                    "sum(amount) expected / target": (
+                        f"{report.amount_expected} / {report.amount_in_target}"
+                    ),
                     "batches committed": report.batches,
-                    "commit latency p50 / p99 (uninterrupted)": f"{report.commit_p50_ms} ms / {report.commit_p99_ms} ms",
+                    "commit latency p50 / p99 (uninterrupted)": (
+                        f"{report.commit_p50_ms} ms / {report.commit_p99_ms} ms"
+                    ),
                     "verify": "clean" if report.verify_clean else f"NOT CLEAN {report.verify}",
                 }
             ),

@@ -27,19 +27,30 @@ COMMAND_MODULES = (
 
 def add_common(parser: argparse.ArgumentParser, *, job: bool = True) -> None:
     """Flags shared by the commands that talk to a deployment."""
-    parser.add_argument("--url", default=os.environ.get("TXSINK_URL", DEFAULT_URL),
-                        help="ClickHouse HTTP URL (default: the embedded stack, or $TXSINK_URL)")
+    parser.add_argument(
+        "--url",
+        default=os.environ.get("TXSINK_URL", DEFAULT_URL),
+        help="ClickHouse HTTP URL (default: the embedded stack, or $TXSINK_URL)",
+    )
     parser.add_argument("--user", default=os.environ.get("TXSINK_USER", "default"))
     parser.add_argument("--password", default=os.environ.get("TXSINK_PASSWORD", ""))
-    parser.add_argument("--keeper", default=os.environ.get("TXSINK_KEEPER", DEFAULT_KEEPER),
-                        help="Keeper host:port[,host:port][/chroot] (default: embedded, or $TXSINK_KEEPER)")
+    parser.add_argument(
+        "--keeper",
+        default=os.environ.get("TXSINK_KEEPER", DEFAULT_KEEPER),
+        help="Keeper host:port[,host:port][/chroot] (default: embedded, or $TXSINK_KEEPER)",
+    )
     if job:
-        parser.add_argument("--job", default=os.environ.get("TXSINK_JOB"),
-                            help="the writer's job name (default: all jobs where that makes sense)")
+        parser.add_argument(
+            "--job",
+            default=os.environ.get("TXSINK_JOB"),
+            help="the writer's job name (default: all jobs where that makes sense)",
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="txsink", description="Exactly-once Spark -> ClickHouse writes")
+    parser = argparse.ArgumentParser(
+        prog="txsink", description="Exactly-once Spark -> ClickHouse writes"
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
     subs = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
@@ -56,8 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     out = Output(json_mode=getattr(args, "json", False))
     try:
         return int(args.func(args, out) or 0)

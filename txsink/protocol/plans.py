@@ -166,7 +166,9 @@ def plan_recovery(
         )
     )
     needed = {t for r in prepared for t in r.staging_tables}
-    committed_tables = {t for r in records if r.state is XidState.COMMITTED for t in r.staging_tables}
+    committed_tables = {
+        t for r in records if r.state is XidState.COMMITTED for t in r.staging_tables
+    }
     mine = sorted(t for t in staging_tables if (n := parse_staging(t)) and n.prefix == prefix)
     roll_back = tuple(t for t in mine if t not in needed and t not in committed_tables)
     leftover = tuple(t for t in mine if t in committed_tables and t not in needed)

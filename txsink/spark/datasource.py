@@ -56,7 +56,7 @@ class ClickHouseTxDataSource(DataSource):
             w.WritePlan(plan.config, plan.mode, plan.not_null, xid, run_id, batch)
         )
 
-    def streamWriter(self, schema: StructType, overwrite: bool) -> ClickHouseTxStreamWriter:  # noqa: N802
+    def streamWriter(self, schema: StructType, overwrite: bool) -> ClickHouseTxStreamWriter:
         if overwrite:
             raise ConfigError("clickhouse_tx streaming supports outputMode('append') only")
         from txsink.spark.validate import validate
@@ -89,8 +89,8 @@ class ClickHouseTxStreamWriter(DataSourceStreamArrowWriter):
     def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
         return w.write_partition(self.plan, iterator)
 
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         w.commit_batch(self.plan, list(messages), batchId)
 
-    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         w.abort_batch(self.plan, list(messages), batchId)

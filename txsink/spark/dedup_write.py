@@ -49,7 +49,7 @@ from txsink.faults import fault_point
 from txsink.protocol import dedup
 from txsink.protocol.ids import dedup_token
 from txsink.protocol.states import StagedPart
-from txsink.spark.writer import TxCommitMessage, WritePlan, check_nulls
+from txsink.spark.writer import QUERY_ID_PROPERTY, TxCommitMessage, WritePlan, check_nulls
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ def content_changed(
     )
 
 
-def write_partition_dedup(  # noqa: PLR0917 - the call in writer.write_partition is positional
+def write_partition_dedup(
     plan: WritePlan,
     batches: Iterator[Any],
     run_id: str,
@@ -176,7 +176,9 @@ def write_partition_dedup(  # noqa: PLR0917 - the call in writer.write_partition
                 raise content_changed(
                     plan, xid=xid, batch=batch, partition=partition, stored=stored, refusal=refusal
                 )
-            return TxCommitMessage(run_id, xid, batch, seconds=time.time() - started)
+            return TxCommitMessage(
+                run_id, xid, batch, seconds=time.time() - started, extra=_ident(ctx)
+            )
         warehouse = open_warehouse(cfg)
         done: list[dedup.BlockFingerprint] = []
         inserted = skipped = total = 0
@@ -242,8 +244,18 @@ def write_partition_dedup(  # noqa: PLR0917 - the call in writer.write_partition
         (),
         rows=total,
         seconds=time.time() - started,
-        extra={"decision": decision.value, "inserted": inserted, "skipped": skipped},
+        extra={
+            "decision": decision.value,
+            "inserted": inserted,
+            "skipped": skipped,
+            **_ident(ctx),
+        },
     )
+
+
+def _ident(ctx: Any) -> dict[str, str]:
+    """The streaming query id, which the driver checks against the job's (see driver.py)."""
+    return {"query_id": ctx.getLocalProperty(QUERY_ID_PROPERTY) or ""}
 
 
 _TO_RE = re.compile(

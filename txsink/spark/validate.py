@@ -75,7 +75,9 @@ def resolve_mode(
         log.warning("job %s: %s", config.job, note)
     if config.mode == "dedup":
         if dedup_problems:
-            raise ConfigError(f"mode=dedup is unsafe for {config.table}: {'; '.join(dedup_problems)}")
+            raise ConfigError(
+                f"mode=dedup is unsafe for {config.table}: {'; '.join(dedup_problems)}"
+            )
         return "dedup"
     if not blockers:
         log.info("job %s: mode=auto chose attach for %s", config.job, config.table)
@@ -86,7 +88,10 @@ def resolve_mode(
             f"nor dedup ({'; '.join(dedup_problems)})"
         )
     log.warning(
-        "job %s: mode=auto chose dedup for %s because %s", config.job, config.table, "; ".join(blockers)
+        "job %s: mode=auto chose dedup for %s because %s",
+        config.job,
+        config.table,
+        "; ".join(blockers),
     )
     return "dedup"
 

@@ -123,14 +123,18 @@ def write_partition(plan: WritePlan, batches: Iterator[Any]) -> TxCommitMessage:
     if already_committed(plan, xid):
         for _ in batches:  # drain: Spark expects the input consumed
             pass
-        log.info("job %s: xid %s already committed; skipping the replayed write", plan.config.job, xid)
+        log.info(
+            "job %s: xid %s already committed; skipping the replayed write", plan.config.job, xid
+        )
         return TxCommitMessage(
             run_id, xid, batch, skipped=True, seconds=time.time() - started, extra=ident
         )
     if plan.mode == Mode.DEDUP.value:
         from txsink.spark.dedup_write import write_partition_dedup
 
-        message: TxCommitMessage = write_partition_dedup(plan, batches, run_id, xid, batch, ctx, started)
+        message: TxCommitMessage = write_partition_dedup(
+            plan, batches, run_id, xid, batch, ctx, started
+        )
         return message
     from txsink.driver import open_warehouse
 
@@ -170,7 +174,13 @@ def write_partition(plan: WritePlan, batches: Iterator[Any]) -> TxCommitMessage:
             f"{stats.rows}; refusing to report it (the batch will be retried)"
         )
     return TxCommitMessage(
-        run_id, xid, batch, parts, (name,), rows=stats.rows, seconds=time.time() - started,
+        run_id,
+        xid,
+        batch,
+        parts,
+        (name,),
+        rows=stats.rows,
+        seconds=time.time() - started,
         extra=ident,
     )
 
