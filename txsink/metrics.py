@@ -82,6 +82,16 @@ def update(path: str, job: str, counters: dict[str, int], seconds: float | None 
             os.replace(tmp, target)
 
 
+def count(config: WriterConfig, **counters: int) -> None:
+    """Add to counters of the metrics textfile, if one is configured."""
+    if not config.metrics_textfile:
+        return
+    try:
+        update(config.metrics_textfile, config.job, counters)
+    except OSError as exc:
+        log.warning("metrics textfile %s not written: %s", config.metrics_textfile, exc)
+
+
 def record_commit(config: WriterConfig, result: Any, rows: int) -> None:
     """Log one commit and, when configured, add it to the metrics textfile."""
     log.info(

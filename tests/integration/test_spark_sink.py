@@ -210,3 +210,17 @@ def test_overwrite_mode_is_refused(spark, stack, target):
 def test_foreach_batch_refuses_bad_options_before_the_query_starts():
     with pytest.raises(ConfigError, match="table"):
         txsink.foreach_batch(url="http://h:1", keeper="k:1", job="j", table="nodot")
+
+
+def test_metrics_textfile_counts_commits_skips_and_latency(spark, stack, tmp_path, ch, target):
+    metrics = tmp_path / "txsink.prom"
+    job = f"m-{uuid.uuid4().hex[:8]}"
+    for _ in range(2):  # the second save is a replay of txn_version 1: skipped
+        write(
+            rows(spark, 40), stack, target, job=job, txn_version="1", metrics_textfile=str(metrics)
+        )
+    text = metrics.read_text()
+    assert f'txsink_batches_committed_total{{job="{job}"}} 1' in text
+    assert f'txsink_batches_skipped_total{{job="{job}"}} 1' in text
+    assert f'txsink_rows_committed_total{{job="{job}"}} 40' in text
+    assert f'txsink_commit_seconds_count{{job="{job}"}} 2' in text

@@ -229,6 +229,10 @@ def write_partition_dedup(
             registry.put_blob(cfg.job, key, dedup.after(done, attempt, time.time()).to_json())
     finally:
         registry.close()
+    if decision is dedup.Decision.SAME:
+        from txsink.metrics import count
+
+        count(cfg, dedup_skips=1)
     if decision is not dedup.Decision.NEW:
         log.warning(
             "job %s: xid %s partition %d: %s (%d block(s) re-sent with their tokens, %d skipped)",

@@ -20,7 +20,7 @@ from typing import Any
 from pyspark.sql.datasource import WriterCommitMessage
 
 from txsink.config import WriterConfig
-from txsink.errors import SchemaMismatch, TxSinkError, UnavailableError
+from txsink.errors import FencedError, SchemaMismatch, TxSinkError, UnavailableError
 from txsink.faults import fault_point
 from txsink.protocol.ids import batch_xid, parse_staging, run_tag, staging_name, staging_prefix
 from txsink.protocol.states import Mode, StagedPart, XidState
@@ -200,15 +200,22 @@ def commit_batch(plan: WritePlan, messages: list[Any], batch_id: int | None) -> 
             run_id = current.owner if current else f"adhoc-{uuid.uuid4().hex}"
         incoming = {t for m in msgs for t in m.staging}
         query_id = next((m.extra.get("query_id", "") for m in msgs if m.extra), "")
-        epoch = epoch_for_run(handle, run_id, plan.mode, keep=incoming, query_id=query_id)
-        parts = [p for m in msgs for p in m.parts]
-        result = handle.transactor.commit_batch(
-            epoch, xid, batch, plan.config.table, parts, Mode(plan.mode)
-        )
+        from txsink.metrics import count, record_commit
+
+        owner = handle.registry.current_epoch(plan.config.job)
+        try:
+            epoch = epoch_for_run(handle, run_id, plan.mode, keep=incoming, query_id=query_id)
+            if owner is None or owner.owner != run_id:
+                count(plan.config, recoveries=1)
+            parts = [p for m in msgs for p in m.parts]
+            result = handle.transactor.commit_batch(
+                epoch, xid, batch, plan.config.table, parts, Mode(plan.mode)
+            )
+        except FencedError:
+            count(plan.config, fencing_events=1)
+            raise
         if plan.mode == Mode.ATTACH.value:
             sweep_strays(handle, xid, incoming)
-        from txsink.metrics import record_commit
-
         record_commit(plan.config, result, sum(m.rows for m in msgs))
         return result.__dict__
     finally:
