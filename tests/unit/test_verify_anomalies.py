@@ -236,3 +236,18 @@ def test_percentile_is_nearest_rank() -> None:
     assert percentile([], 0.5) == 0.0
     assert percentile([3.0, 1.0, 2.0], 0.5) == 2.0
     assert percentile([float(i) for i in range(1, 101)], 0.95) == 95.0
+
+
+def test_txn_version_saves_may_skip_versions_without_a_gap_anomaly() -> None:
+    from txsink.ops.verify import detect_anomalies
+    from txsink.protocol.states import Mode, XidRecord, XidState
+
+    def rec(batch: int, seq: int) -> XidRecord:
+        return XidRecord(
+            job="j", xid=f"b{batch}", batch=batch, state=XidState.COMMITTED, epoch=1,
+            mode=Mode.ATTACH, target="d.t", committed_at=float(seq), extra={"seq": seq},
+        )  # fmt: skip
+
+    history = [rec(1, 1), rec(5, 2)]
+    assert [f.kind for f in detect_anomalies(history)] == ["gap"]
+    assert detect_anomalies(history, contiguous=False) == []

@@ -455,10 +455,10 @@ def overhead_curve(
 def write_plot(result: TuneResult, path: str) -> str:
     """A PNG of overhead share vs trigger interval; ConfigError if matplotlib is missing."""
     try:
-        import matplotlib  # noqa: PLC0415 - optional dependency (extra "bench")
+        import matplotlib
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt  # noqa: PLC0415 - see above
+        import matplotlib.pyplot as plt
     except ImportError as exc:
         raise ConfigError(
             f"--plot {path} needs matplotlib, which is not installed: "
