@@ -30,9 +30,11 @@ zookeeper: ## Install Debian's zookeeper package when it is missing (needs root 
 	  test -f $(ZK_JAR) || { echo "error: zookeeper package did not install $(ZK_JAR)"; exit 1; }; fi
 	@command -v java >/dev/null || { echo "error: java not found: ZooKeeper needs Java 17 (apt-get install openjdk-17-jre-headless)"; exit 1; }
 
+LINT_PATHS := txsink tests $(wildcard benchmarks)
+
 lint: setup ## ruff check + ruff format --check
-	$(VENV)/bin/ruff check txsink tests benchmarks
-	$(VENV)/bin/ruff format --check txsink tests benchmarks
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/ruff format --check $(LINT_PATHS)
 
 typecheck: setup ## mypy (strict for txsink.protocol)
 	$(VENV)/bin/mypy txsink
