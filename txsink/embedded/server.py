@@ -18,11 +18,14 @@ interface for stock ``clickhouse_connect.get_client(host, port)`` in other proce
 - Errors come back as ClickHouse does it: HTTP 4xx/5xx, ``X-ClickHouse-Exception-Code``
   and a ``Code: N. DB::Exception: ... (NAME) (version V)`` body.
 
-Invariants: every chdb connection is used by one request at a time (sessionless requests
-borrow an idle connection from a pool, sessions own theirs); a connection's settings are
-tracked so each request runs with exactly the settings it asked for; any failure while
-handling a request becomes an HTTP error and never takes the process down.
-Set ``TXSINK_EMBEDDED_SERIALIZE=1`` to run all engine calls under one process-wide lock.
+The pieces: :mod:`~txsink.embedded.sqlscan` (statement and parameter scanning),
+:mod:`~txsink.embedded.transfer` (body framing, compression), :mod:`~txsink.embedded.engine`
+(chdb connections and sessions), :mod:`~txsink.embedded.http_errors` (error codes). This
+module owns the HTTP side: routing, the request flow, response headers, error rendering,
+and the process (``serve``/``main``).
+
+Invariants: any failure while handling a request becomes an HTTP error and never takes
+the process down; once response headers are out, a failure can only cut the connection.
 """
 
 from __future__ import annotations
@@ -34,128 +37,45 @@ import email.policy
 import json
 import logging
 import os
-import re
 import signal
 import socket
 import threading
 import time
 import uuid
-import zlib
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-import chdb
-
-try:  # optional codecs: clickhouse-connect only offers what it can decode itself
-    import lz4.frame as lz4_frame
-except ImportError:  # pragma: no cover - lz4 is a declared dependency
-    lz4_frame = None
-try:
-    from backports import zstd  # type: ignore[import-not-found,unused-ignore]
-except ImportError:  # pragma: no cover - Python 3.14+ ships compression.zstd
-    try:
-        from compression import zstd  # type: ignore[import-not-found,no-redef,unused-ignore]
-    except ImportError:
-        zstd = None  # type: ignore[assignment,unused-ignore]
-try:
-    import brotli  # type: ignore[import-not-found,unused-ignore]
-except ImportError:
-    brotli = None
+from txsink.embedded.engine import Engine, EngineConn, Session
+from txsink.embedded.http_errors import (
+    CANNOT_PARSE_INPUT,
+    ERROR_NAMES,
+    HTTP_LENGTH_REQUIRED,
+    NOT_IMPLEMENTED,
+    SYNTAX_ERROR,
+    UNKNOWN_EXCEPTION,
+    UNSUPPORTED_METHOD,
+    ClientGone,
+    HttpError,
+    engine_error,
+)
+from txsink.embedded.sqlscan import (
+    InsertHeader,
+    format_clause,
+    scan_insert,
+    split_params,
+    statement_kind,
+)
+from txsink.embedded.transfer import Body, Compressor, negotiate_encoding
 
 log = logging.getLogger("txsink.embedded.server")
 
-READ_CHUNK = 1 << 20  # body bytes per read and per chdb append
 MAX_QUERY_BYTES = 256 << 20  # a non-INSERT query (or INSERT without FORMAT) is buffered
 MAX_HEADER_SCAN = 1 << 20  # the INSERT ... FORMAT X header must fit in this prefix
-MAX_DRAIN_BYTES = 1 << 30  # body left unread after an error is drained up to this much
-MAX_SESSIONS = 1024
-IDLE_POOL = 8
 KEEP_ALIVE_SECONDS = 120
 
-# ClickHouse error codes used by the endpoint itself.
-UNKNOWN_FORMAT = 73
-CANNOT_PARSE_INPUT = 27
-NOT_IMPLEMENTED = 48
-UNKNOWN_EXCEPTION = 1002
-SESSION_NOT_FOUND = 372
-SESSION_IS_LOCKED = 373
-TOO_MANY_SESSIONS = 202
-QUERY_TOO_LARGE = 369
-SYNTAX_ERROR = 62
-CANNOT_DECOMPRESS = 271
-NETWORK_ERROR = 210
-HTTP_LENGTH_REQUIRED = 381
-UNSUPPORTED_METHOD = 1
-ERROR_NAMES = {
-    UNKNOWN_FORMAT: "UNKNOWN_FORMAT",
-    CANNOT_PARSE_INPUT: "CANNOT_PARSE_INPUT_ASSERTION_FAILED",
-    NOT_IMPLEMENTED: "NOT_IMPLEMENTED",
-    UNKNOWN_EXCEPTION: "UNKNOWN_EXCEPTION",
-    SESSION_NOT_FOUND: "SESSION_NOT_FOUND",
-    SESSION_IS_LOCKED: "SESSION_IS_LOCKED",
-    TOO_MANY_SESSIONS: "TOO_MANY_SIMULTANEOUS_QUERIES",
-    QUERY_TOO_LARGE: "QUERY_IS_TOO_LARGE",
-    SYNTAX_ERROR: "SYNTAX_ERROR",
-    CANNOT_DECOMPRESS: "CANNOT_DECOMPRESS",
-    NETWORK_ERROR: "NETWORK_ERROR",
-    HTTP_LENGTH_REQUIRED: "HTTP_LENGTH_REQUIRED",
-    UNSUPPORTED_METHOD: "UNSUPPORTED_METHOD",
-}
-# HTTP status per ClickHouse code, as the real server maps them (everything else is 500).
-HTTP_STATUS_BY_CODE = {
-    SYNTAX_ERROR: 400,
-    115: 400,  # UNKNOWN_SETTING
-    UNKNOWN_FORMAT: 400,
-    QUERY_TOO_LARGE: 400,
-    HTTP_LENGTH_REQUIRED: 411,
-    60: 404,  # UNKNOWN_TABLE
-    81: 404,  # UNKNOWN_DATABASE
-    SESSION_NOT_FOUND: 404,
-    SESSION_IS_LOCKED: 423,
-}
-
-# URL parameters that belong to the HTTP interface, never passed to the engine as settings.
-HTTP_ONLY_PARAMS = frozenset(
-    {
-        "query",
-        "database",
-        "default_format",
-        "user",
-        "password",
-        "quota_key",
-        "role",
-        "query_id",
-        "session_id",
-        "session_timeout",
-        "session_check",
-        "close_session",
-        "compress",
-        "decompress",
-        "buffer_size",
-        "wait_end_of_query",
-        "client_protocol_version",
-        "stacktrace",
-        "http_response_headers",
-    }
-)
-# Real settings that only steer the HTTP layer: handled here, not applied to the engine.
-HTTP_SETTINGS = frozenset(
-    {
-        "enable_http_compression",
-        "send_progress_in_http_headers",
-        "http_headers_progress_interval_ms",
-        "cancel_http_readonly_queries_on_client_close",
-        "http_zlib_compression_level",
-        "http_native_compression_disable_checksumming_on_decompress",
-        "http_wait_end_of_query",
-        "add_http_cors_header",
-    }
-)
 # Output formats whose chunks may simply be concatenated (no header or footer per chunk).
 STREAMABLE_FORMATS = frozenset(
     name.lower()
@@ -186,527 +106,6 @@ EMPTY_SUMMARY = {
         "elapsed_ns",
     )
 }
-TRACK_IGNORED = frozenset({"database"})  # chdb reports it as a changed setting; USE owns it
-
-
-class HttpError(Exception):
-    """A failure to turn into a ClickHouse-style HTTP error response."""
-
-    def __init__(self, code: int, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.status = status or HTTP_STATUS_BY_CODE.get(code, 500)
-
-
-class ClientGone(Exception):
-    """The client closed the connection; nothing can be answered."""
-
-
-def engine_error(exc: BaseException) -> HttpError:
-    """Map a chdb exception (its text carries ``Code: N. DB::Exception: ...``) to HttpError."""
-    text = str(exc)
-    match = re.search(r"Code: (\d+)\. ", text)
-    if match is None:
-        return HttpError(UNKNOWN_EXCEPTION, f"DB::Exception: {text} (UNKNOWN_EXCEPTION)")
-    return HttpError(int(match.group(1)), text[match.start() :].strip())
-
-
-def sql_string(value: str) -> str:
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def quote_ident(name: str) -> str:
-    return "`" + name.replace("\\", "\\\\").replace("`", "\\`") + "`"
-
-
-# --------------------------------------------------------------------------- SQL scanning
-
-_WS = b" \t\r\n\f"
-_WORD = re.compile(rb"[A-Za-z_][A-Za-z0-9_]*")
-_FORMAT_AT_END = re.compile(r"\bFORMAT\s+([A-Za-z_][A-Za-z0-9_]*)\s*;?\s*$", re.IGNORECASE)
-_FIRST_WORD = re.compile(r"^\s*(?:(?:--[^\n]*\n|/\*.*?\*/)\s*)*([A-Za-z_]+)", re.DOTALL)
-
-
-@dataclass(frozen=True)
-class InsertHeader:
-    sql: str  # the statement without its FORMAT clause
-    fmt: str
-    data_offset: int  # where the data starts in the scanned bytes
-
-
-def _skip_quoted(buf: bytes, pos: int) -> int:
-    quote = buf[pos]
-    pos += 1
-    while pos < len(buf):
-        c = buf[pos]
-        if c == 0x5C:  # backslash escape
-            pos += 2
-            continue
-        if c == quote:
-            if pos + 1 < len(buf) and buf[pos + 1] == quote:  # doubled quote
-                pos += 2
-                continue
-            return pos + 1
-        pos += 1
-    return -1
-
-
-def scan_insert(buf: bytes) -> InsertHeader | bool | None:
-    """Find ``INSERT ... FORMAT name`` at the start of ``buf``.
-
-    Returns the header, ``None`` when the statement is not an INSERT with a FORMAT clause
-    (run it as a plain query), or ``False`` when ``buf`` ends before that is decided.
-    """
-    pos, n = 0, len(buf)
-    first = True
-    while pos < n:
-        c = buf[pos]
-        if c in _WS:
-            pos += 1
-        elif buf.startswith(b"--", pos) or c == 0x23:
-            end = buf.find(b"\n", pos)
-            if end < 0:
-                return False
-            pos = end + 1
-        elif buf.startswith(b"/*", pos):
-            end = buf.find(b"*/", pos + 2)
-            if end < 0:
-                return False
-            pos = end + 2
-        elif c in (0x27, 0x22, 0x60):
-            pos = _skip_quoted(buf, pos)
-            if pos < 0:
-                return False
-        else:
-            m = _WORD.match(buf, pos)
-            if m is None:
-                pos += 1
-                continue
-            word = m.group().upper()
-            if first:
-                if word != b"INSERT":
-                    return None
-                first = False
-            elif word in (b"VALUES", b"SELECT", b"WITH"):
-                return None
-            elif word == b"FORMAT":
-                fpos = m.end()
-                while fpos < n and buf[fpos] in _WS:
-                    fpos += 1
-                fm = _WORD.match(buf, fpos)
-                if fm is None or fm.end() == n:
-                    return False if fpos >= n or fm is not None else None
-                data = fm.end()
-                while data < n and buf[data] in b" \t":
-                    data += 1
-                if buf.startswith(b"\r\n", data):
-                    data += 2
-                elif data < n and buf[data] == 0x0A:
-                    data += 1
-                try:
-                    sql = buf[: m.start()].decode()
-                except UnicodeDecodeError:
-                    return None
-                return InsertHeader(sql, fm.group().decode(), data)
-            pos = m.end()
-    return False
-
-
-def statement_kind(sql: str) -> str:
-    m = _FIRST_WORD.match(sql)
-    return m.group(1).upper() if m else ""
-
-
-# --------------------------------------------------------------------------- body streams
-
-
-def _decompressor(encoding: str) -> Callable[[bytes], bytes] | None:
-    enc = encoding.strip().lower()
-    if enc in ("", "identity"):
-        return None
-    if enc == "lz4" and lz4_frame is not None:
-        return lz4_frame.LZ4FrameDecompressor().decompress  # type: ignore[no-any-return]
-    if enc == "zstd" and zstd is not None:
-        return zstd.ZstdDecompressor().decompress
-    if enc in ("gzip", "x-gzip"):
-        return zlib.decompressobj(wbits=31).decompress
-    if enc == "deflate":
-        return zlib.decompressobj().decompress
-    if enc == "br" and brotli is not None:
-        return brotli.Decompressor().process  # type: ignore[no-any-return]
-    raise HttpError(UNKNOWN_FORMAT, f"Unknown Content-Encoding: {encoding}")
-
-
-class Compressor:
-    """Incremental response compression for one negotiated encoding."""
-
-    def __init__(self, encoding: str) -> None:
-        self.encoding = encoding
-        self._obj: Any
-        if encoding == "lz4":
-            self._obj = lz4_frame.LZ4FrameCompressor()
-            self._head = self._obj.begin()
-        elif encoding == "zstd":
-            self._obj = zstd.ZstdCompressor()
-            self._head = b""
-        elif encoding == "gzip":
-            self._obj = zlib.compressobj(3, wbits=31)
-            self._head = b""
-        elif encoding == "deflate":
-            self._obj = zlib.compressobj(3)
-            self._head = b""
-        else:  # br
-            self._obj = brotli.Compressor(quality=3)
-            self._head = b""
-
-    def compress(self, data: bytes | memoryview) -> bytes:
-        if self.encoding == "br":
-            out = self._head + self._obj.process(bytes(data))
-        else:
-            out = self._head + self._obj.compress(data)
-        self._head = b""
-        return out  # type: ignore[no-any-return]
-
-    def flush(self) -> bytes:
-        if self.encoding == "br":
-            return self._head + self._obj.finish()  # type: ignore[no-any-return]
-        return self._head + self._obj.flush()  # type: ignore[no-any-return]
-
-
-def negotiate_encoding(accept: str) -> str | None:
-    supported = {"gzip", "deflate"}
-    if lz4_frame is not None:
-        supported.add("lz4")
-    if zstd is not None:
-        supported.add("zstd")
-    if brotli is not None:
-        supported.add("br")
-    for item in accept.split(","):
-        name = item.split(";")[0].strip().lower()
-        if name in supported:
-            return name
-    return None
-
-
-class Body:
-    """The request body as a stream of decompressed chunks, with a pushed-back prefix."""
-
-    def __init__(self, rfile: Any, length: int | None, chunked: bool, encoding: str) -> None:
-        self._rfile = rfile
-        self._left = length or 0
-        self._chunked = chunked
-        self._chunk_left = 0
-        self._eof = not chunked and not length
-        self._decompress = _decompressor(encoding)
-        self.raw_read = 0
-
-    @property
-    def fully_read(self) -> bool:
-        return self._eof
-
-    def _read_raw(self) -> bytes:
-        if self._eof:
-            return b""
-        if not self._chunked:
-            data = self._rfile.read(min(self._left, READ_CHUNK))
-            if not data:
-                raise ClientGone("client closed the connection in the middle of the body")
-            self._left -= len(data)
-            if self._left <= 0:
-                self._eof = True
-            self.raw_read += len(data)
-            return data  # type: ignore[no-any-return]
-        if self._chunk_left == 0:
-            line = self._rfile.readline(1024)
-            if not line:
-                raise ClientGone("client closed the connection in the middle of the body")
-            try:
-                size = int(line.split(b";")[0].strip(), 16)
-            except ValueError:
-                raise HttpError(CANNOT_PARSE_INPUT, "Malformed chunked encoding") from None
-            if size == 0:
-                while True:  # trailers end with an empty line
-                    trailer = self._rfile.readline(1024)
-                    if trailer in (b"\r\n", b"\n", b""):
-                        break
-                self._eof = True
-                return b""
-            self._chunk_left = size
-        data = self._rfile.read(min(self._chunk_left, READ_CHUNK))
-        if not data:
-            raise ClientGone("client closed the connection in the middle of the body")
-        self._chunk_left -= len(data)
-        if self._chunk_left == 0:
-            self._rfile.readline(16)  # the CRLF after a chunk
-        self.raw_read += len(data)
-        return data  # type: ignore[no-any-return]
-
-    def read_chunk(self) -> bytes:
-        """Next decompressed bytes; ``b""`` only at the end of the body."""
-        while True:
-            raw = self._read_raw()
-            if not raw:
-                return b""
-            if self._decompress is None:
-                return raw
-            try:
-                out = self._decompress(raw)
-            except Exception as exc:  # every codec raises its own error type
-                raise HttpError(
-                    CANNOT_DECOMPRESS, f"Cannot decompress request body: {exc}"
-                ) from exc
-            if out:
-                return out
-
-    def chunks(self) -> Iterator[bytes]:
-        while chunk := self.read_chunk():
-            yield chunk
-
-    def read_all(self, limit: int) -> bytes:
-        parts, size = [], 0
-        for chunk in self.chunks():
-            size += len(chunk)
-            if size > limit:
-                raise HttpError(QUERY_TOO_LARGE, f"Query is too large ({size} bytes, max {limit})")
-            parts.append(chunk)
-        return b"".join(parts)
-
-    def drain(self) -> bool:
-        """Discard what is left of the raw body; False when it is too big to bother."""
-        drained = 0
-        while not self._eof:
-            drained += len(self._read_raw())
-            if drained > MAX_DRAIN_BYTES:
-                return False
-        return True
-
-
-# --------------------------------------------------------------------------- engine
-
-
-@dataclass
-class EngineConn:
-    """One chdb connection and what the endpoint knows about its state."""
-
-    conn: Any
-    pristine: dict[str, str]  # settings chdb itself changed at creation
-    current: dict[str, str]  # changed settings right now
-    base: dict[str, str]  # settings a request starts from (session SETs live here)
-    current_db: str = "default"
-    base_db: str = "default"
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):  # closing a broken connection may fail again
-            self.conn.close()
-
-
-@dataclass
-class Session:
-    id: str
-    conn: EngineConn
-    timeout: float
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    last_used: float = field(default_factory=time.monotonic)
-
-
-class Engine:
-    """Owns the chdb engine: connection pool, sessions, and running statements."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._pool: list[EngineConn] = []
-        self._pool_lock = threading.Lock()
-        self._sessions: dict[str, Session] = {}
-        self._sessions_lock = threading.Lock()
-        serialize = os.environ.get("TXSINK_EMBEDDED_SERIALIZE", "") not in ("", "0")
-        self._global = threading.Lock() if serialize else contextlib.nullcontext()
-        first = self._new_conn()
-        version, tz = self._query_text(first, "SELECT version(), timezone()").split("\t")
-        self.version = version.strip()
-        self.timezone = tz.strip()
-        self._release(first)
-
-    # connections -------------------------------------------------------------
-    def _query_text(self, ec: EngineConn, sql: str) -> str:
-        with self._global:
-            return bytes(ec.conn.query(sql, "TabSeparated").bytes()).decode()
-
-    def _changed_settings(self, ec: EngineConn) -> dict[str, str]:
-        text = self._query_text(
-            ec, "SELECT name, value FROM system.settings WHERE changed FORMAT TabSeparatedRaw"
-        )
-        pairs = (line.split("\t", 1) for line in text.splitlines() if line)
-        return {k: v for k, v in pairs if k not in TRACK_IGNORED}
-
-    def _new_conn(self) -> EngineConn:
-        conn = chdb.connect(self.path)
-        ec = EngineConn(conn, {}, {}, {})
-        ec.pristine = self._changed_settings(ec)
-        ec.current = dict(ec.pristine)
-        ec.base = dict(ec.pristine)
-        return ec
-
-    def _acquire(self) -> EngineConn:
-        with self._pool_lock:
-            if self._pool:
-                return self._pool.pop()
-        return self._new_conn()
-
-    def _release(self, ec: EngineConn) -> None:
-        with self._pool_lock:
-            if len(self._pool) < IDLE_POOL:
-                self._pool.append(ec)
-                return
-        ec.close()
-
-    @contextlib.contextmanager
-    def connection(
-        self, session_id: str | None, timeout: float, check: bool, fresh: bool
-    ) -> Iterator[tuple[EngineConn, Session | None]]:
-        """The connection a request runs on: the session's own, or one from the pool."""
-        if not session_id:
-            ec = self._new_conn() if fresh else self._acquire()
-            ok = False
-            try:
-                yield ec, None
-                ok = True
-            finally:
-                if ok and not fresh:
-                    self._release(ec)
-                else:
-                    ec.close()
-            return
-        with self._sessions_lock:
-            session = self._sessions.get(session_id)
-            if session is None:
-                if check:
-                    raise HttpError(SESSION_NOT_FOUND, f"Session {session_id} not found")
-                if len(self._sessions) >= MAX_SESSIONS:
-                    raise HttpError(TOO_MANY_SESSIONS, "Too many sessions")
-                session = Session(session_id, self._new_conn(), timeout)
-                self._sessions[session_id] = session
-            if not session.lock.acquire(blocking=False):
-                raise HttpError(
-                    SESSION_IS_LOCKED,
-                    f"Session {session_id} is locked by a concurrent client",
-                )
-        try:
-            session.timeout = timeout
-            if fresh:  # readonly requests run on a throwaway copy of the session state
-                ec = self._new_conn()
-                ec.base, ec.base_db = dict(session.conn.base), session.conn.base_db
-                try:
-                    yield ec, None
-                finally:
-                    ec.close()
-            else:
-                yield session.conn, session
-        finally:
-            session.last_used = time.monotonic()
-            session.lock.release()
-
-    def expire_sessions(self) -> None:
-        now = time.monotonic()
-        with self._sessions_lock:
-            for sid, session in list(self._sessions.items()):
-                if now - session.last_used > session.timeout and session.lock.acquire(False):
-                    del self._sessions[sid]
-                    session.conn.close()
-                    log.info("session %s expired", sid)
-
-    def close_all(self) -> None:
-        """Close every connection (at shutdown, so chdb flushes and detaches cleanly)."""
-        with self._sessions_lock:
-            sessions, self._sessions = list(self._sessions.values()), {}
-        with self._pool_lock:
-            pool, self._pool = self._pool, []
-        for ec in [s.conn for s in sessions] + pool:
-            ec.close()
-
-    def close_session(self, session_id: str) -> None:
-        with self._sessions_lock:
-            session = self._sessions.pop(session_id, None)
-        if session is not None:
-            session.conn.close()
-
-    # state --------------------------------------------------------------------
-    def prepare(self, ec: EngineConn, settings: dict[str, str], database: str | None) -> None:
-        """Make the connection's settings and database exactly what this request wants."""
-        desired = dict(ec.base)
-        desired.update(settings)
-        assignments = [
-            f"{k} = {sql_string(v)}" for k, v in desired.items() if ec.current.get(k) != v
-        ]
-        for k in ec.current:
-            if k not in desired:
-                value = ec.pristine.get(k)
-                assignments.append(f"{k} = {sql_string(value) if value is not None else 'DEFAULT'}")
-        if assignments:
-            try:
-                with self._global:
-                    ec.conn.query("SET " + ", ".join(assignments), "TabSeparated")
-            except Exception as exc:  # chdb raises ChdbError/RuntimeError: resync, then report
-                ec.current = self._changed_settings(ec)
-                raise engine_error(exc) from exc
-            ec.current = desired
-        db = database or ec.base_db
-        if db != ec.current_db:
-            try:
-                with self._global:
-                    ec.conn.query(f"USE {quote_ident(db)}", "TabSeparated")
-            except Exception as exc:  # unknown database and the like
-                raise engine_error(exc) from exc
-            ec.current_db = db
-
-    def after_state_change(self, ec: EngineConn, session: Session | None) -> None:
-        """A SET or USE ran: learn the new state; it persists only for a session."""
-        ec.current = self._changed_settings(ec)
-        db = self._query_text(ec, "SELECT currentDatabase()").strip()
-        ec.current_db = db
-        if session is not None:
-            ec.base = dict(ec.current)
-            ec.base_db = db
-
-    # statements -----------------------------------------------------------------
-    def query(self, ec: EngineConn, sql: str, fmt: str, params: dict[str, str]) -> Any:
-        try:
-            with self._global:
-                return ec.conn.query(sql, fmt, params=params or None)
-        except Exception as exc:  # ChdbError / RuntimeError carry the ClickHouse code
-            raise engine_error(exc) from exc
-
-    def stream(self, ec: EngineConn, sql: str, fmt: str, params: dict[str, str]) -> Any:
-        try:
-            with self._global:
-                return ec.conn.send_query(sql, fmt, params=params or None)
-        except Exception as exc:  # see query()
-            raise engine_error(exc) from exc
-
-    def insert(self, ec: EngineConn, sql: str, fmt: str, first: bytes, body: Body) -> Any:
-        """Stream an INSERT's data: ``first`` then the rest of ``body``, into chdb."""
-        with self._global:
-            try:
-                inserter = ec.conn.send_insert(sql, fmt)
-            except Exception as exc:  # bad table, bad format, ...
-                raise engine_error(exc) from exc
-            try:
-                if first:
-                    ec.conn._conn.insert_append(inserter._c_inserter, first)
-                for chunk in body.chunks():
-                    ec.conn._conn.insert_append(inserter._c_inserter, chunk)
-                return inserter.finish()
-            except BaseException as exc:
-                inserter._finished = False
-                with contextlib.suppress(Exception):  # cancelling a failed insert may fail too
-                    inserter.cancel()
-                if isinstance(exc, HttpError | ClientGone):
-                    raise
-                if isinstance(exc, Exception):
-                    raise engine_error(exc) from exc
-                raise
-
-
-# --------------------------------------------------------------------------- HTTP
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -836,12 +235,7 @@ class Handler(BaseHTTPRequestHandler):
             raise HttpError(
                 NOT_IMPLEMENTED, "decompress=1 (ClickHouse native compression) is not supported"
             )
-        binds = {k[6:]: v for k, v in params.items() if k.startswith("param_")}
-        settings = {
-            k: v
-            for k, v in params.items()
-            if k not in HTTP_ONLY_PARAMS and k not in HTTP_SETTINGS and not k.startswith("param_")
-        }
+        settings, binds = split_params(params)
         query_param = params.get("query", "")
         head = (query_param + "\n").encode() if query_param else b""
         header: InsertHeader | bool | None = False
@@ -920,8 +314,7 @@ class Handler(BaseHTTPRequestHandler):
         query_id: str,
     ) -> None:
         kind = statement_kind(sql)
-        match = _FORMAT_AT_END.search(sql)
-        fmt = match.group(1) if match else params.get("default_format") or "TabSeparated"
+        fmt = format_clause(sql) or params.get("default_format") or "TabSeparated"
         start = time.monotonic()
         wait = params.get("wait_end_of_query", "0") in ("1", "true")
         if not wait and kind in ("SELECT", "WITH") and fmt.lower() in STREAMABLE_FORMATS:

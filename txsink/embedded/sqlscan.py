@@ -1,0 +1,176 @@
+"""Reading a request's SQL and parameters without parsing SQL.
+
+Owns the lexical scans the endpoint needs: finding an ``INSERT ... FORMAT X`` header at
+the start of a (possibly partial) body, the statement kind, a trailing ``FORMAT`` clause;
+splitting URL parameters into HTTP-interface parameters, engine settings and
+``param_<name>`` bindings for ``{name:Type}`` placeholders; quoting values and identifiers.
+
+Invariants: scanning never consumes more than it is given and says "undecided" (``False``)
+rather than guessing when the bytes end early; quotes and comments are skipped, so words
+inside them never count; HTTP-interface parameters and HTTP-only settings never reach the
+engine as settings.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# URL parameters that belong to the HTTP interface, never passed to the engine as settings.
+HTTP_ONLY_PARAMS = frozenset(
+    {
+        "query",
+        "database",
+        "default_format",
+        "user",
+        "password",
+        "quota_key",
+        "role",
+        "query_id",
+        "session_id",
+        "session_timeout",
+        "session_check",
+        "close_session",
+        "compress",
+        "decompress",
+        "buffer_size",
+        "wait_end_of_query",
+        "client_protocol_version",
+        "stacktrace",
+        "http_response_headers",
+    }
+)
+# Real settings that only steer the HTTP layer: the handler acts on them, never the engine.
+HTTP_SETTINGS = frozenset(
+    {
+        "enable_http_compression",
+        "send_progress_in_http_headers",
+        "http_headers_progress_interval_ms",
+        "cancel_http_readonly_queries_on_client_close",
+        "http_zlib_compression_level",
+        "http_native_compression_disable_checksumming_on_decompress",
+        "http_wait_end_of_query",
+        "add_http_cors_header",
+    }
+)
+
+
+def sql_string(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def quote_ident(name: str) -> str:
+    return "`" + name.replace("\\", "\\\\").replace("`", "\\`") + "`"
+
+
+_WS = b" \t\r\n\f"
+_WORD = re.compile(rb"[A-Za-z_][A-Za-z0-9_]*")
+_FORMAT_AT_END = re.compile(r"\bFORMAT\s+([A-Za-z_][A-Za-z0-9_]*)\s*;?\s*$", re.IGNORECASE)
+_FIRST_WORD = re.compile(r"^\s*(?:(?:--[^\n]*\n|/\*.*?\*/)\s*)*([A-Za-z_]+)", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class InsertHeader:
+    sql: str  # the statement without its FORMAT clause
+    fmt: str
+    data_offset: int  # where the data starts in the scanned bytes
+
+
+def _skip_quoted(buf: bytes, pos: int) -> int:
+    quote = buf[pos]
+    pos += 1
+    while pos < len(buf):
+        c = buf[pos]
+        if c == 0x5C:  # backslash escape
+            pos += 2
+            continue
+        if c == quote:
+            if pos + 1 < len(buf) and buf[pos + 1] == quote:  # doubled quote
+                pos += 2
+                continue
+            return pos + 1
+        pos += 1
+    return -1
+
+
+def scan_insert(buf: bytes) -> InsertHeader | bool | None:
+    """Find ``INSERT ... FORMAT name`` at the start of ``buf``.
+
+    Returns the header, ``None`` when the statement is not an INSERT with a FORMAT clause
+    (run it as a plain query), or ``False`` when ``buf`` ends before that is decided.
+    """
+    pos, n = 0, len(buf)
+    first = True
+    while pos < n:
+        c = buf[pos]
+        if c in _WS:
+            pos += 1
+        elif buf.startswith(b"--", pos) or c == 0x23:
+            end = buf.find(b"\n", pos)
+            if end < 0:
+                return False
+            pos = end + 1
+        elif buf.startswith(b"/*", pos):
+            end = buf.find(b"*/", pos + 2)
+            if end < 0:
+                return False
+            pos = end + 2
+        elif c in (0x27, 0x22, 0x60):
+            pos = _skip_quoted(buf, pos)
+            if pos < 0:
+                return False
+        else:
+            m = _WORD.match(buf, pos)
+            if m is None:
+                pos += 1
+                continue
+            word = m.group().upper()
+            if first:
+                if word != b"INSERT":
+                    return None
+                first = False
+            elif word in (b"VALUES", b"SELECT", b"WITH"):
+                return None
+            elif word == b"FORMAT":
+                fpos = m.end()
+                while fpos < n and buf[fpos] in _WS:
+                    fpos += 1
+                fm = _WORD.match(buf, fpos)
+                if fm is None or fm.end() == n:
+                    return False if fpos >= n or fm is not None else None
+                data = fm.end()
+                while data < n and buf[data] in b" \t":
+                    data += 1
+                if buf.startswith(b"\r\n", data):
+                    data += 2
+                elif data < n and buf[data] == 0x0A:
+                    data += 1
+                try:
+                    sql = buf[: m.start()].decode()
+                except UnicodeDecodeError:
+                    return None
+                return InsertHeader(sql, fm.group().decode(), data)
+            pos = m.end()
+    return False
+
+
+def statement_kind(sql: str) -> str:
+    m = _FIRST_WORD.match(sql)
+    return m.group(1).upper() if m else ""
+
+
+def format_clause(sql: str) -> str | None:
+    """The format named by a ``FORMAT X`` clause at the end of ``sql``, if any."""
+    match = _FORMAT_AT_END.search(sql)
+    return match.group(1) if match else None
+
+
+def split_params(params: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(engine settings, ``param_<name>`` bindings by name) from a request's parameters."""
+    binds = {k[6:]: v for k, v in params.items() if k.startswith("param_")}
+    settings = {
+        k: v
+        for k, v in params.items()
+        if k not in HTTP_ONLY_PARAMS and k not in HTTP_SETTINGS and not k.startswith("param_")
+    }
+    return settings, binds
