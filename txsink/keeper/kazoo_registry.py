@@ -1,8 +1,10 @@
 """``KazooRegistry``: the :class:`txsink.keeper.registry.Registry` on ZooKeeper / ClickHouse
 Keeper through kazoo, with exactly :class:`~txsink.keeper.registry.MemoryRegistry`'s semantics.
 
-This module owns the Keeper layout described in :mod:`txsink.keeper.registry` and is the
-only place that imports kazoo: every kazoo error is mapped here onto :mod:`txsink.errors`.
+This module owns the Keeper layout described in :mod:`txsink.keeper.registry` and the
+registry operations on it. The session, the node primitives and the mapping of every kazoo
+error onto :mod:`txsink.errors` live in :mod:`txsink.keeper.kazoo_conn`; the two modules
+are the only places that import kazoo.
 
 Invariants:
 
@@ -22,40 +24,17 @@ from __future__ import annotations
 
 import builtins
 import copy
-import json
 import logging
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, NoReturn
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import (
-    BadVersionError,
-    ConnectionDropped,
-    KazooException,
-    NoAuthError,
-    NodeExistsError,
-    NoNodeError,
-    OperationTimeoutError,
-    RolledBackError,
-    RuntimeInconsistency,
-    SessionExpiredError,
-    SessionMovedError,
-)
-from kazoo.exceptions import (
-    ConnectionLoss as KazooConnectionLoss,
-)
-from kazoo.security import make_acl, make_digest_acl
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
-from txsink.errors import (
-    ConfigError,
-    FencedError,
-    RetryableConflict,
-    TxSinkError,
-    UnavailableError,
-)
+from txsink.errors import ConfigError, FencedError, RetryableConflict, TxSinkError
+from txsink.keeper.kazoo_conn import KazooConn, encode
 from txsink.keeper.registry import EMPTY_LEDGER, XidExists, committed_record, next_ledger
 from txsink.protocol.states import Epoch, XidRecord, check_transition
 
@@ -63,7 +42,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_ROOT = "/txsink"
 DEFAULT_TIMEOUT = 10.0
-NEXT_STEP = "is ZooKeeper running? `txsink embedded status`"
+
 # Names under <root>/jobs/<job> that belong to the registry itself, not to blobs.
 RESERVED_KEYS = frozenset({"epoch", "owner", "ledger", "xids"})
 # Deletes per fenced transaction: keeps one multi-op far below jute.maxbuffer (1 MiB).
@@ -71,44 +50,11 @@ DELETE_CHUNK = 500
 # A CAS loop that loses this often is not contention but a bug or a runaway peer.
 MAX_CAS_ROUNDS = 50
 
-_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
-    KazooConnectionLoss,
-    SessionExpiredError,  # includes ConnectionClosedError
-    SessionMovedError,
-    OperationTimeoutError,
-    ConnectionDropped,
-)
-
-# Results of the ops of a failed multi-op that did not cause the failure.
-_NOT_THE_CAUSE = (RolledBackError, RuntimeInconsistency)
-
-
-def _encode(value: dict[str, Any]) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
-
-
-def _decode(data: bytes) -> dict[str, Any] | None:
-    """Node data as a dict; an empty node (a parent made by ``makepath``) is ``None``."""
-    if not data:
-        return None
-    value = json.loads(data.decode())
-    if not isinstance(value, dict):
-        raise ValueError(f"holds a JSON {type(value).__name__}, expected an object")
-    return value
-
 
 def _check_name(kind: str, name: str) -> str:
     if not name or "/" in name or name in {".", ".."} or name.strip() != name:
         raise ConfigError(f"invalid {kind} name {name!r}: must be non-empty, without '/'")
     return name
-
-
-def _split_connect_string(keeper: str) -> tuple[str, str]:
-    """``host:port[,host:port...][/chroot]`` -> (hosts, chroot or "")."""
-    hosts, sep, chroot = keeper.partition("/")
-    if not hosts.strip():
-        raise ConfigError(f"option keeper={keeper!r}: expected host:port[,host:port...][/chroot]")
-    return hosts, (sep + chroot).rstrip("/")
 
 
 class KazooRegistry:
@@ -128,28 +74,13 @@ class KazooRegistry:
             raise ConfigError(f"Keeper root {root!r} must be an absolute path like /txsink")
         if auth is not None and ":" not in auth:
             raise ConfigError("Keeper auth must be 'user:password' (digest scheme)")
-        self._keeper = keeper
         self._root = root.rstrip("/")
-        self._timeout = timeout
         self._clock = clock
-        self._acl: list[Any] | None = None
-        if auth is not None:
-            user, _, password = auth.partition(":")
-            self._acl = [
-                make_digest_acl(user, password, all=True),
-                make_acl("world", "anyone", read=True),
-            ]
-        self._known_paths: set[str] = set()
-        self._owns_client = client is None
-        self._closed = False
-        self._client: Any = client if client is not None else self._connect(keeper, auth, timeout)
+        self._conn = KazooConn(keeper, auth=auth, timeout=timeout, client=client)
         try:
-            if client is not None and auth is not None:
-                with self._mapped("authenticate"):
-                    self._wait(client.add_auth_async("digest", auth))
-            with self._mapped(f"create {self._jobs_root()}"):
+            with self._conn.mapped(f"create {self._jobs_root()}"):
                 # Open ACL on purpose: other identities must be able to add their own jobs.
-                self._wait(self._client.ensure_path_async(self._jobs_root()))
+                self._conn.wait(self._client.ensure_path_async(self._jobs_root()))
         except TxSinkError:
             self.close()
             raise
@@ -161,78 +92,10 @@ class KazooRegistry:
         """The registry named by the ``keeper``/root/auth/timeout options of a job."""
         return cls(keeper, root, auth=auth, timeout=timeout)
 
-    # -- connection and error mapping ------------------------------------------------
-
-    def _connect(self, keeper: str, auth: str | None, timeout: float) -> KazooClient:
-        hosts, chroot = _split_connect_string(keeper)
-        if chroot:
-            self._ensure_chroot(hosts, chroot, timeout)
-        try:
-            client = KazooClient(
-                hosts=keeper,
-                timeout=timeout,
-                auth_data=[("digest", auth)] if auth else None,
-                connection_retry={"max_tries": -1, "max_delay": 2.0},
-            )
-        except ValueError as exc:
-            raise ConfigError(f"option keeper={keeper!r}: {exc}") from exc
-        self._start(client, timeout)
-        return client
-
-    def _start(self, client: KazooClient, timeout: float) -> None:
-        try:
-            client.start(timeout=timeout)
-        except client.handler.timeout_exception as exc:
-            # kazoo has already stopped and closed the client.
-            raise UnavailableError(
-                f"cannot connect to Keeper at {self._keeper} within {timeout:g}s; {NEXT_STEP}"
-            ) from exc
-
-    def _ensure_chroot(self, hosts: str, chroot: str, timeout: float) -> None:
-        """kazoo does not create a missing chroot; create it from a chroot-less session."""
-        boot = KazooClient(hosts=hosts, timeout=timeout)
-        self._start(boot, timeout)
-        try:
-            with self._mapped(f"create chroot {chroot}"):
-                boot.ensure_path_async(chroot).get(timeout=timeout)
-        finally:
-            boot.stop()
-            boot.close()
-
-    @contextmanager
-    def _mapped(self, what: str) -> Iterator[None]:
-        """Map kazoo's errors onto txsink's for the operation ``what``."""
-        try:
-            yield
-        except _CONNECTION_ERRORS as exc:
-            raise UnavailableError(
-                f"Keeper at {self._keeper} lost the connection or session during {what} "
-                f"({type(exc).__name__}); the outcome is unknown: re-run the step, it is "
-                f"idempotent; {NEXT_STEP}"
-            ) from exc
-        except NoAuthError as exc:
-            raise ConfigError(
-                f"Keeper at {self._keeper} denied {what} (NoAuth): the node belongs to another "
-                "identity; pass the job's `auth` (user:password)"
-            ) from exc
-        except KazooException as exc:
-            raise TxSinkError(f"Keeper at {self._keeper} failed {what}: {exc!r}") from exc
-        except self._timeout_exception() as exc:
-            raise UnavailableError(
-                f"Keeper at {self._keeper} did not answer {what} within {self._timeout:g}s; "
-                f"the outcome is unknown: re-run the step, it is idempotent; {NEXT_STEP}"
-            ) from exc
-
-    def _timeout_exception(self) -> type[BaseException]:
-        client = getattr(self, "_client", None)
-        if client is None:
-            return _NeverRaised
-        exc: type[BaseException] = client.handler.timeout_exception
-        return exc
-
-    def _wait(self, async_result: Any) -> Any:
-        # Bounded: a request queued while kazoo reconnects would otherwise wait forever.
-        return async_result.get(timeout=self._timeout)
+    @property
+    def _client(self) -> Any:
+        """The kazoo client of the session."""
+        return self._conn.client
 
     # -- paths -----------------------------------------------------------------------
 
@@ -254,55 +117,7 @@ class KazooRegistry:
             raise ValueError(f"invalid blob key {key!r} for job {job}")
         return f"{self._job(job)}/{key}"
 
-    # -- primitive reads and writes (callers wrap them in _mapped) ----------------------
-
-    def _read(self, path: str) -> tuple[dict[str, Any] | None, Any] | None:
-        """(decoded data, stat) of ``path``, or None if the node does not exist."""
-        try:
-            data, stat = self._wait(self._client.get_async(path))
-        except NoNodeError:
-            return None
-        try:
-            return _decode(data), stat
-        except ValueError as exc:  # not JSON: someone else wrote this node
-            raise TxSinkError(f"Keeper node {path} does not hold txsink's JSON: {exc}") from exc
-
-    def _read_json(self, path: str) -> tuple[dict[str, Any], Any] | None:
-        """Like :meth:`_read`, but an empty node counts as absent."""
-        found = self._read(path)
-        if found is None or found[0] is None:
-            return None
-        return found[0], found[1]
-
-    def _ensure(self, path: str) -> None:
-        """Make sure ``path`` and its parents exist (job nodes get the job ACL)."""
-        if path in self._known_paths:
-            return
-        self._wait(self._client.ensure_path_async(path, acl=self._acl))
-        self._known_paths.add(path)
-
-    def _create(self, path: str, value: dict[str, Any]) -> Any:
-        """Create ``path`` (and parents); returns the path. NodeExistsError propagates."""
-        try:
-            return self._wait(self._client.create_async(path, _encode(value), acl=self._acl))
-        except NoNodeError:
-            parent = path.rsplit("/", 1)[0]
-            self._known_paths.discard(parent)
-            self._ensure(parent)
-            return self._wait(self._client.create_async(path, _encode(value), acl=self._acl))
-
-    def _commit_txn(self, ops: Callable[[Any], None]) -> tuple[bool, builtins.list[Any]]:
-        """Run one multi-op; returns (all applied, per-op results).
-
-        In a failed multi-op only the failing op carries its real error: ZooKeeper reports
-        the ops before it as rolled back and those after it as not attempted. Both become
-        ``None`` here, so ``isinstance(results[i], Exception)`` names the culprit.
-        """
-        txn = self._client.transaction()
-        ops(txn)
-        raw: builtins.list[Any] = self._wait(txn.commit_async())
-        ok = not any(isinstance(r, Exception) for r in raw)
-        return ok, [None if isinstance(r, _NOT_THE_CAUSE) else r for r in raw]
+    # -- multi-op outcomes ----------------------------------------------------------------
 
     @staticmethod
     def _first_error(results: builtins.list[Any]) -> Exception:
@@ -325,14 +140,14 @@ class KazooRegistry:
 
     def ensure_job(self, job: str, meta: dict[str, Any]) -> dict[str, Any]:
         path = self._job(job)
-        with self._mapped(f"ensure job {path}"):
+        with self._conn.mapped(f"ensure job {path}"):
             for _ in range(MAX_CAS_ROUNDS):
                 try:
-                    self._create(path, meta)
+                    self._conn.create(path, meta)
                     return dict(meta)
                 except NodeExistsError:
                     pass
-                found = self._read(path)
+                found = self._conn.read(path)
                 if found is None:
                     continue
                 stored, stat = found
@@ -340,7 +155,9 @@ class KazooRegistry:
                     return stored
                 # The node exists as an empty parent (take_epoch ran first): fill it in.
                 try:
-                    self._wait(self._client.set_async(path, _encode(meta), version=stat.version))
+                    self._conn.wait(
+                        self._client.set_async(path, encode(meta), version=stat.version)
+                    )
                     return dict(meta)
                 except BadVersionError:
                     continue
@@ -348,32 +165,32 @@ class KazooRegistry:
 
     def job_meta(self, job: str) -> dict[str, Any] | None:
         path = self._job(job)
-        with self._mapped(f"read {path}"):
-            found = self._read(path)
+        with self._conn.mapped(f"read {path}"):
+            found = self._conn.read(path)
         return None if found is None else found[0]
 
     def list_jobs(self) -> list[str]:
-        with self._mapped(f"list {self._jobs_root()}"):
-            names = self._wait(self._client.get_children_async(self._jobs_root()))
+        with self._conn.mapped(f"list {self._jobs_root()}"):
+            names = self._conn.wait(self._client.get_children_async(self._jobs_root()))
             # A job exists once ensure_job stored its meta (MemoryRegistry's definition);
             # take_epoch alone leaves an empty parent node.
             return sorted(n for n in names if self._has_meta(n))
 
     def _has_meta(self, job: str) -> bool:
-        found = self._read(f"{self._jobs_root()}/{job}")
+        found = self._conn.read(f"{self._jobs_root()}/{job}")
         return found is not None and found[0] is not None
 
     # -- epochs and owner -----------------------------------------------------------------
 
     def take_epoch(self, job: str, owner: str) -> Epoch:
         path = self._epoch_path(job)
-        with self._mapped(f"take epoch {path}"):
+        with self._conn.mapped(f"take epoch {path}"):
             for _ in range(MAX_CAS_ROUNDS):
                 now = self._clock()
-                found = self._read(path)
+                found = self._conn.read(path)
                 if found is None:
                     try:
-                        self._create(path, {"epoch": 1, "owner": owner, "since": now})
+                        self._conn.create(path, {"epoch": 1, "owner": owner, "since": now})
                     except NodeExistsError:
                         continue
                     log.info("job %s: epoch 1 taken by %s", job, owner)
@@ -381,10 +198,10 @@ class KazooRegistry:
                 old, stat = found
                 number = int((old or {}).get("epoch", 0)) + 1
                 try:
-                    new_stat = self._wait(
+                    new_stat = self._conn.wait(
                         self._client.set_async(
                             path,
-                            _encode({"epoch": number, "owner": owner, "since": now}),
+                            encode({"epoch": number, "owner": owner, "since": now}),
                             version=stat.version,
                         )
                     )
@@ -403,8 +220,8 @@ class KazooRegistry:
 
     def current_epoch(self, job: str) -> Epoch | None:
         path = self._epoch_path(job)
-        with self._mapped(f"read {path}"):
-            found = self._read_json(path)
+        with self._conn.mapped(f"read {path}"):
+            found = self._conn.read_json(path)
         if found is None:
             return None
         data, stat = found
@@ -413,7 +230,7 @@ class KazooRegistry:
     def heartbeat(self, epoch: Epoch, info: dict[str, Any]) -> None:
         path = f"{self._job(epoch.job)}/owner"
         epoch_path = self._epoch_path(epoch.job)
-        with self._mapped(f"heartbeat {path}"):
+        with self._conn.mapped(f"heartbeat {path}"):
             for _ in range(MAX_CAS_ROUNDS):
                 value = {
                     "epoch": epoch.number,
@@ -421,16 +238,16 @@ class KazooRegistry:
                     "heartbeat": self._clock(),
                     **info,
                 }
-                exists = self._wait(self._client.exists_async(path)) is not None
+                exists = self._conn.wait(self._client.exists_async(path)) is not None
 
                 def ops(txn: Any, exists: bool = exists, value: dict[str, Any] = value) -> None:
                     txn.check(epoch_path, epoch.token)
                     if exists:
-                        txn.set_data(path, _encode(value))
+                        txn.set_data(path, encode(value))
                     else:
-                        txn.create(path, _encode(value), acl=self._acl)
+                        txn.create(path, encode(value), acl=self._conn.acl)
 
-                ok, results = self._commit_txn(ops)
+                ok, results = self._conn.commit_txn(ops)
                 if isinstance(results[0], Exception):
                     self._raise_fenced(epoch)
                 if ok:
@@ -442,30 +259,30 @@ class KazooRegistry:
 
     def owner(self, job: str) -> dict[str, Any] | None:
         path = f"{self._job(job)}/owner"
-        with self._mapped(f"read {path}"):
-            found = self._read(path)
+        with self._conn.mapped(f"read {path}"):
+            found = self._conn.read(path)
         return None if found is None else found[0]
 
     # -- xids ----------------------------------------------------------------------------
 
     def get(self, job: str, xid: str) -> XidRecord | None:
         path = self._xid_path(job, xid)
-        with self._mapped(f"read {path}"):
-            found = self._read_json(path)
+        with self._conn.mapped(f"read {path}"):
+            found = self._conn.read_json(path)
         if found is None:
             return None
         return XidRecord.from_json(found[0], version=found[1].version)
 
     def list(self, job: str) -> list[XidRecord]:
         parent = f"{self._job(job)}/xids"
-        with self._mapped(f"list {parent}"):
+        with self._conn.mapped(f"list {parent}"):
             try:
-                names = self._wait(self._client.get_children_async(parent))
+                names = self._conn.wait(self._client.get_children_async(parent))
             except NoNodeError:
                 return []
             found: list[tuple[int, XidRecord]] = []
             for name in names:
-                item = self._read_json(f"{parent}/{name}")
+                item = self._conn.read_json(f"{parent}/{name}")
                 if item is None:
                     continue  # deleted while we listed
                 data, stat = item
@@ -476,21 +293,21 @@ class KazooRegistry:
     def prepare(self, epoch: Epoch, record: XidRecord) -> XidRecord:
         path = self._xid_path(epoch.job, record.xid)
         epoch_path = self._epoch_path(epoch.job)
-        with self._mapped(f"prepare {path}"):
+        with self._conn.mapped(f"prepare {path}"):
             try:
                 check_transition(None, record.state)
             except ValueError:
                 self._fence_now(epoch)  # a stale writer hears FencedError first
                 raise
-            self._ensure(path.rsplit("/", 1)[0])
+            self._conn.ensure(path.rsplit("/", 1)[0])
             stored = replace(record, version=0)
             for _ in range(MAX_CAS_ROUNDS):
 
                 def ops(txn: Any) -> None:
                     txn.check(epoch_path, epoch.token)
-                    txn.create(path, _encode(stored.to_json()), acl=self._acl)
+                    txn.create(path, encode(stored.to_json()), acl=self._conn.acl)
 
-                ok, results = self._commit_txn(ops)
+                ok, results = self._conn.commit_txn(ops)
                 if isinstance(results[0], Exception):
                     self._raise_fenced(epoch)
                 if ok:
@@ -500,8 +317,8 @@ class KazooRegistry:
                     if existing is not None:
                         raise XidExists(existing)
                 elif isinstance(results[1], NoNodeError):
-                    self._known_paths.discard(path.rsplit("/", 1)[0])
-                    self._ensure(path.rsplit("/", 1)[0])
+                    self._conn.known_paths.discard(path.rsplit("/", 1)[0])
+                    self._conn.ensure(path.rsplit("/", 1)[0])
                 else:
                     raise self._first_error(results)
         raise RetryableConflict(f"xid {record.xid} of job {epoch.job} keeps changing; retry")
@@ -510,14 +327,14 @@ class KazooRegistry:
         path = self._xid_path(epoch.job, record.xid)
         ledger_path = f"{self._job(epoch.job)}/ledger"
         epoch_path = self._epoch_path(epoch.job)
-        with self._mapped(f"commit {path}"):
+        with self._conn.mapped(f"commit {path}"):
             for _ in range(MAX_CAS_ROUNDS):
-                found = self._read_json(path)
+                found = self._conn.read_json(path)
                 if found is None or found[1].version != record.version:
                     self._fence_now(epoch)
                     raise RetryableConflict(f"xid {record.xid} changed under us; re-read and retry")
                 cur = XidRecord.from_json(found[0], version=found[1].version)
-                ledger_found = self._read_json(ledger_path)
+                ledger_found = self._conn.read_json(ledger_path)
                 ledger = EMPTY_LEDGER if ledger_found is None else ledger_found[0]
                 try:
                     done = committed_record(cur, ledger, committed_at, epoch.number)
@@ -533,15 +350,15 @@ class KazooRegistry:
                     ledger_found: Any = ledger_found,
                 ) -> None:
                     txn.check(epoch_path, epoch.token)
-                    txn.set_data(path, _encode(done.to_json()), version=record.version)
+                    txn.set_data(path, encode(done.to_json()), version=record.version)
                     if ledger_found is None:
-                        txn.create(ledger_path, _encode(new_ledger), acl=self._acl)
+                        txn.create(ledger_path, encode(new_ledger), acl=self._conn.acl)
                     else:
                         txn.set_data(
-                            ledger_path, _encode(new_ledger), version=ledger_found[1].version
+                            ledger_path, encode(new_ledger), version=ledger_found[1].version
                         )
 
-                ok, results = self._commit_txn(ops)
+                ok, results = self._conn.commit_txn(ops)
                 if isinstance(results[0], Exception):
                     self._raise_fenced(epoch)
                 if ok:
@@ -555,8 +372,8 @@ class KazooRegistry:
 
     def ledger(self, job: str) -> dict[str, Any]:
         path = f"{self._job(job)}/ledger"
-        with self._mapped(f"read {path}"):
-            found = self._read_json(path)
+        with self._conn.mapped(f"read {path}"):
+            found = self._conn.read_json(path)
         if found is None:
             return copy.deepcopy(EMPTY_LEDGER)
         return found[0]
@@ -564,21 +381,23 @@ class KazooRegistry:
     def delete(self, epoch: Epoch, xids: builtins.list[str]) -> None:
         epoch_path = self._epoch_path(epoch.job)
         paths = [self._xid_path(epoch.job, xid) for xid in xids]
-        with self._mapped(f"delete xids of job {epoch.job}"):
+        with self._conn.mapped(f"delete xids of job {epoch.job}"):
             chunks = [paths[i : i + DELETE_CHUNK] for i in range(0, len(paths), DELETE_CHUNK)]
             for chunk in chunks or [[]]:
                 self._delete_chunk(epoch, epoch_path, chunk)
 
     def _delete_chunk(self, epoch: Epoch, epoch_path: str, paths: builtins.list[str]) -> None:
         for _ in range(MAX_CAS_ROUNDS):
-            present = [p for p in paths if self._wait(self._client.exists_async(p)) is not None]
+            present = [
+                p for p in paths if self._conn.wait(self._client.exists_async(p)) is not None
+            ]
 
             def ops(txn: Any, present: builtins.list[str] = present) -> None:
                 txn.check(epoch_path, epoch.token)
                 for p in present:
                     txn.delete(p)
 
-            ok, results = self._commit_txn(ops)
+            ok, results = self._conn.commit_txn(ops)
             if isinstance(results[0], Exception):
                 self._raise_fenced(epoch)
             if ok:
@@ -592,21 +411,21 @@ class KazooRegistry:
 
     def get_blob(self, job: str, key: str) -> dict[str, Any] | None:
         path = self._blob_path(job, key)
-        with self._mapped(f"read {path}"):
-            found = self._read(path)
+        with self._conn.mapped(f"read {path}"):
+            found = self._conn.read(path)
         return None if found is None else found[0]
 
     def put_blob(self, job: str, key: str, value: dict[str, Any]) -> None:
         path = self._blob_path(job, key)
-        with self._mapped(f"write {path}"):
+        with self._conn.mapped(f"write {path}"):
             for _ in range(MAX_CAS_ROUNDS):
                 try:
-                    self._wait(self._client.set_async(path, _encode(value)))
+                    self._conn.wait(self._client.set_async(path, encode(value)))
                     return
                 except NoNodeError:
                     pass
                 try:
-                    self._create(path, value)
+                    self._conn.create(path, value)
                     return
                 except NodeExistsError:
                     continue
@@ -615,29 +434,19 @@ class KazooRegistry:
     def delete_blobs(self, job: str, key: str) -> None:
         """Remove blob ``key`` and its subtree (unfenced: only dedup state of COMMITTED xids)."""
         path = self._blob_path(job, key)
-        with self._mapped(f"delete {path}"):
-            if self._wait(self._client.exists_async(path)) is not None:
+        with self._conn.mapped(f"delete {path}"):
+            if self._conn.wait(self._client.exists_async(path)) is not None:
                 self._client.delete(path, recursive=True)
-        self._known_paths = {p for p in self._known_paths if not p.startswith(path)}
+        self._conn.known_paths = {p for p in self._conn.known_paths if not p.startswith(path)}
 
     def delete_job(self, job: str) -> None:
         """Remove a job's whole subtree (unfenced: scratch jobs of `txsink tune`)."""
         path = self._job(job)
-        with self._mapped(f"delete {path}"):
-            if self._wait(self._client.exists_async(path)) is not None:
+        with self._conn.mapped(f"delete {path}"):
+            if self._conn.wait(self._client.exists_async(path)) is not None:
                 self._client.delete(path, recursive=True)
-        self._known_paths = {p for p in self._known_paths if not p.startswith(path)}
+        self._conn.known_paths = {p for p in self._conn.known_paths if not p.startswith(path)}
 
     def close(self) -> None:
         """Stop the session if this registry started it (a reused client stays open)."""
-        if self._closed:
-            return
-        self._closed = True
-        client = getattr(self, "_client", None)
-        if client is not None and self._owns_client:
-            client.stop()
-            client.close()
-
-
-class _NeverRaised(Exception):
-    """Placeholder for the handler's timeout exception before a client exists."""
+        self._conn.close()

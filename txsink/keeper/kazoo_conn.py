@@ -1,0 +1,254 @@
+"""The kazoo session under :class:`~txsink.keeper.kazoo_registry.KazooRegistry`.
+
+Owns the :class:`KazooClient` (starting it, creating a missing chroot, authenticating a
+reused client, stopping it), the mapping of every kazoo error onto :mod:`txsink.errors`,
+and the node-level primitives the registry is built from: JSON reads, creates with
+parents and the job ACL, and multi-op transactions. Together with
+:mod:`txsink.keeper.kazoo_registry` it is the only place that imports kazoo.
+
+Invariants:
+
+- :meth:`KazooConn.wait` is bounded by the timeout: a request queued while kazoo
+  reconnects would otherwise wait forever.
+- Inside :meth:`KazooConn.mapped`, a lost connection, an expired session or an unanswered
+  request is :class:`UnavailableError` (the outcome is unknown, the caller re-runs the
+  idempotent step), a denied one is :class:`ConfigError`, any other kazoo failure is
+  :class:`TxSinkError`; nothing kazoo-specific escapes.
+- With ``auth="user:password"`` every node created here gets an ACL that gives that digest
+  identity ALL and everyone else READ.
+- :meth:`KazooConn.close` stops only a client this object started.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import (
+    ConnectionDropped,
+    KazooException,
+    NoAuthError,
+    NoNodeError,
+    OperationTimeoutError,
+    RolledBackError,
+    RuntimeInconsistency,
+    SessionExpiredError,
+    SessionMovedError,
+)
+from kazoo.exceptions import (
+    ConnectionLoss as KazooConnectionLoss,
+)
+from kazoo.security import make_acl, make_digest_acl
+
+from txsink.errors import ConfigError, TxSinkError, UnavailableError
+
+NEXT_STEP = "is ZooKeeper running? `txsink embedded status`"
+
+_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    KazooConnectionLoss,
+    SessionExpiredError,  # includes ConnectionClosedError
+    SessionMovedError,
+    OperationTimeoutError,
+    ConnectionDropped,
+)
+
+# Results of the ops of a failed multi-op that did not cause the failure.
+_NOT_THE_CAUSE = (RolledBackError, RuntimeInconsistency)
+
+
+def encode(value: dict[str, Any]) -> bytes:
+    """Node data for ``value`` (canonical JSON)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _decode(data: bytes) -> dict[str, Any] | None:
+    """Node data as a dict; an empty node (a parent made by ``makepath``) is ``None``."""
+    if not data:
+        return None
+    value = json.loads(data.decode())
+    if not isinstance(value, dict):
+        raise ValueError(f"holds a JSON {type(value).__name__}, expected an object")
+    return value
+
+
+def _split_connect_string(keeper: str) -> tuple[str, str]:
+    """``host:port[,host:port...][/chroot]`` -> (hosts, chroot or "")."""
+    hosts, sep, chroot = keeper.partition("/")
+    if not hosts.strip():
+        raise ConfigError(f"option keeper={keeper!r}: expected host:port[,host:port...][/chroot]")
+    return hosts, (sep + chroot).rstrip("/")
+
+
+class KazooConn:
+    """One Keeper session (started here or passed in) and the primitives run on it."""
+
+    def __init__(
+        self,
+        keeper: str,
+        *,
+        auth: str | None,
+        timeout: float,
+        client: KazooClient | None,
+    ) -> None:
+        self.keeper = keeper
+        self.timeout = timeout
+        self.acl: list[Any] | None = None
+        if auth is not None:
+            user, _, password = auth.partition(":")
+            self.acl = [
+                make_digest_acl(user, password, all=True),
+                make_acl("world", "anyone", read=True),
+            ]
+        # Paths known to exist, so ensure() skips the round trip; callers that delete
+        # nodes drop them from here.
+        self.known_paths: set[str] = set()
+        self._owns_client = client is None
+        self._closed = False
+        self.client: Any = None
+        self.client = client if client is not None else self._connect(keeper, auth, timeout)
+        try:
+            if client is not None and auth is not None:
+                with self.mapped("authenticate"):
+                    self.wait(client.add_auth_async("digest", auth))
+        except TxSinkError:
+            self.close()
+            raise
+
+    # -- connection and error mapping ------------------------------------------------
+
+    def _connect(self, keeper: str, auth: str | None, timeout: float) -> KazooClient:
+        hosts, chroot = _split_connect_string(keeper)
+        if chroot:
+            self._ensure_chroot(hosts, chroot, timeout)
+        try:
+            client = KazooClient(
+                hosts=keeper,
+                timeout=timeout,
+                auth_data=[("digest", auth)] if auth else None,
+                connection_retry={"max_tries": -1, "max_delay": 2.0},
+            )
+        except ValueError as exc:
+            raise ConfigError(f"option keeper={keeper!r}: {exc}") from exc
+        self._start(client, timeout)
+        return client
+
+    def _start(self, client: KazooClient, timeout: float) -> None:
+        try:
+            client.start(timeout=timeout)
+        except client.handler.timeout_exception as exc:
+            # kazoo has already stopped and closed the client.
+            raise UnavailableError(
+                f"cannot connect to Keeper at {self.keeper} within {timeout:g}s; {NEXT_STEP}"
+            ) from exc
+
+    def _ensure_chroot(self, hosts: str, chroot: str, timeout: float) -> None:
+        """kazoo does not create a missing chroot; create it from a chroot-less session."""
+        boot = KazooClient(hosts=hosts, timeout=timeout)
+        self._start(boot, timeout)
+        try:
+            with self.mapped(f"create chroot {chroot}"):
+                boot.ensure_path_async(chroot).get(timeout=timeout)
+        finally:
+            boot.stop()
+            boot.close()
+
+    @contextmanager
+    def mapped(self, what: str) -> Iterator[None]:
+        """Map kazoo's errors onto txsink's for the operation ``what``."""
+        try:
+            yield
+        except _CONNECTION_ERRORS as exc:
+            raise UnavailableError(
+                f"Keeper at {self.keeper} lost the connection or session during {what} "
+                f"({type(exc).__name__}); the outcome is unknown: re-run the step, it is "
+                f"idempotent; {NEXT_STEP}"
+            ) from exc
+        except NoAuthError as exc:
+            raise ConfigError(
+                f"Keeper at {self.keeper} denied {what} (NoAuth): the node belongs to another "
+                "identity; pass the job's `auth` (user:password)"
+            ) from exc
+        except KazooException as exc:
+            raise TxSinkError(f"Keeper at {self.keeper} failed {what}: {exc!r}") from exc
+        except self._timeout_exception() as exc:
+            raise UnavailableError(
+                f"Keeper at {self.keeper} did not answer {what} within {self.timeout:g}s; "
+                f"the outcome is unknown: re-run the step, it is idempotent; {NEXT_STEP}"
+            ) from exc
+
+    def _timeout_exception(self) -> type[BaseException]:
+        if self.client is None:
+            return _NeverRaised
+        exc: type[BaseException] = self.client.handler.timeout_exception
+        return exc
+
+    def wait(self, async_result: Any) -> Any:
+        # Bounded: a request queued while kazoo reconnects would otherwise wait forever.
+        return async_result.get(timeout=self.timeout)
+
+    def close(self) -> None:
+        """Stop the session if this object started it (a reused client stays open)."""
+        if self._closed:
+            return
+        self._closed = True
+        client = self.client
+        if client is not None and self._owns_client:
+            client.stop()
+            client.close()
+
+    # -- primitive reads and writes (callers wrap them in mapped) -----------------------
+
+    def read(self, path: str) -> tuple[dict[str, Any] | None, Any] | None:
+        """(decoded data, stat) of ``path``, or None if the node does not exist."""
+        try:
+            data, stat = self.wait(self.client.get_async(path))
+        except NoNodeError:
+            return None
+        try:
+            return _decode(data), stat
+        except ValueError as exc:  # not JSON: someone else wrote this node
+            raise TxSinkError(f"Keeper node {path} does not hold txsink's JSON: {exc}") from exc
+
+    def read_json(self, path: str) -> tuple[dict[str, Any], Any] | None:
+        """Like :meth:`read`, but an empty node counts as absent."""
+        found = self.read(path)
+        if found is None or found[0] is None:
+            return None
+        return found[0], found[1]
+
+    def ensure(self, path: str) -> None:
+        """Make sure ``path`` and its parents exist (job nodes get the job ACL)."""
+        if path in self.known_paths:
+            return
+        self.wait(self.client.ensure_path_async(path, acl=self.acl))
+        self.known_paths.add(path)
+
+    def create(self, path: str, value: dict[str, Any]) -> Any:
+        """Create ``path`` (and parents); returns the path. NodeExistsError propagates."""
+        try:
+            return self.wait(self.client.create_async(path, encode(value), acl=self.acl))
+        except NoNodeError:
+            parent = path.rsplit("/", 1)[0]
+            self.known_paths.discard(parent)
+            self.ensure(parent)
+            return self.wait(self.client.create_async(path, encode(value), acl=self.acl))
+
+    def commit_txn(self, ops: Callable[[Any], None]) -> tuple[bool, list[Any]]:
+        """Run one multi-op; returns (all applied, per-op results).
+
+        In a failed multi-op only the failing op carries its real error: ZooKeeper reports
+        the ops before it as rolled back and those after it as not attempted. Both become
+        ``None`` here, so ``isinstance(results[i], Exception)`` names the culprit.
+        """
+        txn = self.client.transaction()
+        ops(txn)
+        raw: list[Any] = self.wait(txn.commit_async())
+        ok = not any(isinstance(r, Exception) for r in raw)
+        return ok, [None if isinstance(r, _NOT_THE_CAUSE) else r for r in raw]
+
+
+class _NeverRaised(Exception):
+    """Placeholder for the handler's timeout exception before a client exists."""
