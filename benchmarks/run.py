@@ -1,0 +1,110 @@
+"""``make bench``: every txsink benchmark in one run, on a private embedded stack.
+
+Starts its own ClickHouse (chdb over HTTP) + ZooKeeper in a temporary directory on free
+ports (never the developer's stack), one Spark ``local[2]`` session, generates the data
+once, runs the sections and writes ``benchmarks/results.json`` and ``docs/benchmarks.md``
+(plus ``docs/trigger_sweep.png``).
+
+    .venv/bin/python benchmarks/run.py            # full run (20-30 minutes)
+    .venv/bin/python benchmarks/run.py --quick    # smoke run (small sizes)
+    .venv/bin/python benchmarks/run.py --quick --only throughput,commit
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="benchmarks/run.py", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="small sizes (smoke run)")
+    parser.add_argument("--only", default=",".join(MODULES), help="comma-separated sections")
+    parser.add_argument("--results", default=str(ROOT / "benchmarks" / "results.json"))
+    parser.add_argument("--doc", default=str(ROOT / "docs" / "benchmarks.md"))
+    parser.add_argument("--plot", default=str(ROOT / "docs" / "trigger_sweep.png"))
+    return parser.parse_args(argv)
+
+
+MODULES = {
+    "throughput": "throughput",
+    "commit": "commit_overhead",
+    "recovery": "recovery",
+    "sweep": "trigger_sweep",
+    "memory": "memory",
+    "profile": "profile",
+}
+
+
+def section(name: str) -> Callable[..., Any]:
+    """The ``run(bench, log)`` function of one section (imported lazily)."""
+    return importlib.import_module(f"benchmarks.{MODULES[name]}").run  # type: ignore[no-any-return]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from benchmarks import common, data, report
+
+    logging.getLogger("txsink").setLevel(logging.ERROR)  # takeovers are expected here
+
+    sizes = common.QUICK if args.quick else common.FULL
+    wanted = [s.strip() for s in args.only.split(",") if s.strip()]
+    unknown = set(wanted) - set(MODULES)
+    if unknown:
+        raise SystemExit(f"unknown section(s) {sorted(unknown)}; known: {', '.join(MODULES)}")
+    command = "benchmarks/run.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    results: dict[str, Any] = {
+        "command": f".venv/bin/python {command.strip()}",
+        "sizes": sizes.__dict__,
+        "machine": common.machine(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+    started = time.monotonic()
+    with common.scratch_dir("txsink-bench-") as work:
+        log(f"starting a private embedded stack in {work / 'stack'}")
+        with common.private_stack(work / "stack") as info:
+            spark = common.spark_session()
+            bench = common.Bench(info.url, info.keeper, spark, sizes, work)
+            bench.client().command("CREATE DATABASE IF NOT EXISTS bench")
+            try:
+                for schema, rows in (("narrow", sizes.narrow_rows), ("wide", sizes.wide_rows)):
+                    ds = data.generate(schema, work / "data", rows, sizes.files)
+                    bench.data[schema] = ds
+                    log(f"generated {schema}: {ds.rows:,} rows, {ds.arrow_bytes / 2**20:,.0f} MiB")
+                results["data"] = {k: v.__dict__ for k, v in bench.data.items()}
+                for name in wanted:
+                    log(f"section {name}")
+                    t0 = time.monotonic()
+                    results[name] = section(name)(bench, log)
+                    results[name + "_seconds"] = round(time.monotonic() - t0, 1)
+                    write_json(args.results, results)
+            finally:
+                spark.stop()
+    results["total_seconds"] = round(time.monotonic() - started, 1)
+    write_json(args.results, results)
+    report.write(results, Path(args.doc), Path(args.plot))
+    log(f"wrote {args.results}, {args.doc} in {results['total_seconds']:.0f}s")
+    return 0
+
+
+def write_json(path: str, results: dict[str, Any]) -> None:
+    Path(path).write_text(json.dumps(results, indent=1, default=str) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
