@@ -16,13 +16,15 @@ import argparse
 import importlib
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 
 
 def log(message: str) -> None:
@@ -45,7 +47,7 @@ MODULES = {
     "recovery": "recovery",
     "sweep": "trigger_sweep",
     "memory": "memory",
-    "profile": "profile",
+    "profile": "hotpath",
 }
 
 
@@ -56,8 +58,8 @@ def section(name: str) -> Callable[..., Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
+    # run as a script, sys.path[0] is benchmarks/: its modules must not shadow the stdlib
+    sys.path[:] = [str(ROOT), *(p for p in sys.path if Path(p or ".").resolve() != HERE)]
     from benchmarks import common, data, report
 
     logging.getLogger("txsink").setLevel(logging.ERROR)  # takeovers are expected here
@@ -89,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                 results["data"] = {k: v.__dict__ for k, v in bench.data.items()}
                 for name in wanted:
                     log(f"section {name}")
+                    results.setdefault("load", {})[name] = [round(x, 1) for x in os.getloadavg()]
                     t0 = time.monotonic()
                     results[name] = section(name)(bench, log)
                     results[name + "_seconds"] = round(time.monotonic() - t0, 1)
