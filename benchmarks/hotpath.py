@@ -36,16 +36,16 @@ class FakeTaskContext:
     def __init__(self, partition: int) -> None:
         self.partition = partition
 
-    def partitionId(self) -> int:  # noqa: N802 - Spark's API
+    def partitionId(self) -> int:
         return self.partition
 
-    def attemptNumber(self) -> int:  # noqa: N802
+    def attemptNumber(self) -> int:
         return 0
 
-    def taskAttemptId(self) -> int:  # noqa: N802
+    def taskAttemptId(self) -> int:
         return self.partition
 
-    def getLocalProperty(self, key: str) -> str | None:  # noqa: N802
+    def getLocalProperty(self, key: str) -> str | None:
         return None
 
 

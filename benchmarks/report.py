@@ -24,7 +24,7 @@ def ms(d: dict[str, Any], key: str) -> str:
 
 
 def rng(s: dict[str, Any], fmt: str = ",.0f") -> str:
-    return f"{s['median']:{fmt}} ({s['min']:{fmt}} – {s['max']:{fmt}})"
+    return f"{s['median']:{fmt}} ({s['min']:{fmt}} - {s['max']:{fmt}})"
 
 
 def target_rows(r: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
@@ -87,8 +87,8 @@ def section_throughput(r: dict[str, Any]) -> list[str]:
         "(same files, same Spark partitions for every sink), Spark `local[2]`, JVM and Python "
         "workers warmed up first. Every repetition writes each sink once (order rotated); "
         "the target is truncated before each write and its row count checked after. "
-        "Figures: median (min – max) over repetitions; MB = Arrow in-memory bytes. "
-        "Ratios are per repetition (paired), median (min – max). The baseline gets the same "
+        "Figures: median (min - max) over repetitions; MB = Arrow in-memory bytes. "
+        "Ratios are per repetition (paired), median (min - max). The baseline gets the same "
         "block size (1,000,000 rows / 256 MiB) and compression (lz4) as txsink's defaults.",
         "",
     ]
@@ -103,7 +103,7 @@ def section_throughput(r: dict[str, Any]) -> list[str]:
         ]
         for sink, v in s["sinks"].items():
             out.append(f"| {SINK_NAMES[sink]} | {rng(v['rows_per_s'])} | {rng(v['mb_per_s'])} |")
-        out += ["", "| ratio | paired median (min – max) | ratio of medians |", "|---|---|---|"]
+        out += ["", "| ratio | paired median (min - max) | ratio of medians |", "|---|---|---|"]
         for name, v in s["ratios"].items():
             out.append(f"| {name} | {rng(v, '.3f')} | {v['of_medians']:.3f} |")
         out.append("")
