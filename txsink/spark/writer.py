@@ -102,6 +102,11 @@ def already_committed(plan: WritePlan, xid: str) -> bool:
     """Is ``xid`` committed already (a replay)? Unknown counts as no: writing is safe."""
     if not plan.config.skip_committed_replays:
         return False
+    if plan.xid is not None and plan.batch is None:
+        # a batch save without txn_version: its xid is fresh random hex drawn by this save's
+        # driver and is committed only after every task finished, so no task can find it
+        # committed; skipping the check saves a Keeper session per task
+        return False
     from txsink.driver import open_registry
 
     try:
