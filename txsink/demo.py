@@ -141,6 +141,25 @@ def job_main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def job_args(
+    src: str | Path,
+    checkpoint: str | Path,
+    table: str,
+    job: str,
+    url: str,
+    keeper: str,
+    *extra: str,
+    mode: str = "auto",
+    files_per_trigger: int = 2,
+) -> list[str]:
+    """Command-line arguments of :func:`job_main`."""
+    return [
+        *("--src", str(src), "--checkpoint", str(checkpoint), "--table", table),
+        *("--job", job, "--url", url, "--keeper", keeper, "--mode", mode),
+        *("--files-per-trigger", str(files_per_trigger), *extra),
+    ]
+
+
 def job_command(args: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "txsink.demo", "job", *args]
 
@@ -279,24 +298,7 @@ def run_demo(
     progress(
         f"source: {source['files']} Parquet files, {source['rows']:,} rows with unique ids in {src}"
     )
-    args = [
-        "--src",
-        str(src),
-        "--checkpoint",
-        str(ckpt),
-        "--table",
-        table,
-        "--job",
-        job,
-        "--url",
-        url,
-        "--keeper",
-        keeper,
-        "--mode",
-        mode,
-        "--files-per-trigger",
-        "1",
-    ]
+    args = job_args(src, ckpt, table, job, url, keeper, mode=mode, files_per_trigger=1)
     config = WriterConfig.from_options({"url": url, "keeper": keeper, "table": table, "job": job})
     registry = open_registry(config)
     runs: list[RunOutcome] = []

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from txsink.config import WriterConfig
-from txsink.demo import make_source, run_job_once, target_ddl
+from txsink.demo import job_args, make_source, run_job_once, target_ddl
 from txsink.driver import open_registry
 from txsink.protocol.ids import staging_prefix
 from txsink.protocol.states import XidRecord
@@ -32,25 +32,10 @@ class Job:
     log: Path
 
     def args(self, *extra: str, mode: str = "attach", files_per_trigger: int = 2) -> list[str]:
-        return [
-            "--src",
-            str(self.src),
-            "--checkpoint",
-            str(self.checkpoint),
-            "--table",
-            self.table,
-            "--job",
-            self.name,
-            "--url",
-            self.url,
-            "--keeper",
-            self.keeper,
-            "--mode",
-            mode,
-            "--files-per-trigger",
-            str(files_per_trigger),
-            *extra,
-        ]
+        return job_args(
+            self.src, self.checkpoint, self.table, self.name, self.url, self.keeper,
+            *extra, mode=mode, files_per_trigger=files_per_trigger,
+        )  # fmt: skip
 
     def run(self, *extra: str, mode: str = "attach", **kwargs: Any) -> int:
         return run_job_once(self.args(*extra, mode=mode), log_path=str(self.log), **kwargs)
