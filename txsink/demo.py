@@ -178,11 +178,17 @@ def run_job_once(
     fault: str | None = None,
     fault_after: int = 0,
     kill_after: float | None = None,
+    kill_when: Callable[[], bool] | None = None,
     timeout: float = 600,
     log_path: str | None = None,
     env: dict[str, str] | None = None,
 ) -> int:
-    """Run one job process; crash it with a fault point or a kill -9 of its process group."""
+    """Run one job process; crash it with a fault point or a kill -9 of its process group.
+
+    ``kill_after``: kill after that many seconds. ``kill_when``: kill as soon as the
+    predicate (polled twice a second) holds, e.g. "a new batch was committed", so the
+    kill lands mid-stream rather than during Spark's start-up.
+    """
     environ = dict(os.environ if env is None else env)
     environ.setdefault("PYSPARK_PYTHON", sys.executable)
     for key in ("TXSINK_FAULT", "TXSINK_FAULT_AFTER", "TXSINK_FAULT_TIMES", "TXSINK_FAULT_STATE"):
@@ -201,6 +207,12 @@ def run_job_once(
             job_command(args), env=environ, stdout=log, stderr=log, start_new_session=True
         )
         try:
+            if kill_when is not None:
+                deadline = time.monotonic() + timeout
+                while proc.poll() is None and time.monotonic() < deadline:
+                    if kill_when():
+                        raise subprocess.TimeoutExpired(job_command(args), 0)
+                    time.sleep(0.5)
             proc.wait(timeout=kill_after if kill_after is not None else timeout)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -211,6 +223,19 @@ def run_job_once(
         return proc.returncode
     finally:
         log.close()
+
+
+def kill_after_progress(registry: Any, job: str, rng: random.Random) -> Callable[[], bool]:
+    """A kill trigger: true a random 0-2 s after the job commits one more batch."""
+    start = registry.ledger(job).get("committed", 0)
+    fire_at: list[float] = []
+
+    def ready() -> bool:
+        if not fire_at and registry.ledger(job).get("committed", 0) > start:
+            fire_at.append(time.monotonic() + rng.uniform(0.0, 2.0))
+        return bool(fire_at) and time.monotonic() >= fire_at[0]
+
+    return ready
 
 
 def _reap_group(pgid: int) -> None:
@@ -312,7 +337,8 @@ def run_demo(
                         args, fault=what, fault_after=rng.randrange(2), log_path=log_path
                     )
                 elif kind == "kill":
-                    code = run_job_once(args, kill_after=rng.uniform(8.0, 20.0), log_path=log_path)
+                    trigger = kill_after_progress(registry, job, rng)
+                    code = run_job_once(args, kill_when=trigger, log_path=log_path)
                 else:
                     code = run_job_once(args, log_path=log_path)
                 runs.append(RunOutcome(n, what or "none", code, round(time.time() - started, 1)))

@@ -37,8 +37,11 @@ class Job:
             *extra, mode=mode, files_per_trigger=files_per_trigger,
         )  # fmt: skip
 
-    def run(self, *extra: str, mode: str = "attach", **kwargs: Any) -> int:
-        return run_job_once(self.args(*extra, mode=mode), log_path=str(self.log), **kwargs)
+    def run(
+        self, *extra: str, mode: str = "attach", files_per_trigger: int = 2, **kwargs: Any
+    ) -> int:
+        args = self.args(*extra, mode=mode, files_per_trigger=files_per_trigger)
+        return run_job_once(args, log_path=str(self.log), **kwargs)
 
     def log_tail(self, chars: int = 3000) -> str:
         return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""

@@ -13,6 +13,8 @@ import random
 import pytest
 
 from tests.integration.sparkjob import assert_exact, new_job, staging_left
+from txsink.demo import kill_after_progress
+from txsink.driver import open_registry
 from txsink.faults import POINTS
 from txsink.protocol.states import XidState
 
@@ -37,8 +39,15 @@ def test_crash_at_fault_point_then_restart_publishes_every_row_exactly_once(
 def test_random_kill_minus_9_of_the_driver_several_times_is_exact(stack, ch, fresh_db, tmp_path):
     job = new_job(tmp_path, ch, fresh_db, stack.url, stack.keeper, files=10, rows_per_file=2000)
     rng = random.Random(1234)
-    codes = [job.run(kill_after=rng.uniform(9.0, 16.0)) for _ in range(3)]
-    assert -9 in codes, f"no run was killed: {codes}"
+    registry = open_registry(job.config())
+    try:  # each kill lands 0-2 s after the run committed one more batch: mid-stream
+        codes = [
+            job.run(files_per_trigger=1, kill_when=kill_after_progress(registry, job.name, rng))
+            for _ in range(3)
+        ]
+    finally:
+        registry.close()
+    assert codes.count(-9) >= 2, f"the driver was not killed mid-stream: {codes}"
     for _ in range(2):
         if job.run() == 0:
             break
