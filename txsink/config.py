@@ -39,7 +39,10 @@ OPTIONS: dict[str, tuple[str | None, str]] = {
     "ca_cert": ("", "path of a CA bundle for https URLs"),
     "retry_attempts": ("5", "attempts for transient ClickHouse errors"),
     "retry_max_wait": ("30", "longest back-off between attempts, seconds"),
-    "txn_version": ("", "batch writes: a version number; a rerun with the same one is a no-op"),
+    "txn_version": (
+        "",
+        "batch writes: a version number; a rerun with the same or a lower one is a no-op",
+    ),
     "retention": ("1000", "committed xid records kept in Keeper for status/verify"),
     "dedup_order_by": ("", "dedup mode: comma-separated columns to sort each partition by"),
     "dedup_min_window": ("100", "dedup mode: refuse targets whose dedup window is smaller"),

@@ -143,14 +143,15 @@ class Transactor:
             extra=dict(extra or {}),
         )
         existing = self.registry.get(self.job, xid)
-        decision = plans.decide_batch(existing, incoming)
+        last_batch = self.registry.ledger(self.job).get("last_batch")
+        decision = plans.decide_batch(existing, incoming, last_batch)
         if decision.action == "prepare":
             self.fault("driver.before_prepare")
             try:
                 record = self.registry.prepare(epoch, incoming)
             except XidExists as exc:
                 existing = exc.existing
-                decision = plans.decide_batch(existing, incoming)
+                decision = plans.decide_batch(existing, incoming, last_batch)
             except UnavailableError as exc:
                 raise CommitOutcomeUnknown(
                     f"job {self.job}: preparing xid {xid} failed with an unknown outcome ({exc}); "

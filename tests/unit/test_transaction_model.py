@@ -187,3 +187,28 @@ def test_orphan_staging_of_other_jobs_is_never_touched() -> None:
     Transactor(reg, wh, JOB).begin()
     assert other in wh.staging
     assert mine not in wh.staging
+
+
+def test_replay_of_a_batch_pruned_by_retention_is_still_skipped() -> None:
+    reg, wh = MemoryRegistry(), MemoryWarehouse()
+    tx = Transactor(reg, wh, JOB, retention=1)
+    epoch = tx.begin()
+    for b in range(3):
+        parts = stage_batch(wh, epoch.number, b, [(b, "a")], 1, 0)
+        tx.commit_batch(epoch, batch_xid(b), b, TARGET, parts)
+    tx.prune(epoch)
+    assert reg.get(JOB, "b0") is None  # pruned
+    replay = stage_batch(wh, epoch.number, 0, [(0, "a")], 1, 0)
+    assert tx.commit_batch(epoch, "b0", 0, TARGET, replay).action == "skipped"
+    assert wh.target_ids(TARGET) == [0, 1, 2]
+    assert wh.staging == {}
+
+
+def test_txn_version_lower_than_the_last_committed_is_skipped_like_delta() -> None:
+    reg, wh = MemoryRegistry(), MemoryWarehouse()
+    tx = Transactor(reg, wh, JOB)
+    epoch = tx.begin()
+    tx.commit_batch(epoch, "b5", 5, TARGET, stage_batch(wh, epoch.number, 5, [(5, "a")], 1, 0))
+    late = stage_batch(wh, epoch.number, 3, [(3, "a")], 1, 0)
+    assert tx.commit_batch(epoch, "b3", 3, TARGET, late).action == "skipped"
+    assert wh.target_ids(TARGET) == [5]

@@ -119,14 +119,27 @@ class BatchDecision:
     reason: str = ""
 
 
-def decide_batch(existing: XidRecord | None, incoming: XidRecord) -> BatchDecision:
+def decide_batch(
+    existing: XidRecord | None, incoming: XidRecord, last_batch: int | None = None
+) -> BatchDecision:
     """Decide between preparing the new staging and honouring an earlier record.
 
     Spark replays a batch with the same id after a restart. Once an xid is PREPARED its
     manifest is the truth: a replay's fresh staging is dropped and the recorded manifest
     rolled forward (or, if COMMITTED, nothing is published again).
+
+    ``last_batch`` is the highest batch id the job's ledger has committed. Batch ids are
+    monotonic (Spark micro-batches; ``txn_version`` like Delta Lake's txnVersion), so a
+    batch at or below it without a record was committed and then pruned by retention:
+    it is skipped, never published a second time.
     """
     if existing is None:
+        if incoming.batch is not None and last_batch is not None and incoming.batch <= last_batch:
+            return BatchDecision(
+                "skip_committed",
+                incoming.staging_tables,
+                f"batch {incoming.batch} is not newer than the last committed batch {last_batch}",
+            )
         return BatchDecision("prepare", reason="new xid")
     mine = set(existing.staging_tables)
     stray = tuple(t for t in incoming.staging_tables if t not in mine)

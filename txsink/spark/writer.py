@@ -98,8 +98,11 @@ def _guarded(plan: WritePlan, batches: Iterator[Any], block_rows: int) -> Iterat
     fault_point("executor.mid_write")
 
 
-def already_committed(plan: WritePlan, xid: str) -> bool:
-    """Is ``xid`` committed already (a replay)? Unknown counts as no: writing is safe."""
+def already_committed(plan: WritePlan, xid: str, batch: int | None) -> bool:
+    """Is ``xid`` committed already (a replay)? Unknown counts as no: writing is safe.
+
+    A batch at or below the ledger's last committed batch whose record retention pruned
+    counts as committed (batch ids are monotonic; see ``plans.decide_batch``)."""
     if not plan.config.skip_committed_replays:
         return False
     if plan.xid is not None and plan.batch is None:
@@ -109,15 +112,21 @@ def already_committed(plan: WritePlan, xid: str) -> bool:
         return False
     from txsink.driver import open_registry
 
+    job = plan.config.job
+    last = None
     try:
         registry = open_registry(plan.config)
+        try:
+            record = registry.get(job, xid)
+            if record is None and batch is not None:
+                last = registry.ledger(job).get("last_batch")
+        finally:
+            registry.close()
     except UnavailableError:
         return False
-    try:
-        record = registry.get(plan.config.job, xid)
-    finally:
-        registry.close()
-    return record is not None and record.state is XidState.COMMITTED
+    if record is not None:
+        return record.state is XidState.COMMITTED
+    return batch is not None and last is not None and batch <= int(last)
 
 
 def write_partition(plan: WritePlan, batches: Iterator[Any]) -> TxCommitMessage:
@@ -125,7 +134,7 @@ def write_partition(plan: WritePlan, batches: Iterator[Any]) -> TxCommitMessage:
     started = time.time()
     run_id, xid, batch, ctx = task_identity(plan)
     ident = {"query_id": ctx.getLocalProperty(QUERY_ID_PROPERTY) or ""}
-    if already_committed(plan, xid):
+    if already_committed(plan, xid, batch):
         for _ in batches:  # drain: Spark expects the input consumed
             pass
         log.info(
