@@ -214,7 +214,9 @@ def section_sweep(r: dict[str, Any], plot_name: str) -> list[str]:
         f"poller reads `count()` / `max(event_time)` of the target every {sw['poll_seconds']} "
         "s; a row's latency is the first poll that sees it minus its event time. *Delivered* "
         "= rows visible at the end / run time (includes the first interval); *capacity* = "
-        "rows / time spent in batches; *busy* = mean batch time / interval.",
+        "rows / time spent in batches; *busy* = mean batch time / interval. The rate source "
+        "hands out rows in whole seconds (its offsets are seconds), which adds up to about "
+        "1 s to every latency whatever the sink.",
         "",
         f"![trigger sweep]({plot_name})",
         "",
