@@ -231,6 +231,12 @@ def section_sweep(r: dict[str, Any], plot_name: str) -> list[str]:
             f"{p['latency_p95_s']:.2f} | {p['latency_max_s']:.2f} | "
             f"{p['batch_seconds_mean']:.2f} | {p['busy']:.2f} |"
         )
+    out += [
+        "",
+        "Intervals close to the window length: the window holds only a few batches, and rows "
+        "of the last interval are not visible yet when it closes, so *delivered* understates "
+        "throughput there; *capacity* and *busy* show whether the sink kept up.",
+    ]
     return [*out, ""]
 
 
