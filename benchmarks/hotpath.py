@@ -12,6 +12,7 @@ for), on batches shaped like Spark's (10,000-row Arrow batches of the narrow dat
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import re
 import uuid
@@ -83,7 +84,7 @@ def save_plan(bench: Bench, table: str) -> w.WritePlan:
     cfg = WriterConfig.from_options(bench.sink_options(table, mode="attach"))
     checked = _validate(cfg, bench.spark.read.parquet(bench.data["narrow"].path).schema)
     xid = adhoc_xid(uuid.uuid4().hex)
-    return w.WritePlan(checked.config, "attach", checked.not_null, xid, f"save-{xid}", None)
+    return dataclasses.replace(checked, xid=xid, run_id=f"save-{xid}", batch=None)
 
 
 def fixed_cost_save(bench: Bench, table: str, small: list[Any]) -> None:

@@ -155,6 +155,18 @@ def test_create_staging_replaces_a_leftover_table_of_the_same_name(
     assert wh.staging_view([name]) == {name: {}}
 
 
+def test_create_staging_with_a_stale_expected_target_rereads_the_altered_target(
+    wh: ClickHouseWarehouse, ch: Any, fresh_db: str
+) -> None:
+    target = f"{fresh_db}.tgt"
+    ch.command(f"CREATE TABLE {target} {TARGETS['by_month']}")
+    seen_by_driver = wh.target_info(target)
+    ch.command(f"ALTER TABLE {target} ADD COLUMN note String DEFAULT ''")
+    name = stg(4)
+    wh.create_staging(target, name, seen_by_driver)  # mismatch -> re-read -> accepted
+    assert "note" in [c.name for c in wh.target_info(f"{wh.staging_db}.{name}").columns]
+
+
 def test_staging_view_reports_partitions_and_none_for_missing_tables(
     wh: ClickHouseWarehouse, ch: Any, fresh_db: str
 ) -> None:

@@ -74,7 +74,9 @@ class Warehouse(Protocol):
 
     def ensure_staging_db(self) -> None: ...
 
-    def create_staging(self, target: str, table: str) -> None: ...
+    def create_staging(
+        self, target: str, table: str, expected: TargetInfo | None = None
+    ) -> None: ...
 
     def insert_blocks(
         self,
@@ -276,11 +278,13 @@ class ClickHouseWarehouse:
             table=self.staging_db,
         )
 
-    def create_staging(self, target: str, table: str) -> None:
+    def create_staging(self, target: str, table: str, expected: TargetInfo | None = None) -> None:
         """(Re)create ``staging_db.table`` as an exact structural copy of ``target``.
 
         A table of the same name is garbage from an earlier try of the same task attempt
-        id (never reused within an epoch), so it is dropped first.
+        id (never reused within an epoch), so it is dropped first. ``expected`` is the
+        target as the driver saw it (saves one round of system-table queries per task);
+        on a mismatch the target is read again before giving up, in case it was altered.
         """
         fq = self._staging(table, "create")
         db, name = split_table(target)
@@ -292,8 +296,11 @@ class ClickHouseWarehouse:
             what=f"create staging {self.staging_db}.{table} AS {target}",
         )
         staged = self.target_info(f"{self.staging_db}.{table}")
-        wanted = self.target_info(target)
+        wanted = expected or self.target_info(target)
         problem = check_move_compat(staged, wanted)
+        if problem and expected is not None:
+            wanted = self.target_info(target)
+            problem = check_move_compat(staged, wanted)
         if problem:
             self.client.command(f"DROP TABLE IF EXISTS {fq} SYNC")
             raise ConfigError(problem)

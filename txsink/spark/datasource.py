@@ -7,6 +7,7 @@ work is done by :mod:`txsink.spark.writer`.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -53,7 +54,7 @@ class ClickHouseTxDataSource(DataSource):
         else:
             xid, batch = adhoc_xid(uuid.uuid4().hex), None
         return ClickHouseTxBatchWriter(
-            w.WritePlan(plan.config, plan.mode, plan.not_null, xid, run_id, batch)
+            dataclasses.replace(plan, xid=xid, run_id=run_id, batch=batch)
         )
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> ClickHouseTxStreamWriter:

@@ -134,4 +134,4 @@ def _validate(config: WriterConfig, schema: StructType) -> WritePlan:
         if close:
             close()
     open_registry(config).close()  # Keeper reachable: UnavailableError names it otherwise
-    return WritePlan(config, mode, strict)
+    return WritePlan(config, mode, strict, target_info=info if mode == "attach" else None)

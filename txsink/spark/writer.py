@@ -39,6 +39,7 @@ class WritePlan:
     config: WriterConfig
     mode: str  # "attach" | "dedup" (auto is resolved on the driver)
     not_null: tuple[str, ...] = ()  # target columns that are not Nullable
+    target_info: Any = None  # the target's TargetInfo as validation saw it (attach mode)
     xid: str | None = None  # batch saves: fixed xid; streaming: from the batch id
     run_id: str = ""  # batch saves: one run per save; streaming: Spark's run id
     batch: int | None = None
@@ -160,7 +161,7 @@ def write_partition(plan: WritePlan, batches: Iterator[Any]) -> TxCommitMessage:
     name = staging_name(
         cfg.job, xid, run_tag(run_id), ctx.partitionId(), ctx.attemptNumber(), ctx.taskAttemptId()
     ).table
-    warehouse.create_staging(cfg.table, name)
+    warehouse.create_staging(cfg.table, name, plan.target_info)
 
     def chained() -> Iterator[Any]:
         yield first
