@@ -107,3 +107,34 @@ def test_a_new_checkpoint_under_an_old_job_name_is_refused_not_silently_skipped(
     assert job.run() != 0
     assert "new checkpoint" in job.log_tail(20000)
     assert_exact(ch, job)
+
+
+DEDUP_DDL = (
+    "CREATE TABLE {table} (id Int64, event_time DateTime64(6, 'UTC'), day Date, "
+    "customer LowCardinality(String), amount Int64) ENGINE = MergeTree "
+    "PARTITION BY toYYYYMM(day) ORDER BY (day, id) "
+    "SETTINGS non_replicated_deduplication_window = 1000"
+)
+
+
+def test_dedup_mode_survives_kill_minus_9_and_a_retried_task(stack, ch, fresh_db, tmp_path):
+    job = new_job(
+        tmp_path, ch, fresh_db, stack.url, stack.keeper, files=8, rows_per_file=2000, ddl=DEDUP_DDL
+    )
+    rng = random.Random(99)
+    registry = open_registry(job.config())
+    try:
+        killed = job.run(
+            mode="dedup",
+            files_per_trigger=1,
+            kill_when=kill_after_progress(registry, job.name, rng),
+        )
+    finally:
+        registry.close()
+    assert killed == -9, job.log_tail()
+    retried = job.run(
+        "--master", "local[2,3]", mode="dedup", fault="executor.mid_write", fault_after=0
+    )
+    assert retried == 0, job.log_tail()
+    assert_exact(ch, job)
+    assert all(r.state is XidState.COMMITTED for r in job.records())
