@@ -318,14 +318,18 @@ def run_demo(
     client.command("CREATE DATABASE IF NOT EXISTS txsink_demo")
     client.command(f"DROP TABLE IF EXISTS {table} SYNC")
     client.command(target_ddl(table))
+    config = WriterConfig.from_options({"url": url, "keeper": keeper, "table": table, "job": job})
+    registry = open_registry(config)
+    # the demo owns its table: jobs of earlier demo runs described rows that are gone now
+    for old in registry.list_jobs():
+        if old.startswith("demo-") and (registry.job_meta(old) or {}).get("target") == table:
+            registry.delete_job(old)
     src, ckpt = work / "source", work / "checkpoint"
     source = make_source(src, files, rows_per_file, seed)
     progress(
         f"source: {source['files']} Parquet files, {source['rows']:,} rows with unique ids in {src}"
     )
     args = job_args(src, ckpt, table, job, url, keeper, mode=mode, files_per_trigger=1)
-    config = WriterConfig.from_options({"url": url, "keeper": keeper, "table": table, "job": job})
-    registry = open_registry(config)
     runs: list[RunOutcome] = []
     log_path = str(work / "job.log")
     try:
