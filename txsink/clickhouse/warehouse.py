@@ -42,6 +42,9 @@ DEFAULT_STAGING_DB = "txsink_staging"
 _PARTITION_ID_RE = re.compile(r"^[A-Za-z0-9_\-]+$")
 _DB_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 DEDUP_SETTING_KEYS = ("non_replicated_deduplication_window", "replicated_deduplication_window")
+PARTS_SETTING_KEYS = ("parts_to_delay_insert", "parts_to_throw_insert")
+# MergeTree settings TargetInfo carries: server defaults, overridden by the table's SETTINGS
+MERGE_TREE_SETTING_KEYS = (*DEDUP_SETTING_KEYS, *PARTS_SETTING_KEYS)
 # Engines whose merges change row counts; merges of their staging tables are stopped so the
 # rows observed at prepare are still there at publish.
 _COLLAPSING_ENGINES = re.compile(
@@ -235,7 +238,7 @@ class ClickHouseWarehouse:
                 for k, v in self.client.query_rows(
                     "SELECT name, value FROM system.merge_tree_settings "
                     "WHERE name IN {names:Array(String)}",
-                    parameters={"names": list(DEDUP_SETTING_KEYS)},
+                    parameters={"names": list(MERGE_TREE_SETTING_KEYS)},
                     what="read merge_tree_settings defaults",
                 )
             )

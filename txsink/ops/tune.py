@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from txsink.clickhouse.client import qualified, split_table
-from txsink.clickhouse.warehouse import parse_settings_clause
+from txsink.clickhouse.warehouse import PARTS_SETTING_KEYS
 from txsink.errors import ConfigError, TxSinkError
 from txsink.keeper.registry import Registry
 from txsink.protocol.ids import batch_xid, run_tag, staging_name, staging_prefix
@@ -146,42 +146,17 @@ def percentile(values: Sequence[float], q: float) -> float:
 # --------------------------------------------------------------------------- table facts
 
 
-def merge_tree_limits(client: Any, table: str) -> tuple[int, int]:
+def merge_tree_limits(warehouse: Any, table: str) -> tuple[int, int]:
     """(parts_to_delay_insert, parts_to_throw_insert) of ``db.table``: the table's own
-    SETTINGS, else the server's merge_tree_settings defaults."""
-    db, name = split_table(table)
-    rows = client.query_rows(
-        "SELECT engine, engine_full FROM system.tables WHERE database = {db:String} "
-        "AND name = {t:String}",
-        parameters={"db": db, "t": name},
-        what=f"inspect {table}",
-        table=table,
-    )
-    if not rows:
+    SETTINGS, else the server's merge_tree_settings defaults (as ``target_info`` reads them)."""
+    info = warehouse.target_info(table)
+    if not info.is_merge_tree:
         raise ConfigError(
-            f"table {table} does not exist on {client.url}; pass an existing --table db.t",
-            code=60,
+            f"table {table} is {info.engine}, not a MergeTree: txsink publishes with MOVE "
+            "PARTITION only into MergeTree tables (dedup mode has no staging to measure)"
         )
-    engine, engine_full = str(rows[0][0]), str(rows[0][1])
-    if not engine.endswith("MergeTree"):
-        raise ConfigError(
-            f"table {table} is {engine}, not a MergeTree: txsink publishes with MOVE PARTITION "
-            "only into MergeTree tables (dedup mode has no staging to measure)"
-        )
-    keys = ("parts_to_delay_insert", "parts_to_throw_insert")
-    limits = {
-        k: int(v)
-        for k, v in client.query_rows(
-            "SELECT name, value FROM system.merge_tree_settings WHERE name IN {n:Array(String)}",
-            parameters={"n": list(keys)},
-            what="read merge_tree_settings defaults",
-        )
-    }
-    own = parse_settings_clause(engine_full)
-    for k in keys:
-        if k in own:
-            limits[k] = int(own[k])
-    return limits.get(keys[0], 1000), limits.get(keys[1], 3000)
+    delay, throw = PARTS_SETTING_KEYS
+    return int(info.settings.get(delay, 1000)), int(info.settings.get(throw, 3000))
 
 
 # --------------------------------------------------------------------------- measurement
@@ -243,7 +218,7 @@ def measure(
     if transactions < 2:
         raise ConfigError(f"--transactions must be at least 2, got {transactions}")
     client = warehouse.client
-    delay, throw = merge_tree_limits(client, table)
+    delay, throw = merge_tree_limits(warehouse, table)
     db, _ = split_table(table)
     tag = uuid.uuid4().hex[:10]
     scratch = f"{db}.{SCRATCH_PREFIX}{tag}"
