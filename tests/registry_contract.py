@@ -381,3 +381,58 @@ class RegistryContract:
         committed = [r for r in registry.list(JOB) if r.state is XidState.COMMITTED]
         assert registry.ledger(JOB)["committed"] == len(committed) == 6
         assert sorted(r.extra["seq"] for r in committed) == list(range(1, len(committed) + 1))
+
+
+class TombstoneContract:
+    """Roll-backs are decided on the xid node (ABORTED tombstones) and the namespace."""
+
+    def test_a_prepare_that_lands_after_a_tombstone_never_adopts_its_tables(
+        self, registry: Registry
+    ) -> None:
+        epoch = registry.take_epoch(JOB, "w1")
+        late = make_record("b7", batch=7)
+        stone = registry.abort(JOB, "b7", late.staging_tables, 5.0)
+        assert stone.state is XidState.ABORTED
+        assert stone.aborted_tables == set(late.staging_tables)
+        with pytest.raises(XidExists) as info:
+            registry.prepare(epoch, late)  # its reply was lost / its writer was paused
+        assert info.value.existing.state is XidState.ABORTED
+        assert registry.get(JOB, "b7").state is XidState.ABORTED  # type: ignore[union-attr]
+
+    def test_a_tombstone_after_a_prepare_leaves_the_prepared_record_alone(
+        self, registry: Registry
+    ) -> None:
+        epoch = registry.take_epoch(JOB, "w1")
+        done = prepared(registry, epoch, "b3", batch=3)
+        seen = registry.abort(JOB, "b3", done.staging_tables, 5.0)
+        assert seen.state is XidState.PREPARED
+        assert seen.manifest == done.manifest
+        assert registry.get(JOB, "b3") == seen
+
+    def test_a_replay_prepares_fresh_staging_over_a_tombstone(self, registry: Registry) -> None:
+        epoch = registry.take_epoch(JOB, "w1")
+        registry.abort(JOB, "b4", ["db._stage_old"], 5.0)
+        fresh = registry.prepare(epoch, make_record("b4", batch=4))
+        assert fresh.state is XidState.PREPARED
+        assert fresh.aborted_tables == {"db._stage_old"}
+        stored = registry.get(JOB, "b4")
+        assert stored is not None and stored.version == fresh.version
+        done = registry.commit(epoch, stored, 9.0)
+        assert done.state is XidState.COMMITTED and registry.ledger(JOB)["rows"] == 5
+
+    def test_tombstones_only_grow_and_a_stale_epoch_still_cannot_prepare_over_one(
+        self, registry: Registry
+    ) -> None:
+        old = registry.take_epoch(JOB, "w1")
+        registry.take_epoch(JOB, "w2")
+        registry.abort(JOB, "b5", ["t1"], 5.0)
+        more = registry.abort(JOB, "b5", ["t2"], 6.0)
+        again = registry.abort(JOB, "b5", ["t1"], 7.0)
+        assert more.aborted_tables == again.aborted_tables == {"t1", "t2"}
+        with pytest.raises(FencedError):
+            registry.prepare(old, make_record("b5", batch=5))
+
+    def test_the_namespace_is_one_per_store(
+        self, registry: Registry, open_registry: OpenRegistry
+    ) -> None:
+        assert registry.namespace() == open_registry().namespace()

@@ -49,6 +49,11 @@ OPTIONS: dict[str, tuple[str | None, str]] = {
     "skip_committed_replays": ("true", "executors skip writing a replayed, committed batch"),
     "metrics_textfile": ("", "write Prometheus text-format metrics to this file"),
     "run_id": ("", "internal: set by foreach_batch to the streaming query's run id"),
+    "micro_batch": (
+        "false",
+        "internal: set by foreach_batch; txn_version is a streaming batch id (replays repeat "
+        "only the newest batch, so an older one is refused, not skipped)",
+    ),
 }
 SPARK_OWNED = ("path", "checkpointlocation", "queryname")
 MODES = ("auto", "attach", "dedup")
@@ -113,6 +118,7 @@ class WriterConfig:
     skip_committed_replays: bool
     metrics_textfile: str
     run_id: str
+    micro_batch: bool = False
 
     @property
     def database(self) -> str:
@@ -188,6 +194,7 @@ class WriterConfig:
             skip_committed_replays=_bool("skip_committed_replays", raw["skip_committed_replays"]),
             metrics_textfile=raw["metrics_textfile"],
             run_id=raw["run_id"],
+            micro_batch=_bool("micro_batch", raw["micro_batch"]),
         )
 
     def to_options(self) -> dict[str, str]:

@@ -9,7 +9,10 @@ Invariants:
 - the xid record in Keeper is created PREPARED (the commit point) only after every task
   of the batch succeeded, and only by the writer holding the current epoch;
 - a PREPARED xid is only ever rolled forward; its staging is dropped only after COMMITTED;
-- staging not referenced by a PREPARED xid is dropped at recovery;
+- staging not referenced by a PREPARED xid is dropped at recovery, and every such drop
+  (recovery, abort, a replay's strays) is preceded by an ABORTED tombstone on the xid node
+  (:meth:`Transactor.roll_back`): a prepare that lands later can never adopt a dropped
+  table, whatever reads were stale and whoever was paused;
 - a failure whose outcome is unknown raises CommitOutcomeUnknown, never an abort.
 """
 
@@ -26,6 +29,7 @@ from typing import Any
 from txsink.clickhouse.warehouse import Warehouse
 from txsink.errors import (
     CommitOutcomeUnknown,
+    ConfigError,
     RecoveryAlarm,
     RetryableConflict,
     TxSinkError,
@@ -35,7 +39,7 @@ from txsink.faults import fault_point
 from txsink.keeper.registry import Registry, XidExists
 from txsink.protocol import plans
 from txsink.protocol.dedup import xid_key as dedup_xid_key
-from txsink.protocol.ids import staging_prefix
+from txsink.protocol.ids import parse_staging, staging_prefix
 from txsink.protocol.states import Epoch, Mode, StagedPart, XidRecord, XidState
 
 log = logging.getLogger(__name__)
@@ -89,6 +93,18 @@ class Transactor:
         self.retention = retention
         self.clock = clock
         self.fault = fault
+        self._namespace = ""
+
+    @property
+    def namespace(self) -> str:
+        """The coordination store's id, part of this job's staging names."""
+        if not self._namespace:
+            self._namespace = self.registry.namespace()
+        return self._namespace
+
+    @property
+    def prefix(self) -> str:
+        return staging_prefix(self.job, self.namespace)
 
     # -- start-up -------------------------------------------------------------------
 
@@ -127,8 +143,13 @@ class Transactor:
         parts: Sequence[StagedPart],
         mode: Mode = Mode.ATTACH,
         extra: dict[str, Any] | None = None,
+        *,
+        streaming: bool = False,
     ) -> CommitResult:
-        """Prepare and publish one batch whose tasks all succeeded."""
+        """Prepare and publish one batch whose tasks all succeeded.
+
+        ``streaming``: the batch id is a Spark micro-batch id (replays only ever repeat the
+        newest batch), not a ``txn_version``; see :func:`plans.decide_batch`."""
         started = self.clock()
         incoming = XidRecord(
             job=self.job,
@@ -144,14 +165,20 @@ class Transactor:
         )
         existing = self.registry.get(self.job, xid)
         last_batch = self.registry.ledger(self.job).get("last_batch")
-        decision = plans.decide_batch(existing, incoming, last_batch)
+
+        def decide(existing: XidRecord | None) -> plans.BatchDecision:
+            return plans.decide_batch(
+                existing, incoming, last_batch, streaming=streaming, epoch=epoch.number
+            )
+
+        decision = decide(existing)
         if decision.action == "prepare":
             self.fault("driver.before_prepare")
             try:
                 record = self.registry.prepare(epoch, incoming)
             except XidExists as exc:
                 existing = exc.existing
-                decision = plans.decide_batch(existing, incoming, last_batch)
+                decision = decide(existing)
             except UnavailableError as exc:
                 raise CommitOutcomeUnknown(
                     f"job {self.job}: preparing xid {xid} failed with an unknown outcome ({exc}); "
@@ -161,8 +188,12 @@ class Transactor:
             else:
                 self.fault("driver.after_prepare")
         prepared_at = self.clock()
-        for table in decision.drop:
-            self.warehouse.drop_staging(table)
+        if decision.drop:
+            self.roll_back(xid, decision.drop)
+        if decision.action == "refuse":
+            if decision.retry:
+                raise RetryableConflict(f"job {self.job}: {decision.reason}")
+            raise ConfigError(f"job {self.job}: {decision.reason}")
         if decision.action == "skip_committed":
             log.info("job %s: %s; replay is a no-op", self.job, decision.reason)
             if existing is not None and existing.mode is Mode.DEDUP:
@@ -208,6 +239,43 @@ class Transactor:
                 self.warehouse.drop_staging(op.table)
         return record
 
+    def roll_back(self, xid: str, tables: Sequence[str]) -> list[str]:
+        """Drop staging ``tables`` of ``xid`` that no record can ever need; returns them.
+
+        An ABORTED tombstone is written on the xid node first: Keeper then orders this
+        roll-back against every prepare of the xid (one whose reply was lost, a paused
+        zombie's, one a lagging read did not show), and only tables the node's final
+        state leaves to us are dropped (:func:`plans.droppable`).
+        """
+        if not tables:
+            return []
+        record = self.registry.abort(self.job, xid, tables, self.clock())
+        doomed = plans.droppable(record, tables)
+        kept = sorted(set(tables) - set(doomed))
+        if kept:
+            log.warning(
+                "job %s: xid %s is %s; not dropping its staging %s",
+                self.job,
+                xid,
+                record.state,
+                kept,
+            )
+        for table in doomed:
+            self.warehouse.drop_staging(table)
+        return list(doomed)
+
+    def roll_back_tables(self, tables: Sequence[str]) -> list[str]:
+        """:meth:`roll_back` for staging of any xids (grouped by the xid in the name)."""
+        by_xid: dict[str, list[str]] = {}
+        for table in tables:
+            parsed = parse_staging(table)
+            if parsed is not None:
+                by_xid.setdefault(parsed.xid, []).append(table)
+        dropped: list[str] = []
+        for xid, group in by_xid.items():
+            dropped += self.roll_back(xid, group)
+        return dropped
+
     def _record_committed(self, epoch: Epoch, record: XidRecord) -> XidRecord:
         try:
             return self.registry.commit(epoch, record, self.clock())
@@ -233,7 +301,7 @@ class Transactor:
 
     def prune(self, epoch: Epoch) -> list[str]:
         records = self.registry.list(self.job)
-        doomed = plans.plan_prune(records, self.retention)
+        doomed = plans.plan_prune(records, self.retention, now=self.clock())
         if doomed:
             self.registry.delete(epoch, doomed)
         dedup_xids = {r.xid for r in records if r.mode is Mode.DEDUP}
@@ -264,8 +332,8 @@ class Transactor:
     ) -> RecoveryReport:
         """Roll PREPARED xids forward and drop staging no PREPARED xid references."""
         records = self.registry.list(self.job)
-        tables = [t for t in self.warehouse.list_staging(staging_prefix(self.job)) if t not in keep]
-        plan = plans.plan_recovery(self.job, records, tables)
+        tables = [t for t in self.warehouse.list_staging(self.prefix) if t not in keep]
+        plan = plans.plan_recovery(self.job, records, tables, self.namespace)
         report = RecoveryReport(self.job, epoch.number, dry_run)
         report.rolled_forward = [r.xid for r in plan.roll_forward]
         report.rolled_back = list(plan.roll_back)
@@ -280,7 +348,8 @@ class Transactor:
                     self.forget_dedup_state(record.xid)
             except RecoveryAlarm as exc:
                 report.alarms.append(str(exc))
-        for table in (*plan.roll_back, *plan.drop_committed):
+        report.rolled_back = self.roll_back_tables(plan.roll_back)
+        for table in plan.drop_committed:
             self.warehouse.drop_staging(table)
             log.info("job %s: dropped staging %s", self.job, table)
         report.pruned = self.prune(epoch)

@@ -19,7 +19,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 from kazoo.security import Permissions
 
-from tests.registry_contract import JOB, RegistryContract, prepared
+from tests.registry_contract import JOB, RegistryContract, TombstoneContract, prepared
 from txsink.embedded.stack import StackInfo
 from txsink.errors import ConfigError, FencedError, UnavailableError
 from txsink.keeper.kazoo_registry import KazooRegistry
@@ -72,7 +72,7 @@ def registry(open_registry: Callable[[], Registry]) -> Registry:
     return open_registry()
 
 
-class TestRegistryContractOnZooKeeper(RegistryContract):
+class TestRegistryContractOnZooKeeper(RegistryContract, TombstoneContract):
     """Every contract invariant of tests/registry_contract.py, on ZooKeeper."""
 
 

@@ -221,7 +221,8 @@ def test_a_replay_of_a_committed_dedup_xid_removes_leftover_state() -> None:
     epoch = tx.begin("run-1")
     part = StagedPart("db.t", "0", 10, 1, "d")
     tx.commit_batch(epoch, "b0", 0, "db.t", [part], Mode.DEDUP)
-    # as if the driver died after COMMITTED, before the delete
+    # as if the driver died after COMMITTED, before the delete; the restarted run replays
     reg.put_blob("j", partition_key("b0", 0), after(fps("a"), 0, 1.0).to_json())
+    epoch = tx.begin("run-2")
     assert tx.commit_batch(epoch, "b0", 0, "db.t", [part], Mode.DEDUP).action == "skipped"
     assert reg.get_blob("j", partition_key("b0", 0)) is None

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.registry_contract import RegistryContract
+from tests.registry_contract import RegistryContract, TombstoneContract
 from txsink.keeper.registry import MemoryRegistry, Registry
 
 # Every factory returns a store and a way to open another driver on that same store.
@@ -38,5 +38,5 @@ def open_registry(_store: tuple[Registry, Callable[[], Registry]]) -> Callable[[
     return _store[1]
 
 
-class TestRegistryContract(RegistryContract):
+class TestRegistryContract(RegistryContract, TombstoneContract):
     """All contract invariants, once per factory in FACTORIES."""

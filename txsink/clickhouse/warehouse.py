@@ -95,6 +95,8 @@ class Warehouse(Protocol):
 
     def target_info(self, target: str) -> TargetInfo: ...
 
+    def dependent_views(self, target: str) -> tuple[str, ...]: ...
+
 
 class ClickHouseWarehouse:
     """:class:`Warehouse` over one :class:`Client`. Cheap to create; holds no state."""
@@ -259,6 +261,19 @@ class ClickHouseWarehouse:
             skip_indices=indices,
             projections=projections,
         )
+
+    def dependent_views(self, target: str) -> tuple[str, ...]:
+        """Materialized views fed by ``db.table`` now (the commit's re-check of attach mode)."""
+        db, name = split_table(target)
+        rows = self.client.query_rows(
+            "SELECT dependencies_database, dependencies_table FROM system.tables "
+            "WHERE database = {db:String} AND name = {t:String}",
+            parameters={"db": db, "t": name},
+            what=f"read views of {target}",
+            table=target,
+        )
+        views = {f"{d}.{t}" for dbs, ts in rows for d, t in zip(dbs, ts, strict=False)}
+        return tuple(sorted(views | self._views_reading(db, name)))
 
     def _views_reading(self, db: str, name: str) -> set[str]:
         """Materialized views whose SELECT reads FROM ``db.name`` (belt to the

@@ -26,7 +26,8 @@ import builtins
 import copy
 import logging
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any, NoReturn
 
@@ -35,8 +36,16 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from txsink.errors import ConfigError, FencedError, RetryableConflict, TxSinkError
 from txsink.keeper.kazoo_conn import KazooConn, encode
-from txsink.keeper.registry import EMPTY_LEDGER, XidExists, committed_record, next_ledger
-from txsink.protocol.states import Epoch, XidRecord, check_transition
+from txsink.keeper.registry import (
+    EMPTY_LEDGER,
+    XidExists,
+    committed_record,
+    next_ledger,
+    over_tombstone,
+    tombstone,
+    with_more_aborted,
+)
+from txsink.protocol.states import Epoch, XidRecord, XidState, check_transition
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +85,7 @@ class KazooRegistry:
             raise ConfigError("Keeper auth must be 'user:password' (digest scheme)")
         self._root = root.rstrip("/")
         self._clock = clock
+        self._namespace_id = ""
         self._conn = KazooConn(keeper, auth=auth, timeout=timeout, client=client)
         try:
             with self._conn.mapped(f"create {self._jobs_root()}"):
@@ -300,28 +310,95 @@ class KazooRegistry:
                 self._fence_now(epoch)  # a stale writer hears FencedError first
                 raise
             self._conn.ensure(path.rsplit("/", 1)[0])
+            # The xid node decides: created here, or compare-and-set over an ABORTED
+            # tombstone (never adopting a table the tombstone rolled back).
+            over: int | None = None
             stored = replace(record, version=0)
             for _ in range(MAX_CAS_ROUNDS):
 
-                def ops(txn: Any) -> None:
+                def ops(txn: Any, stored: XidRecord = stored, over: int | None = over) -> None:
                     txn.check(epoch_path, epoch.token)
-                    txn.create(path, encode(stored.to_json()), acl=self._conn.acl)
+                    if over is None:
+                        txn.create(path, encode(stored.to_json()), acl=self._conn.acl)
+                    else:
+                        txn.set_data(path, encode(stored.to_json()), version=over)
 
                 ok, results = self._conn.commit_txn(ops)
                 if isinstance(results[0], Exception):
                     self._raise_fenced(epoch)
                 if ok:
                     return stored
-                if isinstance(results[1], NodeExistsError):
-                    existing = self.get(epoch.job, record.xid)
-                    if existing is not None:
+                if isinstance(results[1], (NodeExistsError, BadVersionError)):
+                    found = self._conn.read_json(path)
+                    if found is None:
+                        over, stored = None, replace(record, version=0)
+                        continue
+                    existing = XidRecord.from_json(found[0], version=found[1].version)
+                    if existing.state is not XidState.ABORTED:
                         raise XidExists(existing)
+                    over = found[1].version
+                    stored = replace(over_tombstone(record, existing), version=over + 1)
                 elif isinstance(results[1], NoNodeError):
+                    if over is not None:  # the tombstone was pruned meanwhile: create
+                        over, stored = None, replace(record, version=0)
+                        continue
                     self._conn.known_paths.discard(path.rsplit("/", 1)[0])
                     self._conn.ensure(path.rsplit("/", 1)[0])
                 else:
                     raise self._first_error(results)
         raise RetryableConflict(f"xid {record.xid} of job {epoch.job} keeps changing; retry")
+
+    def abort(self, job: str, xid: str, tables: Iterable[str], now: float) -> XidRecord:
+        """Tombstone ``tables`` of ``xid`` (ABORTED) unless a prepare got there first.
+
+        Unfenced on purpose: the tombstone only ever removes tables from what a prepare
+        may adopt, and the xid node's atomicity orders it against every prepare."""
+        tables = sorted(set(tables))
+        path = self._xid_path(job, xid)
+        with self._conn.mapped(f"tombstone {path}"):
+            self._conn.ensure(path.rsplit("/", 1)[0])
+            for _ in range(MAX_CAS_ROUNDS):
+                found = self._conn.read_json(path)
+                if found is None:
+                    new = tombstone(job, xid, tables, now)
+                    try:
+                        self._conn.create(path, new.to_json())
+                    except NodeExistsError:
+                        continue
+                    return replace(new, version=0)
+                cur = XidRecord.from_json(found[0], version=found[1].version)
+                if cur.state is not XidState.ABORTED:
+                    return cur
+                more = with_more_aborted(cur, tables)
+                if more is None:
+                    return cur
+                try:
+                    stat = self._conn.wait(
+                        self._client.set_async(
+                            path, encode(more.to_json()), version=found[1].version
+                        )
+                    )
+                except BadVersionError:
+                    continue
+                return replace(more, version=stat.version)
+        raise RetryableConflict(f"xid {xid} of job {job} keeps changing; retry the roll-back")
+
+    def namespace(self) -> str:
+        """This store's id (``<root>/namespace``), created on first use; cached."""
+        if self._namespace_id:
+            return self._namespace_id
+        path = f"{self._root}/namespace"
+        with self._conn.mapped(f"read {path}"):
+            for _ in range(MAX_CAS_ROUNDS):
+                found = self._conn.read_json(path)
+                if found is not None:
+                    self._namespace_id = str(found[0]["id"])
+                    return self._namespace_id
+                try:
+                    self._conn.create(path, {"id": uuid.uuid4().hex[:16]})
+                except NodeExistsError:
+                    continue
+        raise RetryableConflict(f"Keeper node {path} keeps changing; retry")
 
     def commit(self, epoch: Epoch, record: XidRecord, committed_at: float) -> XidRecord:
         path = self._xid_path(epoch.job, record.xid)

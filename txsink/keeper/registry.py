@@ -10,6 +10,8 @@ Keeper layout under the root (default ``/txsink``, inside the optional chroot)::
                                           "last_commit_at", "partitions": {pid: rows}}
     <root>/jobs/<job>/xids/<xid>         an XidRecord (JSON)
     <root>/jobs/<job>/dedup/<xid>/p<n>   dedup-mode BEFORE/AFTER state of one partition
+    <root>/namespace                     {"id": random hex}: this store's id, part of every
+                                         staging name (two roots never share staging)
 
 Every state change is fenced: one Keeper transaction checks that the epoch node still has
 the writer's token and then creates or compare-and-sets the record. A writer whose epoch
@@ -23,10 +25,12 @@ from __future__ import annotations
 import builtins
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 from txsink.errors import FencedError, RetryableConflict
-from txsink.protocol.states import Epoch, XidRecord, XidState, check_transition
+from txsink.protocol.ids import xid_batch
+from txsink.protocol.states import Epoch, Mode, XidRecord, XidState, check_transition
 
 
 class XidExists(RetryableConflict):
@@ -50,6 +54,8 @@ class Registry(Protocol):
     def get(self, job: str, xid: str) -> XidRecord | None: ...
     def list(self, job: str) -> builtins.list[XidRecord]: ...
     def prepare(self, epoch: Epoch, record: XidRecord) -> XidRecord: ...
+    def abort(self, job: str, xid: str, tables: Iterable[str], now: float) -> XidRecord: ...
+    def namespace(self) -> str: ...
     def commit(self, epoch: Epoch, record: XidRecord, committed_at: float) -> XidRecord: ...
     def ledger(self, job: str) -> dict[str, Any]: ...
     def delete(self, epoch: Epoch, xids: builtins.list[str]) -> None: ...
@@ -101,10 +107,44 @@ def committed_record(
     return record.with_state(XidState.COMMITTED, committed_at=committed_at, extra=extra)
 
 
+def tombstone(job: str, xid: str, tables: Iterable[str], now: float) -> XidRecord:
+    """A fresh ABORTED record naming ``tables`` (see :mod:`txsink.protocol.states`)."""
+    return XidRecord(
+        job=job,
+        xid=xid,
+        batch=xid_batch(xid),
+        state=XidState.ABORTED,
+        epoch=0,
+        mode=Mode.ATTACH,
+        target="",
+        created_at=now,
+        extra={"aborted_tables": sorted(set(tables))},
+    )
+
+
+def with_more_aborted(record: XidRecord, tables: Iterable[str]) -> XidRecord | None:
+    """``record`` (ABORTED) naming ``tables`` too, or None if it names them all already."""
+    merged = record.aborted_tables | set(tables)
+    if merged == record.aborted_tables:
+        return None
+    extra = {**record.extra, "aborted_tables": sorted(merged)}
+    return record.with_state(XidState.ABORTED, extra=extra)
+
+
+def over_tombstone(record: XidRecord, tombstone: XidRecord) -> XidRecord:
+    """``record`` (PREPARED) replacing an ABORTED tombstone; XidExists if it would adopt
+    a table the tombstone rolled back. The tombstone's tables stay listed in ``extra``."""
+    if tombstone.aborted_tables & set(record.staging_tables):
+        raise XidExists(tombstone)
+    extra = {**record.extra, "aborted_tables": sorted(tombstone.aborted_tables)}
+    check_transition(tombstone.state, record.state)
+    return XidRecord(**{**record.__dict__, "extra": extra})
+
+
 class MemoryRegistry:
     """In-memory twin of :class:`txsink.keeper.kazoo_registry.KazooRegistry` (unit tests)."""
 
-    def __init__(self, clock: Any = time.time) -> None:
+    def __init__(self, clock: Any = time.time, namespace: str = "") -> None:
         self._lock = threading.Lock()
         self._jobs: dict[str, dict[str, Any]] = {}
         self._epochs: dict[str, Epoch] = {}
@@ -112,6 +152,8 @@ class MemoryRegistry:
         self._xids: dict[str, dict[str, XidRecord]] = {}
         self._ledgers: dict[str, dict[str, Any]] = {}
         self._blobs: dict[tuple[str, str], dict[str, Any]] = {}
+        # "" keeps pre-namespace staging names (unit tests build names without one)
+        self._namespace = namespace
         self._clock = clock
 
     def ensure_job(self, job: str, meta: dict[str, Any]) -> dict[str, Any]:
@@ -166,11 +208,31 @@ class MemoryRegistry:
             self._fence(epoch)
             check_transition(None, record.state)
             xids = self._xids.setdefault(epoch.job, {})
+            version = 0
             if record.xid in xids:
-                raise XidExists(xids[record.xid])
-            stored = XidRecord(**{**record.__dict__, "version": 0})
+                cur = xids[record.xid]
+                if cur.state is not XidState.ABORTED:
+                    raise XidExists(cur)
+                record, version = over_tombstone(record, cur), cur.version + 1
+            stored = XidRecord(**{**record.__dict__, "version": version})
             xids[record.xid] = stored
             return stored
+
+    def abort(self, job: str, xid: str, tables: Iterable[str], now: float) -> XidRecord:
+        with self._lock:
+            xids = self._xids.setdefault(job, {})
+            cur = xids.get(xid)
+            if cur is None:
+                new = tombstone(job, xid, tables, now)
+                xids[xid] = XidRecord(**{**new.__dict__, "version": 0})
+            elif cur.state is XidState.ABORTED:
+                more = with_more_aborted(cur, tables)
+                if more is not None:
+                    xids[xid] = XidRecord(**{**more.__dict__, "version": cur.version + 1})
+            return xids[xid]
+
+    def namespace(self) -> str:
+        return self._namespace
 
     def commit(self, epoch: Epoch, record: XidRecord, committed_at: float) -> XidRecord:
         with self._lock:

@@ -6,11 +6,16 @@ is part of the on-disk contract::
 
     <prefix>__<xid>__r<run>_p<spark partition>_a<attempt>_t<task attempt id>
 
-    prefix = tx_<job, sanitised, at most 40 chars>_<8 hex of sha1(job)>
+    prefix = tx_<job, sanitised, at most 40 chars>_<8 hex of sha1(namespace/job)>
     xid    = b<batch>   for a streaming batch, a foreachBatch call or a txn_version save
              u<12 hex>  for a batch save without txn_version
     run    = 8 hex: the writer run (Spark query run, or one batch save); Spark task
              attempt ids restart at 0 in a new run, so the run keeps names unique
+
+``namespace`` is the coordination store's own id (a random id kept at ``<keeper_root>/
+namespace``): two jobs of the same name under different Keeper roots or ensembles that
+share one ClickHouse get different prefixes, so neither's recovery can see, let alone
+drop, the other's staging.
 """
 
 from __future__ import annotations
@@ -30,9 +35,12 @@ def valid_job(job: str) -> bool:
     return bool(JOB_RE.match(job))
 
 
-def staging_prefix(job: str) -> str:
+def staging_prefix(job: str, namespace: str = "") -> str:
+    """``tx_<slug>_<hash>``: the hash covers the namespace, so equal job names of two
+    Keeper roots/ensembles never share a prefix (``namespace=""``: pre-namespace names)."""
     slug = re.sub(r"[^a-z0-9]+", "_", job.lower()).strip("_")[:40]
-    digest = hashlib.sha1(job.encode()).hexdigest()[:8]  # noqa: S324 - a name, not security
+    key = f"{namespace}/{job}" if namespace else job
+    digest = hashlib.sha1(key.encode()).hexdigest()[:8]  # noqa: S324 - a name, not security
     return f"tx_{slug}_{digest}"
 
 
@@ -74,9 +82,17 @@ def run_tag(run_id: str) -> str:
 
 
 def staging_name(
-    job: str, xid: str, run: str, partition: int, attempt: int, task_attempt_id: int
+    job: str,
+    xid: str,
+    run: str,
+    partition: int,
+    attempt: int,
+    task_attempt_id: int,
+    namespace: str = "",
 ) -> StagingName:
-    return StagingName(staging_prefix(job), xid, run, partition, attempt, task_attempt_id)
+    return StagingName(
+        staging_prefix(job, namespace), xid, run, partition, attempt, task_attempt_id
+    )
 
 
 def parse_staging(table: str) -> StagingName | None:

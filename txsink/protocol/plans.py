@@ -112,15 +112,26 @@ def plan_publish(record: XidRecord, view: StagingView) -> list[Operation]:
 
 @dataclass(frozen=True)
 class BatchDecision:
-    """What to do with a finished batch whose tasks staged ``incoming``."""
+    """What to do with a finished batch whose tasks staged ``incoming``.
 
-    action: str  # "prepare" | "roll_forward_existing" | "skip_committed"
+    ``drop`` lists staging the batch brought that no record will ever need; the caller
+    rolls it back (tombstone first, see :func:`droppable`). ``refuse``: nothing is
+    prepared and the caller raises with ``reason`` (``retry``: a replay can succeed;
+    otherwise it is a configuration mistake)."""
+
+    action: str  # "prepare" | "roll_forward_existing" | "skip_committed" | "refuse"
     drop: tuple[str, ...] = ()
     reason: str = ""
+    retry: bool = False
 
 
 def decide_batch(
-    existing: XidRecord | None, incoming: XidRecord, last_batch: int | None = None
+    existing: XidRecord | None,
+    incoming: XidRecord,
+    last_batch: int | None = None,
+    *,
+    streaming: bool = False,
+    epoch: int | None = None,
 ) -> BatchDecision:
     """Decide between preparing the new staging and honouring an earlier record.
 
@@ -131,23 +142,85 @@ def decide_batch(
     ``last_batch`` is the highest batch id the job's ledger has committed. Batch ids are
     monotonic (Spark micro-batches; ``txn_version`` like Delta Lake's txnVersion), so a
     batch at or below it without a record was committed and then pruned by retention:
-    it is skipped, never published a second time.
+    a ``txn_version`` save is skipped, never published a second time. A *streaming* job
+    (``streaming``) is stricter: Spark replays only its newest batch, so a batch below
+    ``last_batch`` is a reset or foreign checkpoint, refused rather than skipped.
+
+    ``epoch`` is the deciding writer's epoch number: a COMMITTED record that this very
+    epoch both prepared and committed means the batch was written twice in one run (two
+    saves under one job in one ``foreachBatch`` call): refused, never dropped silently.
+    (A record this epoch only rolled forward at takeover was prepared by an older one.)
+
+    An ABORTED tombstone lets the batch prepare afresh unless the new manifest names a
+    table the tombstone rolled back.
     """
-    if existing is None:
-        if incoming.batch is not None and last_batch is not None and incoming.batch <= last_batch:
+    batch = incoming.batch
+    stray = tuple(
+        t for t in incoming.staging_tables if existing is None or t not in existing.staging_tables
+    )
+    below = batch is not None and last_batch is not None and batch < last_batch
+    if streaming and below:
+        return BatchDecision(
+            "refuse",
+            stray,
+            f"batch {batch} of job {incoming.job} is below the job's last committed batch "
+            f"{last_batch}. Spark replays only its newest batch, so this query's checkpoint "
+            f"was reset or belongs to another query; nothing was written. Restore the "
+            f"checkpoint, or write with a new job name",
+        )
+    if existing is None or existing.state is XidState.ABORTED:
+        if batch is not None and last_batch is not None and batch <= last_batch:
             return BatchDecision(
                 "skip_committed",
-                incoming.staging_tables,
-                f"batch {incoming.batch} is not newer than the last committed batch {last_batch}",
+                stray,
+                f"batch {batch} is not newer than the last committed batch {last_batch}",
             )
+        if existing is not None:
+            clash = sorted(existing.aborted_tables & set(incoming.staging_tables))
+            if clash:
+                return BatchDecision(
+                    "refuse",
+                    stray,
+                    f"xid {incoming.xid}: staging {', '.join(clash)} was rolled back (ABORTED "
+                    f"tombstone) while this commit was on its way; the batch must be written "
+                    f"again (restart the query: Spark replays it)",
+                    retry=True,
+                )
+            return BatchDecision("prepare", reason="xid rolled back before; preparing afresh")
         return BatchDecision("prepare", reason="new xid")
-    mine = set(existing.staging_tables)
-    stray = tuple(t for t in incoming.staging_tables if t not in mine)
     if existing.state is XidState.COMMITTED:
+        if epoch is not None and existing.epoch == epoch == existing.extra.get("committed_epoch"):
+            return BatchDecision(
+                "refuse",
+                stray,
+                f"xid {existing.xid} of job {existing.job} was already committed by this same "
+                f"writer run (epoch {epoch}): the batch was saved twice under one job, e.g. two "
+                f"saves in one foreachBatch call. The second save was NOT written. Write every "
+                f"table of a batch inside one `txsink.transaction(...)`, or give each save its "
+                f"own job name",
+            )
         return BatchDecision("skip_committed", stray, f"xid {existing.xid} already committed")
     return BatchDecision(
         "roll_forward_existing", stray, f"xid {existing.xid} already prepared; finishing it"
     )
+
+
+def droppable(record: XidRecord | None, tables: Iterable[str]) -> tuple[str, ...]:
+    """Which of ``tables`` may be dropped after a roll-back tombstone was attempted.
+
+    ``record`` is the xid's record as the tombstone write left it. ABORTED: exactly the
+    tables it names (they can never be prepared now). PREPARED or COMMITTED: a prepare
+    won the race; its manifest is final, so every table it does not name is garbage and
+    the ones it names are not ours to drop. None (the tombstone could not be written):
+    nothing.
+    """
+    wanted = list(dict.fromkeys(tables))
+    if record is None:
+        return ()
+    if record.state is XidState.ABORTED:
+        return tuple(t for t in wanted if t in record.aborted_tables)
+    mine = set(record.staging_tables)
+    return tuple(t for t in wanted if t not in mine)
 
 
 @dataclass(frozen=True)
@@ -163,14 +236,15 @@ class RecoveryPlan:
 
 
 def plan_recovery(
-    job: str, records: Iterable[XidRecord], staging_tables: Iterable[str]
+    job: str, records: Iterable[XidRecord], staging_tables: Iterable[str], namespace: str = ""
 ) -> RecoveryPlan:
     """Roll PREPARED xids forward; drop every staging table of ``job`` no PREPARED xid needs.
 
-    Only tables whose name parses as this job's staging are ever considered, so nothing
-    outside the job's own prefix can be touched.
+    Only tables whose name parses as this job's staging (in this ``namespace``) are ever
+    considered, so nothing outside the job's own prefix can be touched. ``roll_back`` is
+    dropped only behind an ABORTED tombstone (:func:`droppable`).
     """
-    prefix = staging_prefix(job)
+    prefix = staging_prefix(job, namespace)
     records = list(records)
     prepared = tuple(
         sorted(
@@ -188,11 +262,30 @@ def plan_recovery(
     return RecoveryPlan(prepared, roll_back, leftover)
 
 
-def plan_prune(records: Iterable[XidRecord], keep: int) -> list[str]:
-    """COMMITTED xids beyond the newest ``keep`` (by batch, then commit time)."""
+# An ABORTED tombstone outlives any prepare that can still be in flight (a Keeper request
+# lives at most a session timeout; a paused writer is fenced by its epoch long before).
+TOMBSTONE_SECONDS = 3600.0
+
+
+def plan_prune(
+    records: Iterable[XidRecord],
+    keep: int,
+    now: float | None = None,
+    tombstone_seconds: float = TOMBSTONE_SECONDS,
+) -> list[str]:
+    """COMMITTED xids beyond the newest ``keep`` (by batch, then commit time), and
+    ABORTED tombstones older than ``tombstone_seconds`` (when ``now`` is given)."""
+    records = list(records)
     committed = sorted(
         (r for r in records if r.state is XidState.COMMITTED),
         key=lambda r: (r.committed_at or 0.0, r.batch if r.batch is not None else -1),
     )
     excess = len(committed) - max(keep, 0)
-    return [r.xid for r in committed[:excess]] if excess > 0 else []
+    doomed = [r.xid for r in committed[:excess]] if excess > 0 else []
+    if now is not None:
+        doomed += [
+            r.xid
+            for r in records
+            if r.state is XidState.ABORTED and now - r.created_at > tombstone_seconds
+        ]
+    return doomed

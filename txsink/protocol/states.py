@@ -14,10 +14,22 @@ An xid is one transaction: one Spark micro-batch (or one batch ``save()``) of on
                             PREPARED and the next driver or ``txsink recover`` resumes it.
     COMMITTED -> (pruned)   retention removes old COMMITTED records; the job's ledger
                             keeps their totals.
+    (absent)  -> ABORTED    abort, recovery or a zombie's roll-back: a tombstone naming the
+                            staging tables about to be dropped (``aborted_tables``). It is
+                            written *before* any drop, on the same node a prepare creates,
+                            so Keeper decides which of the two came first: a prepare that
+                            lands later (its reply was lost, or its writer was paused) finds
+                            the node and never adopts a dropped table.
+    ABORTED   -> ABORTED    another roll-back adds tables to the tombstone.
+    ABORTED   -> PREPARED   a replay of the batch prepares fresh staging: a fenced
+                            compare-and-set, refused if its manifest names a tombstoned
+                            table.
+    ABORTED   -> (pruned)   once older than the tombstone lifetime (no prepare can still be
+                            in flight).
 
-There is no ABORTED record: an xid that never reached PREPARED exists only as staging
-objects, and rolling it back means dropping them. A PREPARED xid whose staging is gone
-cannot be finished and raises an alarm for an operator instead of being guessed at.
+A PREPARED xid whose staging is gone cannot be finished and raises an alarm for an operator
+instead of being guessed at. Staging is dropped only after COMMITTED (published) or after
+an ABORTED tombstone names it: no ClickHouse-side drop is ever decided by a read alone.
 """
 
 from __future__ import annotations
@@ -30,6 +42,7 @@ from typing import Any
 class XidState(enum.StrEnum):
     PREPARED = "PREPARED"
     COMMITTED = "COMMITTED"
+    ABORTED = "ABORTED"
 
 
 ALLOWED_TRANSITIONS: frozenset[tuple[XidState | None, XidState]] = frozenset(
@@ -37,6 +50,9 @@ ALLOWED_TRANSITIONS: frozenset[tuple[XidState | None, XidState]] = frozenset(
         (None, XidState.PREPARED),
         (XidState.PREPARED, XidState.PREPARED),
         (XidState.PREPARED, XidState.COMMITTED),
+        (None, XidState.ABORTED),
+        (XidState.ABORTED, XidState.ABORTED),
+        (XidState.ABORTED, XidState.PREPARED),
     }
 )
 
@@ -104,6 +120,12 @@ class XidRecord:
     @property
     def rows(self) -> int:
         return sum(p.rows for p in self.manifest)
+
+    @property
+    def aborted_tables(self) -> frozenset[str]:
+        """Staging tables an ABORTED tombstone (or an earlier one this record replaced)
+        rolled back: they must never be published."""
+        return frozenset(str(t) for t in self.extra.get("aborted_tables", ()))
 
     @property
     def staging_tables(self) -> tuple[str, ...]:

@@ -31,6 +31,7 @@ def make_foreach_batch(**options: Any) -> Callable[[Any, int], None]:
             run_id = ""
         opts = {k: str(v) for k, v in options.items()}
         opts["txn_version"] = str(batch_id)
+        opts["micro_batch"] = "true"
         if run_id:
             opts["run_id"] = run_id
         df.write.format(FORMAT).options(**opts).mode("append").save()

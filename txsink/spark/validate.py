@@ -11,8 +11,16 @@ nullable DataFrame column bound for a non-Nullable ClickHouse column is accepted
 and every block is checked for actual nulls at write time instead
 (:func:`txsink.spark.writer.check_nulls`), before it is sent.
 
+The mode is decided once per job and pinned: the first commit records the resolved mode
+in the job's Keeper meta, and every later validation uses the pinned mode (``mode=auto``)
+or refuses a different explicit one. A target that no longer allows the pinned mode (a
+materialized view created on an attach-mode target) is refused with the next step
+(``txsink mode --job J --set dedup``), never silently switched: a batch whose tasks wrote
+in one mode must not be committed in another.
+
 Results are cached per process for a short time: Spark asks for a writer on the driver
-for every micro-batch.
+for every micro-batch. The commit re-checks what the cache could have missed (the tasks'
+mode, new views: :mod:`txsink.spark.writer`).
 """
 
 from __future__ import annotations
@@ -54,14 +62,20 @@ def not_nullable(columns: tuple[ColumnInfo, ...]) -> tuple[str, ...]:
 
 
 def resolve_mode(
-    config: WriterConfig, info: TargetInfo, view_tables: tuple[TargetInfo, ...] = ()
+    config: WriterConfig,
+    info: TargetInfo,
+    view_tables: tuple[TargetInfo, ...] = (),
+    pinned: str | None = None,
 ) -> str:
     """attach where MOVE PARTITION can publish, else dedup (mode=auto); logs which and why.
 
     ``view_tables``: the tables the target's materialized views store into (dedup mode
-    needs a dedup window there too).
+    needs a dedup window there too). ``pinned``: the mode the job recorded at its first
+    commit; it wins over ``auto`` and must still be possible on the target.
     """
     blockers = attach_blockers(info)
+    if pinned:
+        return check_pinned(config, info, view_tables, pinned, blockers)
     if config.mode == "attach":
         if blockers:
             raise ConfigError(
@@ -96,6 +110,40 @@ def resolve_mode(
     return "dedup"
 
 
+def check_pinned(
+    config: WriterConfig,
+    info: TargetInfo,
+    view_tables: tuple[TargetInfo, ...],
+    pinned: str,
+    blockers: list[str],
+) -> str:
+    """The pinned mode, if the options and the target still allow it; else ConfigError."""
+    job = config.job
+    change = f"stop the query, run `txsink mode --job {job} --set <mode>`, and restart it"
+    if config.mode not in ("auto", pinned):
+        raise ConfigError(
+            f"job {job} is pinned to mode {pinned} (decided at its first commit) but "
+            f"mode={config.mode} was asked. Use mode=auto or mode={pinned}; to change the "
+            f"job's mode, {change}"
+        )
+    if pinned == "attach" and blockers:
+        raise ConfigError(
+            f"job {job} is pinned to attach mode, but {config.table} no longer allows it: "
+            f"{'; '.join(blockers)}. Publishing by MOVE PARTITION would bypass what was "
+            f"added (a materialized view would never see the rows). Nothing was written. To go "
+            f"on in dedup mode, stop the query, run `txsink mode --job {job} --set dedup`, and "
+            f"restart it"
+        )
+    if pinned == "dedup":
+        problems = dedup_blockers(info, min_window=config.dedup_min_window, view_tables=view_tables)
+        if problems:
+            raise ConfigError(
+                f"job {job} is pinned to dedup mode, but dedup is unsafe for {config.table} "
+                f"now: {'; '.join(problems)}. Nothing was written. Fix the target, or {change}"
+            )
+    return pinned
+
+
 def validate(config: WriterConfig, schema: StructType) -> WritePlan:
     key = (config, schema.json())
     hit = _cache.get(key)
@@ -123,15 +171,34 @@ def _validate(config: WriterConfig, schema: StructType) -> WritePlan:
                 f"the DataFrame does not fit {config.table}; nothing was written:\n  - "
                 + "\n  - ".join(problems)
             )
+        # Keeper reachable (UnavailableError names it otherwise), the pinned mode, and the
+        # store's namespace that staging names carry
+        registry = open_registry(config)
+        try:
+            pinned = pinned_mode(registry.job_meta(config.job))
+            namespace = registry.namespace()
+        finally:
+            registry.close()
         views: tuple[TargetInfo, ...] = ()
-        if info.dependent_views and config.mode != "attach":
+        if info.dependent_views and (pinned or config.mode) != "attach":
             views = view_tables(warehouse, info)
-        mode = resolve_mode(config, info, views)
+        mode = resolve_mode(config, info, views, pinned)
         if mode == "attach":
             warehouse.ensure_staging_db()
     finally:
         close = getattr(getattr(warehouse, "client", None), "close", None)
         if close:
             close()
-    open_registry(config).close()  # Keeper reachable: UnavailableError names it otherwise
-    return WritePlan(config, mode, strict, target_info=info if mode == "attach" else None)
+    return WritePlan(
+        config,
+        mode,
+        strict,
+        target_info=info if mode == "attach" else None,
+        namespace=namespace,
+    )
+
+
+def pinned_mode(meta: dict[str, Any] | None) -> str | None:
+    """The mode a job's Keeper meta pins (None for a job that never committed)."""
+    mode = (meta or {}).get("mode")
+    return str(mode) if mode in ("attach", "dedup") else None

@@ -20,9 +20,9 @@ from typing import Any
 from pyspark.sql.datasource import WriterCommitMessage
 
 from txsink.config import WriterConfig
-from txsink.errors import FencedError, SchemaMismatch, TxSinkError, UnavailableError
+from txsink.errors import ConfigError, FencedError, SchemaMismatch, TxSinkError, UnavailableError
 from txsink.faults import fault_point
-from txsink.protocol.ids import batch_xid, parse_staging, run_tag, staging_name, staging_prefix
+from txsink.protocol.ids import batch_xid, parse_staging, run_tag, staging_name
 from txsink.protocol.states import Mode, StagedPart, XidState
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,12 @@ class WritePlan:
     xid: str | None = None  # batch saves: fixed xid; streaming: from the batch id
     run_id: str = ""  # batch saves: one run per save; streaming: Spark's run id
     batch: int | None = None
+    namespace: str = ""  # the Keeper store's id: part of staging names (ids.staging_prefix)
+
+    @property
+    def streaming(self) -> bool:
+        """Batch ids are Spark micro-batch ids (format streaming, or foreach_batch)."""
+        return self.xid is None or self.config.micro_batch
 
 
 @dataclass
@@ -134,7 +140,9 @@ def write_partition(plan: WritePlan, batches: Iterator[Any]) -> TxCommitMessage:
     """Executor: write one task attempt's rows (attach: into its own staging table)."""
     started = time.time()
     run_id, xid, batch, ctx = task_identity(plan)
-    ident = {"query_id": ctx.getLocalProperty(QUERY_ID_PROPERTY) or ""}
+    # the mode travels with the message: the commit refuses a batch whose tasks wrote in
+    # another mode than the one it would publish in (issue: mode changed mid-batch)
+    ident = {"query_id": ctx.getLocalProperty(QUERY_ID_PROPERTY) or "", "mode": plan.mode}
     if already_committed(plan, xid, batch):
         for _ in batches:  # drain: Spark expects the input consumed
             pass
@@ -159,7 +167,13 @@ def write_partition(plan: WritePlan, batches: Iterator[Any]) -> TxCommitMessage:
     if first is None:
         return TxCommitMessage(run_id, xid, batch, seconds=time.time() - started, extra=ident)
     name = staging_name(
-        cfg.job, xid, run_tag(run_id), ctx.partitionId(), ctx.attemptNumber(), ctx.taskAttemptId()
+        cfg.job,
+        xid,
+        run_tag(run_id),
+        ctx.partitionId(),
+        ctx.attemptNumber(),
+        ctx.taskAttemptId(),
+        plan.namespace,
     ).table
     warehouse.create_staging(cfg.table, name, plan.target_info)
 
@@ -200,6 +214,37 @@ def write_partition(plan: WritePlan, batches: Iterator[Any]) -> TxCommitMessage:
     )
 
 
+def batch_mode(plan: WritePlan, msgs: list[TxCommitMessage], xid: str) -> Mode:
+    """The one mode every task of the batch wrote in; ConfigError if they differ from each
+    other or from the mode this commit resolved (the target or the pin changed under the
+    batch). Nothing is prepared then: abort rolls the staging back and a replay rewrites
+    the batch in the job's mode."""
+    written = {str(m.extra["mode"]) for m in msgs if not m.skipped and m.extra.get("mode")}
+    if written and written != {plan.mode}:
+        raise ConfigError(
+            f"job {plan.config.job}: the tasks of xid {xid} wrote in mode "
+            f"{'/'.join(sorted(written))} but this commit resolves mode {plan.mode} for "
+            f"{plan.config.table} (the job's mode was changed while the batch was in flight). "
+            f"Nothing was published; restart the query and the batch is written again in mode "
+            f"{plan.mode}"
+        )
+    return Mode(plan.mode)
+
+
+def check_no_new_views(handle: Any, plan: WritePlan, xid: str) -> None:
+    """Attach mode publishes past materialized views: refuse the batch if one appeared on
+    the target since validation (validation is cached, and tasks may have run long)."""
+    views = handle.warehouse.dependent_views(plan.config.table)
+    if views:
+        raise ConfigError(
+            f"job {plan.config.job}: materialized view(s) {', '.join(views)} now read from "
+            f"{plan.config.table}; attach mode would publish xid {xid} past them (they would "
+            f"never see its rows). Nothing was published. Stop the query, run `txsink mode "
+            f"--job {plan.config.job} --set dedup`, and restart it: the batch is written again "
+            f"in dedup mode, through the views"
+        )
+
+
 def commit_batch(plan: WritePlan, messages: list[Any], batch_id: int | None) -> dict[str, Any]:
     """Driver: prepare + publish + record one batch. Returns the commit result as a dict."""
     from txsink.driver import epoch_for_run, open_job
@@ -207,6 +252,7 @@ def commit_batch(plan: WritePlan, messages: list[Any], batch_id: int | None) -> 
     msgs = [m for m in messages if isinstance(m, TxCommitMessage)]
     xid = plan.xid or batch_xid(int(batch_id or 0))
     batch = plan.batch if plan.xid is not None else batch_id
+    mode = batch_mode(plan, msgs, xid)
     handle = open_job(plan.config)
     try:
         run_id = (msgs[0].run_id if msgs else "") or plan.run_id
@@ -219,17 +265,19 @@ def commit_batch(plan: WritePlan, messages: list[Any], batch_id: int | None) -> 
 
         owner = handle.registry.current_epoch(plan.config.job)
         try:
-            epoch = epoch_for_run(handle, run_id, plan.mode, keep=incoming, query_id=query_id)
+            epoch = epoch_for_run(handle, run_id, mode.value, keep=incoming, query_id=query_id)
             if owner is None or owner.owner != run_id:
                 count(plan.config, recoveries=1)
+            if mode is Mode.ATTACH and incoming:
+                check_no_new_views(handle, plan, xid)
             parts = [p for m in msgs for p in m.parts]
             result = handle.transactor.commit_batch(
-                epoch, xid, batch, plan.config.table, parts, Mode(plan.mode)
+                epoch, xid, batch, plan.config.table, parts, mode, streaming=plan.streaming
             )
         except FencedError:
             count(plan.config, fencing_events=1)
             raise
-        if plan.mode == Mode.ATTACH.value:
+        if mode is Mode.ATTACH:
             sweep_strays(handle, xid, incoming)
         record_commit(plan.config, result, sum(m.rows for m in msgs))
         return result.__dict__
@@ -238,19 +286,25 @@ def commit_batch(plan: WritePlan, messages: list[Any], batch_id: int | None) -> 
 
 
 def sweep_strays(handle: Any, xid: str, incoming: set[str]) -> None:
-    """Drop staging of ``xid`` that no task message named (losing speculative attempts)."""
-    prefix = staging_prefix(handle.config.job)
-    for table in handle.warehouse.list_staging(prefix):
-        parsed = parse_staging(table)
-        if parsed is not None and parsed.xid == xid and table not in incoming:
-            handle.warehouse.drop_staging(table)
+    """Drop staging of ``xid`` that no task message named (losing speculative attempts);
+    behind the xid's record like every roll-back (:meth:`Transactor.roll_back`)."""
+    strays = [
+        table
+        for table in handle.warehouse.list_staging(handle.transactor.prefix)
+        if (parsed := parse_staging(table)) is not None
+        and parsed.xid == xid
+        and table not in incoming
+    ]
+    handle.transactor.roll_back(xid, strays)
 
 
 def abort_batch(plan: WritePlan, messages: list[Any], batch_id: int | None) -> None:
-    """Driver: tasks failed. Drop their staging unless the xid already reached PREPARED.
+    """Driver: tasks failed (or commit raised). Roll their staging back.
 
-    Spark also calls abort when ``commit`` raised; if the xid was prepared by then, its
-    staging is the only copy of the batch and belongs to recovery, not to abort.
+    The roll-back writes an ABORTED tombstone on the xid node before dropping anything,
+    so it is safe even if a prepare whose reply was lost lands later, or if this read of
+    Keeper lags: a prepare that won keeps its staging, one that comes later cannot adopt
+    what was dropped (:meth:`Transactor.roll_back`).
     """
     from txsink.driver import open_job
 
@@ -264,15 +318,13 @@ def abort_batch(plan: WritePlan, messages: list[Any], batch_id: int | None) -> N
         log.warning("abort of xid %s: cannot reach stores (%s); recovery will clean up", xid, exc)
         return
     try:
-        if handle.registry.get(plan.config.job, xid) is not None:
-            log.warning("abort of xid %s: it is recorded in Keeper; leaving it to recovery", xid)
-            return
         # also attempts that died after creating their staging (no message): same xid, same run
-        for table in handle.warehouse.list_staging(staging_prefix(plan.config.job)):
+        for table in handle.warehouse.list_staging(handle.transactor.prefix):
             parsed = parse_staging(table)
             if parsed is not None and parsed.xid == xid and parsed.run in runs:
                 tables.add(table)
-        for table in sorted(tables):
-            handle.warehouse.drop_staging(table)
+        handle.transactor.roll_back(xid, sorted(tables))
+    except UnavailableError as exc:
+        log.warning("abort of xid %s: stores unavailable (%s); recovery will clean up", xid, exc)
     finally:
         handle.close()
