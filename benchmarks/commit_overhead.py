@@ -53,7 +53,7 @@ def commit_target(bench: Bench) -> str:
 def stage(handle: Any, run_id: str, xid: str, tid: int, partitions: int) -> list[StagedPart]:
     """One task attempt's staging table holding ``partitions`` partitions (not timed)."""
     cfg = handle.config
-    name = staging_name(cfg.job, xid, run_tag(run_id), 0, 0, tid).table
+    name = staging_name(cfg.job, xid, run_tag(run_id), 0, 0, tid, handle.transactor.namespace).table
     handle.warehouse.create_staging(cfg.table, name)
     n = partitions * ROWS_PER_PARTITION
     block = pa.table(

@@ -97,9 +97,14 @@ def assert_exact(ch: Any, job: Job) -> None:
 
 
 def staging_left(ch: Any, job: Job) -> list[str]:
+    registry = open_registry(job.config())
+    try:
+        prefix = staging_prefix(job.name, registry.namespace())
+    finally:
+        registry.close()
     rows = ch.query(
         "SELECT name FROM system.tables "
         "WHERE database = 'txsink_staging' AND startsWith(name, {p:String})",
-        parameters={"p": staging_prefix(job.name) + "__"},
+        parameters={"p": prefix + "__"},
     ).result_rows
     return [r[0] for r in rows]

@@ -59,7 +59,9 @@ def stage(
 ) -> list[StagedPart]:
     """Stage ``batch`` for ``xid`` like an executor task does; the manifest parts."""
     wh = handle.warehouse
-    name = staging_name(handle.config.job, xid, run_tag(run), 0, 0, task).table
+    name = staging_name(
+        handle.config.job, xid, run_tag(run), 0, 0, task, handle.transactor.namespace
+    ).table
     wh.ensure_staging_db()
     wh.create_staging(handle.config.table, name)
     wh.insert_blocks(name, [batch], block_rows=10_000, block_bytes=1 << 24)

@@ -401,7 +401,7 @@ def job_status(
         owner=registry.owner(job),
         ledger=registry.ledger(job),
         records=records,
-        staging_sizes=warehouse.staging_sizes(staging_prefix(job)),
+        staging_sizes=warehouse.staging_sizes(staging_prefix(job, registry.namespace())),
         staging_view=warehouse.staging_view(needed) if needed else {},
         now=time.time() if now is None else now,
         stuck_after=stuck_after,

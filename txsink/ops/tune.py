@@ -34,7 +34,7 @@ from txsink.clickhouse.client import qualified, split_table
 from txsink.clickhouse.warehouse import PARTS_SETTING_KEYS
 from txsink.errors import ConfigError, TxSinkError
 from txsink.keeper.registry import Registry
-from txsink.protocol.ids import batch_xid, run_tag, staging_name, staging_prefix
+from txsink.protocol.ids import batch_xid, run_tag, staging_name
 from txsink.protocol.states import StagedPart, XidState
 from txsink.transaction import Transactor
 
@@ -226,8 +226,8 @@ def measure(
     say = progress or (lambda _msg: None)
     samples: list[Sample] = []
     notes: list[str] = []
-    prefix = staging_prefix(job)
     transactor = Transactor(registry, warehouse, job)
+    prefix = transactor.prefix
     sdb, sname = split_table(scratch)
     tdb, tname = split_table(table)
     try:
@@ -257,7 +257,7 @@ def measure(
         for i in range(transactions + 1):  # transaction 0 warms connections and paths up
             k = 1 if i % 2 else min(4, len(pids))
             chosen = pids[:k]
-            name = staging_name(job, batch_xid(i), run, 0, 0, i).table
+            name = staging_name(job, batch_xid(i), run, 0, 0, i, transactor.namespace).table
             t0 = time.perf_counter()
             warehouse.create_staging(scratch, name)
             client.command(

@@ -383,7 +383,9 @@ def verify(
 
     # Staging of recently committed xids that still exists: publish finished, drop did not.
     newest = history[-recent:] if recent > 0 else []
-    existing = set(warehouse.list_staging(staging_prefix(job))) if newest else set()
+    existing = (
+        set(warehouse.list_staging(staging_prefix(job, registry.namespace()))) if newest else set()
+    )
     for r in reversed(newest):
         left = [t for t in r.staging_tables if t in existing]
         if left:
