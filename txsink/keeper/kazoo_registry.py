@@ -179,6 +179,21 @@ class KazooRegistry:
             found = self._conn.read(path)
         return None if found is None else found[0]
 
+    def set_job_meta(self, job: str, meta: dict[str, Any]) -> None:
+        """Replace an existing job's meta (operator actions such as `txsink mode`)."""
+        path = self._job(job)
+        with self._conn.mapped(f"write {path}"):
+            self._conn.wait(self._client.set_async(path, encode(meta)))
+
+    def blob_children(self, job: str, key: str) -> builtins.list[str]:
+        """Names directly under blob ``key`` (e.g. xids with dedup state under ``dedup``)."""
+        path = self._blob_path(job, key)
+        with self._conn.mapped(f"list {path}"):
+            try:
+                return sorted(self._conn.wait(self._client.get_children_async(path)))
+            except NoNodeError:
+                return []
+
     def list_jobs(self) -> list[str]:
         with self._conn.mapped(f"list {self._jobs_root()}"):
             names = self._conn.wait(self._client.get_children_async(self._jobs_root()))

@@ -46,6 +46,8 @@ class Registry(Protocol):
 
     def ensure_job(self, job: str, meta: dict[str, Any]) -> dict[str, Any]: ...
     def job_meta(self, job: str) -> dict[str, Any] | None: ...
+    def set_job_meta(self, job: str, meta: dict[str, Any]) -> None: ...
+    def blob_children(self, job: str, key: str) -> builtins.list[str]: ...
     def list_jobs(self) -> list[str]: ...
     def take_epoch(self, job: str, owner: str) -> Epoch: ...
     def current_epoch(self, job: str) -> Epoch | None: ...
@@ -162,6 +164,21 @@ class MemoryRegistry:
 
     def job_meta(self, job: str) -> dict[str, Any] | None:
         return self._jobs.get(job)
+
+    def set_job_meta(self, job: str, meta: dict[str, Any]) -> None:
+        """Replace an existing job's meta (operator actions such as `txsink mode`)."""
+        with self._lock:
+            if job not in self._jobs:
+                raise KeyError(job)
+            self._jobs[job] = dict(meta)
+
+    def blob_children(self, job: str, key: str) -> builtins.list[str]:
+        """Names directly under blob ``key`` (e.g. xids with dedup state under ``dedup``)."""
+        prefix = f"{key}/"
+        return sorted(
+            {k[1][len(prefix) :].split("/")[0] for k in self._blobs if k[0] == job
+             and k[1].startswith(prefix)}
+        )  # fmt: skip
 
     def list_jobs(self) -> builtins.list[str]:
         return sorted(self._jobs)

@@ -1,0 +1,84 @@
+"""`txsink mode`: the operator's explicit change of a job's pinned mode.
+
+A job's mode (attach or dedup) is decided once, at its first commit, and pinned in its
+Keeper meta (:mod:`txsink.spark.validate`). Writers never switch it on their own: a batch
+whose tasks wrote in one mode and were committed in the other is lost (attach staging
+recorded as a dedup commit) or duplicated (dedup rows staged again). Changing it is safe
+only between batches, so :func:`change_mode` refuses while
+
+- the job's writer looks live (stop the query first, or ``force``),
+- an xid is PREPARED (its publish plan belongs to the old mode: ``txsink recover`` first),
+- a dedup batch is half-written (``dedup/<xid>`` state without a COMMITTED record: its
+  rows are already in the target, and only a dedup replay can finish it exactly once),
+
+and then takes a new writer epoch, which fences any writer still running in the old mode.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from txsink.errors import ConfigError
+from txsink.ops.status import Stores, recover_owner, writer_is_live
+from txsink.protocol.dedup import xid_key as dedup_xid_key
+from txsink.protocol.states import XidState
+
+MODES = ("attach", "dedup")
+
+
+@dataclass
+class ModeChange:
+    job: str
+    old: str | None
+    new: str
+    changed: bool
+    epoch: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def change_mode(
+    stores: Stores, job: str, new: str, *, stale_after: float, force: bool = False
+) -> ModeChange:
+    """Pin ``job`` to mode ``new``; ConfigError (naming the next step) when unsafe now."""
+    if new not in MODES:
+        raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {new!r}")
+    registry = stores.registry
+    meta = registry.job_meta(job)
+    if meta is None:
+        raise ConfigError(
+            f"job {job!r} does not exist in Keeper; its mode is decided at its first commit"
+        )
+    old = meta.get("mode")
+    if old == new:
+        return ModeChange(job, old, new, changed=False)
+    owner = registry.owner(job)
+    if writer_is_live(owner, time.time(), stale_after) and not force:
+        raise ConfigError(
+            f"job {job} has a live writer ({(owner or {}).get('owner')}); stop the streaming "
+            f"query first (a batch in flight was written in mode {old}), or pass --force"
+        )
+    prepared = [r.xid for r in registry.list(job) if r.state is XidState.PREPARED]
+    if prepared:
+        raise ConfigError(
+            f"job {job} has PREPARED xid(s) {', '.join(prepared)} staged in mode {old}; run "
+            f"`txsink recover --job {job}` first, then change the mode"
+        )
+    committed = {r.xid for r in registry.list(job) if r.state is XidState.COMMITTED}
+    open_dedup = [x for x in registry.blob_children(job, "dedup") if x not in committed]
+    if old == "dedup" and open_dedup:
+        raise ConfigError(
+            f"job {job} has half-written dedup batch(es) {', '.join(open_dedup)}: their rows "
+            f"are partly in the target and only a dedup-mode replay finishes them exactly "
+            f"once. Restart the query in dedup mode until that batch commits, stop it, then "
+            f"change the mode"
+        )
+    epoch = registry.take_epoch(job, recover_owner())
+    registry.heartbeat(epoch, {"state": "mode-changed", "mode": new})
+    for xid in open_dedup:  # attach -> dedup: stale state of batches never committed
+        registry.delete_blobs(job, dedup_xid_key(xid))
+    registry.set_job_meta(job, {**meta, "mode": new, "mode_changed_at": time.time()})
+    return ModeChange(job, old, new, changed=True, epoch=epoch.number)
