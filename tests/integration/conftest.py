@@ -7,6 +7,7 @@ test session, started in a temporary directory on free ports and stopped at the 
 - ``ch``: a stock ``clickhouse_connect`` client on the stack (fresh per test).
 - ``zk``: a started kazoo client on the stack's ZooKeeper (stopped after the test).
 - ``fresh_db``: a unique database name, created before and dropped after the test.
+- ``spark`` (session): a local[2] SparkSession with txsink registered.
 
 Set ``TXSINK_TEST_STACK_DIR`` to keep the stack's directory (logs, data) after the run.
 Every test under ``tests/integration`` gets the ``integration`` marker.
@@ -17,10 +18,12 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import clickhouse_connect
 import pytest
@@ -71,6 +74,27 @@ def client_for(info: StackInfo, **kwargs: object) -> Client:
     """A clickhouse_connect client on ``info``'s endpoint (kwargs go to get_client)."""
     host, port = info.url.rsplit("/", 1)[-1].split(":")
     return clickhouse_connect.get_client(host=host, port=int(port), **kwargs)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local[2] SparkSession for the in-process tests (txsink registered)."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    import txsink
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("txsink-tests")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    txsink.register(session)
+    yield session
+    session.stop()
 
 
 @pytest.fixture

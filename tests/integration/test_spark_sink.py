@@ -3,8 +3,6 @@ batch saves with ``txn_version``, and option handling."""
 
 from __future__ import annotations
 
-import os
-import sys
 import uuid
 from decimal import Decimal
 
@@ -14,24 +12,6 @@ import txsink
 from txsink.errors import ConfigError
 
 pytestmark = pytest.mark.spark
-
-
-@pytest.fixture(scope="module")
-def spark():
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("txsink-tests")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.ui.enabled", "false")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    txsink.register(session)
-    yield session
-    session.stop()
 
 
 def write(df, stack, table, job=None, **opts):

@@ -145,17 +145,32 @@ def check_pinned(
 
 
 def validate(config: WriterConfig, schema: StructType) -> WritePlan:
+    """The write plan; the target inspection is cached, the job's pinned mode never is
+    (an operator's `txsink mode` must take effect at the next batch)."""
     key = (config, schema.json())
     hit = _cache.get(key)
-    if hit and time.monotonic() - hit[0] < CACHE_SECONDS:
+    fresh = hit is not None and time.monotonic() - hit[0] < CACHE_SECONDS
+    if hit is not None and fresh and read_pin(config)[0] in (None, hit[1].mode):
         return hit[1]
     plan = _validate(config, schema)
     _cache[key] = (time.monotonic(), plan)
     return plan
 
 
+def read_pin(config: WriterConfig) -> tuple[str | None, str]:
+    """(the job's pinned mode or None, the Keeper store's namespace); also proves Keeper
+    reachable (UnavailableError names it otherwise)."""
+    from txsink.driver import open_registry
+
+    registry = open_registry(config)
+    try:
+        return pinned_mode(registry.job_meta(config.job)), registry.namespace()
+    finally:
+        registry.close()
+
+
 def _validate(config: WriterConfig, schema: StructType) -> WritePlan:
-    from txsink.driver import open_registry, open_warehouse
+    from txsink.driver import open_warehouse
 
     warehouse: Any = open_warehouse(config)
     try:
@@ -171,14 +186,7 @@ def _validate(config: WriterConfig, schema: StructType) -> WritePlan:
                 f"the DataFrame does not fit {config.table}; nothing was written:\n  - "
                 + "\n  - ".join(problems)
             )
-        # Keeper reachable (UnavailableError names it otherwise), the pinned mode, and the
-        # store's namespace that staging names carry
-        registry = open_registry(config)
-        try:
-            pinned = pinned_mode(registry.job_meta(config.job))
-            namespace = registry.namespace()
-        finally:
-            registry.close()
+        pinned, namespace = read_pin(config)
         views: tuple[TargetInfo, ...] = ()
         if info.dependent_views and (pinned or config.mode) != "attach":
             views = view_tables(warehouse, info)
