@@ -19,7 +19,7 @@ import datetime as dt
 import sys
 from typing import Any
 
-from txsink.cli.main import add_common
+from txsink.cli.main import add_common, resolve_credentials
 from txsink.cli.output import Output, kv_table, table
 from txsink.errors import ConfigError
 from txsink.ops import status as st
@@ -169,11 +169,13 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _stores(args: argparse.Namespace) -> st.Stores:
+    creds = resolve_credentials(args)
     return st.open_stores(
-        args.url,
+        creds.url,
         args.keeper,
-        user=args.user,
-        password=args.password,
+        user=creds.user,
+        password=creds.password,
+        keeper_auth=creds.keeper_auth,
         keeper_root=args.keeper_root,
         staging_database=args.staging_database,
     )

@@ -100,12 +100,15 @@ def open_stores(
     *,
     user: str = "default",
     password: str = "",
+    keeper_auth: str | None = None,
     keeper_root: str = "/txsink",
     staging_database: str | None = None,
     timeout: float = 15.0,
 ) -> Stores:
     """Connect to Keeper and ClickHouse (both fail fast with a named error)."""
-    registry = KazooRegistry(keeper, "/" + keeper_root.strip("/"), timeout=timeout)
+    registry = KazooRegistry(
+        keeper, "/" + keeper_root.strip("/"), auth=keeper_auth, timeout=timeout
+    )
     try:
         client = connect(url, user, password)
     except BaseException:
