@@ -25,6 +25,7 @@ from txsink.errors import ConfigError
 from txsink.ops import status as st
 from txsink.ops import tune as tn
 from txsink.ops import verify as vf
+from txsink.ops.liveness import Liveness, explain
 
 EXIT_REFUSED = 3
 EXIT_ALARMS = 4
@@ -49,7 +50,9 @@ def register(subparsers: Any) -> None:
         "--stale-after",
         type=float,
         default=st.DEFAULT_STALE_AFTER,
-        help="an owner heartbeat older than this is stale (default 600)",
+        help="an owner heartbeat older than this many seconds is stale (default: follows the "
+        "job's commit cadence, 3 x the median interval between recent commits, within "
+        "[30, 600]; 600 before the second commit)",
     )
     p.set_defaults(func=run_status)
 
@@ -72,7 +75,8 @@ def register(subparsers: Any) -> None:
         "--stale-after",
         type=float,
         default=st.DEFAULT_STALE_AFTER,
-        help="a writer whose heartbeat is younger than this is live (default 600)",
+        help="a writer whose heartbeat is younger than this many seconds is live (default: "
+        "follows the job's commit cadence, see `txsink status`)",
     )
     p.set_defaults(func=run_recover)
 
@@ -229,6 +233,12 @@ def _render_status(j: st.JobStatus) -> str:
         if j.epoch is not None
         else "none"
     )
+    cadence = (
+        f"commits every {j.cadence_s:g}s (median)" if j.cadence_s is not None else "not yet known"
+    )
+    why = explain(
+        Liveness(j.live, j.heartbeat_age, j.cadence_s, j.stale_after_s, j.stale_after_source)
+    )
     head = kv_table(
         {
             "target": f"{j.target} ({j.mode or '?'} mode)",
@@ -237,6 +247,8 @@ def _render_status(j: st.JobStatus) -> str:
             f"({_age(j.last_commit_age)})"
             if j.last_commit_at
             else "none yet",
+            "cadence": cadence,
+            "stale after": f"{j.stale_after_s:g}s ({why}): heartbeat older = writer gone",
             "committed": f"{j.committed} xids, {j.rows_committed:,} rows",
             "staging db": j.staging_database,
         }
@@ -335,9 +347,16 @@ def run_recover(args: argparse.Namespace, out: Output) -> int:
             if v.live and not args.force:
                 why = (
                     f"refusing to recover job {v.job}: writer {v.owner} (epoch {v.epoch}) "
-                    f"heartbeat {v.heartbeat_age:.1f}s ago is fresher than --stale-after "
-                    f"{args.stale_after:g}s, so it may be mid-batch. Stop that query (or wait "
-                    f"until its heartbeat is stale), or re-run with --force to fence it"
+                    f"heartbeat {v.heartbeat_age:.1f}s ago is fresher than "
+                    + (
+                        f"--stale-after {v.stale_after_s:g}s"
+                        if args.stale_after is not None
+                        else f"its stale threshold {v.stale_after_s:g}s (commit cadence "
+                        + (f"{v.cadence_s:g}s" if v.cadence_s is not None else "unknown")
+                        + ")"
+                    )
+                    + ", so it may be mid-batch. Stop that query (or wait "
+                    "until its heartbeat is stale), or re-run with --force to fence it"
                 )
                 entries[v.job]["refused"] = why
                 lines.append(why)
