@@ -26,17 +26,8 @@ from typing import Any
 
 from kazoo.client import KazooClient
 
-from tests.integration.test_ops_cli import (  # noqa: F401 - fixtures env, cli
-    Env,
-    begin,
-    cli,
-    cli_json,
-    commit,
-    count,
-    env,
-    rows,
-    stage,
-)
+from tests.integration import test_ops_cli as ops_cli
+from tests.integration.test_ops_cli import Env, begin, cli_json, commit, count, rows, stage
 from txsink.config import WriterConfig
 from txsink.driver import open_job
 from txsink.ops import liveness
@@ -44,6 +35,9 @@ from txsink.protocol.ids import batch_xid
 
 SECRET = "Ch-s3cret-9f2b"
 KEEPER_SECRET = "Zk-s3cret-71ac"
+# the fixtures of test_ops_cli (one Keeper root, target and staging database per test)
+env = ops_cli.env
+cli = ops_cli.cli
 TXSINK = str(Path(sys.executable).with_name("txsink"))
 
 
