@@ -165,9 +165,10 @@ class WriterConfig:
             if not raw[key]:
                 raise ConfigError(f"option {key!r} is required: {OPTIONS[key][1]}")
         # Secrets: an option wins over the environment; url userinfo must agree with both.
-        password = given.get("password", os.environ.get("TXSINK_PASSWORD"))
-        raw["keeper_auth"] = given.get("keeper_auth", os.environ.get("TXSINK_KEEPER_AUTH", ""))
-        creds = merge_url_credentials(raw["url"], given.get("user"), password)
+        # (an empty option counts as not given)
+        password = given.get("password") or os.environ.get("TXSINK_PASSWORD") or None
+        raw["keeper_auth"] = given.get("keeper_auth") or os.environ.get("TXSINK_KEEPER_AUTH", "")
+        creds = merge_url_credentials(raw["url"], given.get("user") or None, password)
         raw["url"] = creds.url
         raw["user"] = creds.user if creds.user is not None else raw["user"]
         raw["password"] = creds.password or ""

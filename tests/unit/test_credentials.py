@@ -270,3 +270,50 @@ def test_cli_error_output_holds_no_secret(
         assert code == 2
         assert SECRET not in out + err and KEEPER_SECRET not in out + err
         assert "adapter forgot to mask ***" in out + err
+
+
+# --------------------------------------------------------------------------- foreach_batch
+
+
+class FakeWriter:
+    """Spark's DataFrameWriter, recording the options foreach_batch hands to it."""
+
+    def __init__(self) -> None:
+        self.sent: dict[str, str] = {}
+
+    def format(self, name: str) -> FakeWriter:
+        return self
+
+    def options(self, **kw: str) -> FakeWriter:
+        self.sent.update(kw)
+        return self
+
+    def mode(self, name: str) -> FakeWriter:
+        return self
+
+    def save(self) -> None:
+        return None
+
+
+class FakeSession:
+    def __init__(self) -> None:
+        self.dataSource = self
+        self.sparkContext = self
+
+    def register(self, cls: Any) -> None:
+        return None
+
+    def getLocalProperty(self, key: str) -> str:
+        return "run-1"
+
+
+def test_foreach_batch_keeps_url_userinfo_out_of_the_spark_options() -> None:
+    from txsink.spark.foreach import make_foreach_batch
+
+    writer = FakeWriter()
+    df = type("DF", (), {"sparkSession": FakeSession(), "write": writer})()
+    make_foreach_batch(**BASE, url=f"http://alice:{SECRET}@h:8123")(df, 7)
+    sent = writer.sent
+    assert sent["url"] == "http://h:8123" and sent["user"] == "alice"
+    assert sent["password"] == SECRET  # Spark masks a key named password, not a url
+    assert (sent["txn_version"], sent["run_id"]) == ("7", "run-1")
