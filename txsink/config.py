@@ -14,21 +14,30 @@ from dataclasses import dataclass, fields
 from typing import Any
 from urllib.parse import urlparse
 
+from txsink.credentials import MASK, merge_url_credentials, redact_url
 from txsink.errors import ConfigError
 from txsink.protocol.ids import valid_job
 
 # key -> (default, help). A default of None means required (or taken from the environment).
 OPTIONS: dict[str, tuple[str | None, str]] = {
-    "url": (None, "ClickHouse HTTP(S) URL, http(s)://host:port (env TXSINK_URL)"),
+    "url": (
+        None,
+        "ClickHouse HTTP(S) URL, http(s)://host:port (env TXSINK_URL); userinfo "
+        "(http://user:pass@host:port) is split off into user/password",
+    ),
     "user": ("default", "ClickHouse user"),
-    "password": ("", "ClickHouse password"),
+    "password": ("", "ClickHouse password (env TXSINK_PASSWORD); never shown or stored"),
     "table": (None, "target table, db.table"),
     "keeper": (None, "Keeper connect string host:port[,host:port][/chroot] (env TXSINK_KEEPER)"),
     "job": (None, "stable writer name; one live writer per job"),
     "mode": ("auto", "auto | attach | dedup"),
     "staging_database": ("txsink_staging", "database that holds staging tables (attach mode)"),
     "keeper_root": ("/txsink", "root node of txsink's Keeper layout"),
-    "keeper_auth": ("", "digest credentials user:password for Keeper ACLs (empty: open ACL)"),
+    "keeper_auth": (
+        "",
+        "digest credentials user:password for Keeper ACLs (env TXSINK_KEEPER_AUTH; empty: "
+        "open ACL); never shown or stored",
+    ),
     "keeper_timeout": ("15", "Keeper connect/session timeout, seconds"),
     "block_rows": ("1000000", "rows per insert block sent to ClickHouse"),
     "block_bytes": ("268435456", "bytes per insert block (whichever limit is hit first)"),
@@ -56,6 +65,7 @@ OPTIONS: dict[str, tuple[str | None, str]] = {
     ),
 }
 SPARK_OWNED = ("path", "checkpointlocation", "queryname")
+SECRET_OPTIONS = ("password", "keeper_auth")
 MODES = ("auto", "attach", "dedup")
 COMPRESSIONS = ("lz4", "zstd", "gzip", "none")
 
@@ -89,8 +99,11 @@ def _bool(key: str, raw: str) -> bool:
     raise ConfigError(f"option {key!r} must be true or false, got {raw!r}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class WriterConfig:
+    """The parsed options of one writer. ``url`` never holds userinfo (split off into
+    ``user``/``password``); the repr masks ``password`` and ``keeper_auth``."""
+
     url: str
     user: str
     password: str
@@ -120,6 +133,18 @@ class WriterConfig:
     run_id: str
     micro_batch: bool = False
 
+    def __repr__(self) -> str:
+        shown = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in SECRET_OPTIONS:
+                shown.append(f"{f.name}={MASK if value else ''!r}")
+            elif f.name == "url":
+                shown.append(f"url={redact_url(value)!r}")
+            else:
+                shown.append(f"{f.name}={value!r}")
+        return f"WriterConfig({', '.join(shown)})"
+
     @property
     def database(self) -> str:
         return self.table.split(".", 1)[0]
@@ -145,10 +170,18 @@ class WriterConfig:
         for key in ("url", "table", "keeper", "job"):
             if not raw[key]:
                 raise ConfigError(f"option {key!r} is required: {OPTIONS[key][1]}")
+        # Secrets: an option wins over the environment; url userinfo must agree with both.
+        # (an empty option counts as not given)
+        password = given.get("password") or os.environ.get("TXSINK_PASSWORD") or None
+        raw["keeper_auth"] = given.get("keeper_auth") or os.environ.get("TXSINK_KEEPER_AUTH", "")
+        creds = merge_url_credentials(raw["url"], given.get("user") or None, password)
+        raw["url"] = creds.url
+        raw["user"] = creds.user if creds.user is not None else raw["user"]
+        raw["password"] = creds.password or ""
         url = urlparse(raw["url"])
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ConfigError(
-                f"option 'url' must look like http(s)://host:port, got {raw['url']!r}"
+                f"option 'url' must look like http(s)://host:port, got {redact_url(raw['url'])!r}"
             )
         if raw["table"].count(".") != 1 or not all(raw["table"].split(".")):
             raise ConfigError(f"option 'table' must be db.table, got {raw['table']!r}")

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from txsink.config import WriterConfig
+from txsink.credentials import split_url
 from txsink.errors import ConfigError, FencedError
 from txsink.keeper.registry import Registry
 from txsink.protocol.states import Epoch
@@ -89,11 +90,13 @@ def open_job(config: WriterConfig) -> JobHandle:
 
 
 def job_meta(config: WriterConfig, mode: str, query_id: str = "") -> dict[str, Any]:
+    """The job node's data. Keeper nodes are world-readable (even under ``keeper_auth``),
+    so it holds no credential: the url without userinfo, no user, no password."""
     return {
         "job": config.job,
         "target": config.table,
         "mode": mode,
-        "url": config.url,
+        "url": split_url(config.url).url,
         "staging_database": config.staging_database,
         "query_id": query_id,
         "created_at": time.time(),

@@ -19,12 +19,13 @@ import datetime as dt
 import sys
 from typing import Any
 
-from txsink.cli.main import add_common
+from txsink.cli.main import add_common, resolve_credentials
 from txsink.cli.output import Output, kv_table, table
 from txsink.errors import ConfigError
 from txsink.ops import status as st
 from txsink.ops import tune as tn
 from txsink.ops import verify as vf
+from txsink.ops.liveness import Liveness, explain
 
 EXIT_REFUSED = 3
 EXIT_ALARMS = 4
@@ -49,7 +50,9 @@ def register(subparsers: Any) -> None:
         "--stale-after",
         type=float,
         default=st.DEFAULT_STALE_AFTER,
-        help="an owner heartbeat older than this is stale (default 600)",
+        help="an owner heartbeat older than this many seconds is stale (default: follows the "
+        "job's commit cadence, 3 x the median interval between recent commits, within "
+        "[30, 600]; 600 before the second commit)",
     )
     p.set_defaults(func=run_status)
 
@@ -72,7 +75,8 @@ def register(subparsers: Any) -> None:
         "--stale-after",
         type=float,
         default=st.DEFAULT_STALE_AFTER,
-        help="a writer whose heartbeat is younger than this is live (default 600)",
+        help="a writer whose heartbeat is younger than this many seconds is live (default: "
+        "follows the job's commit cadence, see `txsink status`)",
     )
     p.set_defaults(func=run_recover)
 
@@ -169,11 +173,13 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _stores(args: argparse.Namespace) -> st.Stores:
+    creds = resolve_credentials(args)
     return st.open_stores(
-        args.url,
+        creds.url,
         args.keeper,
-        user=args.user,
-        password=args.password,
+        user=creds.user,
+        password=creds.password,
+        keeper_auth=creds.keeper_auth,
         keeper_root=args.keeper_root,
         staging_database=args.staging_database,
     )
@@ -227,6 +233,12 @@ def _render_status(j: st.JobStatus) -> str:
         if j.epoch is not None
         else "none"
     )
+    cadence = (
+        f"commits every {j.cadence_s:g}s (median)" if j.cadence_s is not None else "not yet known"
+    )
+    why = explain(
+        Liveness(j.live, j.heartbeat_age, j.cadence_s, j.stale_after_s, j.stale_after_source)
+    )
     head = kv_table(
         {
             "target": f"{j.target} ({j.mode or '?'} mode)",
@@ -235,6 +247,8 @@ def _render_status(j: st.JobStatus) -> str:
             f"({_age(j.last_commit_age)})"
             if j.last_commit_at
             else "none yet",
+            "cadence": cadence,
+            "stale after": f"{j.stale_after_s:g}s ({why}): heartbeat older = writer gone",
             "committed": f"{j.committed} xids, {j.rows_committed:,} rows",
             "staging db": j.staging_database,
         }
@@ -333,9 +347,16 @@ def run_recover(args: argparse.Namespace, out: Output) -> int:
             if v.live and not args.force:
                 why = (
                     f"refusing to recover job {v.job}: writer {v.owner} (epoch {v.epoch}) "
-                    f"heartbeat {v.heartbeat_age:.1f}s ago is fresher than --stale-after "
-                    f"{args.stale_after:g}s, so it may be mid-batch. Stop that query (or wait "
-                    f"until its heartbeat is stale), or re-run with --force to fence it"
+                    f"heartbeat {v.heartbeat_age:.1f}s ago is fresher than "
+                    + (
+                        f"--stale-after {v.stale_after_s:g}s"
+                        if args.stale_after is not None
+                        else f"its stale threshold {v.stale_after_s:g}s (commit cadence "
+                        + (f"{v.cadence_s:g}s" if v.cadence_s is not None else "unknown")
+                        + ")"
+                    )
+                    + ", so it may be mid-batch. Stop that query (or wait "
+                    "until its heartbeat is stale), or re-run with --force to fence it"
                 )
                 entries[v.job]["refused"] = why
                 lines.append(why)

@@ -9,7 +9,10 @@ Owned by the ClickHouse adapter. Everything above this module sees only
   (a timeout or reset after the request was sent) is retried only for operations the
   caller declares idempotent: a blind retry of a staging insert could stage a block twice;
 - identifiers reaching SQL pass :func:`quote_ident`; ``db.table`` strings pass
-  :func:`split_table`.
+  :func:`split_table`;
+- no message or log line made here holds the password or URL userinfo: a URL's userinfo
+  is split off in :func:`connect` and every server/driver text passes
+  :func:`txsink.credentials.scrub` in :func:`map_error` and in the retry log.
 
 ``chdb://...`` URLs open clickhouse-connect's in-process engine (tests of pure ClickHouse
 behaviour only; the product always talks HTTP).
@@ -30,6 +33,7 @@ import clickhouse_connect
 import tenacity
 from clickhouse_connect.driver import exceptions as ch_exc
 
+from txsink.credentials import merge_url_credentials, redact_url, scrub, secrets_of
 from txsink.errors import ConfigError, RetryableConflict, TxSinkError, UnavailableError
 
 log = logging.getLogger(__name__)
@@ -198,21 +202,31 @@ def _chain_text(exc: BaseException) -> str:
     return " | ".join(parts)
 
 
-def _short(exc: BaseException, limit: int = 300) -> str:
+def _short(exc: BaseException, limit: int = 300, secrets: tuple[str, ...] = ()) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = scrub(text, secrets)
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def map_error(exc: BaseException, *, url: str, what: str, table: str | None = None) -> TxSinkError:
+def map_error(
+    exc: BaseException,
+    *,
+    url: str,
+    what: str,
+    table: str | None = None,
+    secrets: tuple[str, ...] = (),
+) -> TxSinkError:
     """Translate a clickhouse-connect/transport error into the txsink hierarchy.
 
     ``what`` says what was being done ("MOVE PARTITION 202401 of ..."), ``table`` names
-    the table the operator should look at.
+    the table the operator should look at. ``secrets`` (the password) and any URL
+    userinfo are masked in the message.
     """
     if isinstance(exc, TxSinkError):
         return exc
     code = error_code(exc)
-    detail = _short(exc)
+    detail = _short(exc, secrets=secrets)
+    url = scrub(url, secrets)
     if code in (UNKNOWN_TABLE, CANNOT_GET_CREATE_TABLE_QUERY):
         name = table or _quoted_name(detail) or "the table"
         return ConfigError(
@@ -299,7 +313,9 @@ class RetryPolicy:
             )
         return cls(attempts=attempts, max_wait=max_wait, sleep=sleep)
 
-    def run(self, fn: Callable[[], T], *, idempotent: bool, what: str) -> T:
+    def run(
+        self, fn: Callable[[], T], *, idempotent: bool, what: str, secrets: tuple[str, ...] = ()
+    ) -> T:
         """Call ``fn``, retrying classified transient errors (raw, unmapped) per policy."""
 
         def retryable(exc: BaseException) -> bool:
@@ -313,7 +329,7 @@ class RetryPolicy:
                 what,
                 state.attempt_number,
                 self.attempts,
-                _short(exc) if exc else "?",
+                _short(exc, secrets=secrets) if exc else "?",
             )
 
         retrying = tenacity.Retrying(
@@ -342,16 +358,29 @@ class Client:
     tests. All methods raise only :class:`txsink.errors.TxSinkError` subclasses.
     """
 
-    def __init__(self, raw: Any, url: str, retry: RetryPolicy | None = None) -> None:
+    def __init__(
+        self,
+        raw: Any,
+        url: str,
+        retry: RetryPolicy | None = None,
+        *,
+        secrets: tuple[str, ...] = (),
+    ) -> None:
         self.raw = raw
-        self.url = url
+        self.url = redact_url(url)
         self.retry = retry or RetryPolicy()
+        self._secrets = secrets
+
+    def __repr__(self) -> str:
+        return f"Client({self.url!r})"
 
     def _call(self, fn: Callable[[], T], *, what: str, idempotent: bool, table: str | None) -> T:
         try:
-            return self.retry.run(fn, idempotent=idempotent, what=what)
+            return self.retry.run(fn, idempotent=idempotent, what=what, secrets=self._secrets)
         except (ch_exc.ClickHouseError, OSError) as exc:
-            raise map_error(exc, url=self.url, what=what, table=table) from exc
+            raise map_error(
+                exc, url=self.url, what=what, table=table, secrets=self._secrets
+            ) from exc
 
     def command(
         self,
@@ -449,7 +478,7 @@ class Endpoint:
     scheme: str  # http | https | chdb
     host: str
     port: int
-    dsn: str  # the URL as given (chdb) or scheme://host:port
+    dsn: str  # the URL as given (chdb) or scheme://host:port (never userinfo)
 
     @property
     def secure(self) -> bool:
@@ -457,26 +486,30 @@ class Endpoint:
 
 
 def parse_url(url: str) -> Endpoint:
-    """Validate ``http(s)://host[:port]`` (or ``chdb://...``); ConfigError naming it."""
+    """Validate ``http(s)://[user[:pass]@]host[:port]`` (or ``chdb://...``); ConfigError
+    naming it (userinfo masked). The endpoint never holds the userinfo: see
+    :func:`txsink.credentials.merge_url_credentials` for where it goes."""
     raw = (url or "").strip()
     if raw.startswith("chdb:"):
         return Endpoint("chdb", "", 0, raw)
+    shown = redact_url(url or "")
     parsed = urlparse(raw)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
         raise ConfigError(
-            f"option url={url!r} is not http(s)://host:port (for example "
+            f"option url={shown!r} is not http(s)://host:port (for example "
             f"http://127.0.0.1:8123; the embedded stack prints it with `txsink embedded up`)"
         )
     if parsed.path not in ("", "/") or parsed.query:
         raise ConfigError(
-            f"option url={url!r}: give only scheme, host and port; pass the database "
+            f"option url={shown!r}: give only scheme, host and port; pass the database "
             f"through the table option"
         )
     try:
         port = parsed.port or (8443 if parsed.scheme == "https" else 8123)
     except ValueError:
-        raise ConfigError(f"option url={url!r} has an invalid port") from None
-    return Endpoint(parsed.scheme, parsed.hostname, port, f"{parsed.scheme}://{parsed.netloc}")
+        raise ConfigError(f"option url={shown!r} has an invalid port") from None
+    hostport = parsed.netloc.rpartition("@")[2]
+    return Endpoint(parsed.scheme, parsed.hostname, port, f"{parsed.scheme}://{hostport}")
 
 
 def connect(
@@ -498,8 +531,14 @@ def connect(
     ``https://`` turns TLS on (``verify``/``ca_cert`` apply); ``chdb://memory`` or
     ``chdb:///path`` opens the in-process engine (one per process; user/password ignored).
     ``compress`` is clickhouse-connect's (True, "lz4", "zstd", "gzip"; None/False = off).
+    A URL with userinfo (``http://user:pass@host``) supplies user/password; given both
+    ways, they must agree (ConfigError otherwise).
     """
     ep = parse_url(url)
+    if ep.scheme != "chdb":
+        creds = merge_url_credentials(url.strip(), user, password)
+        user, password = creds.user, creds.password
+    secrets = secrets_of(password)
     policy = retry or RetryPolicy()
 
     def open_raw() -> Any:
@@ -527,7 +566,7 @@ def connect(
 
     shown = ep.dsn
     try:
-        raw = policy.run(open_raw, idempotent=True, what=f"connect to {shown}")
+        raw = policy.run(open_raw, idempotent=True, what=f"connect to {shown}", secrets=secrets)
     except (ch_exc.ClickHouseError, OSError) as exc:
-        raise map_error(exc, url=shown, what="connect", table=None) from exc
-    return Client(raw, shown, policy)
+        raise map_error(exc, url=shown, what="connect", table=None, secrets=secrets) from exc
+    return Client(raw, shown, policy, secrets=secrets)

@@ -17,11 +17,15 @@ Invariants:
 - With ``auth="user:password"`` every node created here gets an ACL that gives that digest
   identity ALL and everyone else READ.
 - :meth:`KazooConn.close` stops only a client this object started.
+- The digest ``auth`` never reaches a message or a log line: error texts pass
+  :func:`txsink.credentials.scrub`, and :class:`RedactAuthFilter` on kazoo's logger
+  masks the auth packet kazoo logs at DEBUG ("Sending request(xid=-4): Auth(...)").
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -41,8 +45,10 @@ from kazoo.exceptions import (
 from kazoo.exceptions import (
     ConnectionLoss as KazooConnectionLoss,
 )
+from kazoo.protocol.serialization import Auth
 from kazoo.security import make_acl, make_digest_acl
 
+from txsink.credentials import MASK, scrub, secrets_of
 from txsink.errors import ConfigError, TxSinkError, UnavailableError
 
 NEXT_STEP = "is ZooKeeper running? `txsink embedded status`"
@@ -74,6 +80,28 @@ def _decode(data: bytes) -> dict[str, Any] | None:
     return value
 
 
+class RedactAuthFilter(logging.Filter):
+    """Masks the credential of kazoo ``Auth`` packets in log records (kazoo logs every
+    request it sends at DEBUG, the digest ``user:password`` included)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and any(isinstance(a, Auth) for a in args):
+            record.args = tuple(a._replace(auth=MASK) if isinstance(a, Auth) else a for a in args)
+        return True
+
+
+_AUTH_FILTER = RedactAuthFilter()
+
+
+def _redacting_logger() -> logging.Logger:
+    """kazoo's client logger (it logs through exactly this one) with the filter on."""
+    logger = logging.getLogger("kazoo.client")
+    if _AUTH_FILTER not in logger.filters:
+        logger.addFilter(_AUTH_FILTER)
+    return logger
+
+
 def _split_connect_string(keeper: str) -> tuple[str, str]:
     """``host:port[,host:port...][/chroot]`` -> (hosts, chroot or "")."""
     hosts, sep, chroot = keeper.partition("/")
@@ -95,6 +123,7 @@ class KazooConn:
     ) -> None:
         self.keeper = keeper
         self.timeout = timeout
+        self._secrets = secrets_of(auth)
         self.acl: list[Any] | None = None
         if auth is not None:
             user, _, password = auth.partition(":")
@@ -111,6 +140,9 @@ class KazooConn:
         self.client = client if client is not None else self._connect(keeper, auth, timeout)
         try:
             if client is not None and auth is not None:
+                logger = getattr(client, "logger", None)
+                if isinstance(logger, logging.Logger) and _AUTH_FILTER not in logger.filters:
+                    logger.addFilter(_AUTH_FILTER)
                 with self.mapped("authenticate"):
                     self.wait(client.add_auth_async("digest", auth))
         except TxSinkError:
@@ -129,9 +161,12 @@ class KazooConn:
                 timeout=timeout,
                 auth_data=[("digest", auth)] if auth else None,
                 connection_retry={"max_tries": -1, "max_delay": 2.0},
+                logger=_redacting_logger(),
             )
         except ValueError as exc:
-            raise ConfigError(f"option keeper={keeper!r}: {exc}") from exc
+            raise ConfigError(
+                f"option keeper={keeper!r}: {scrub(str(exc), self._secrets)}"
+            ) from exc
         self._start(client, timeout)
         return client
 
@@ -172,7 +207,8 @@ class KazooConn:
                 "identity; pass the job's `auth` (user:password)"
             ) from exc
         except KazooException as exc:
-            raise TxSinkError(f"Keeper at {self.keeper} failed {what}: {exc!r}") from exc
+            detail = scrub(repr(exc), self._secrets)
+            raise TxSinkError(f"Keeper at {self.keeper} failed {what}: {detail}") from exc
         except self._timeout_exception() as exc:
             raise UnavailableError(
                 f"Keeper at {self.keeper} did not answer {what} within {self.timeout:g}s; "

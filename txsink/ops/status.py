@@ -3,10 +3,11 @@
 Everything here returns plain dataclasses; the CLI (:mod:`txsink.cli.ops_cmd`) renders
 them. Reads only, except :func:`carry_out_recovery`, which takes a new writer epoch.
 
-Liveness is judged from the owner node's heartbeat (written by every writer at takeover
-and after every commit): a heartbeat younger than ``stale_after`` seconds means a writer
-may be mid-batch, so its unreferenced staging is a batch in flight, not an orphan, and
-recovery refuses to fence it unless forced. The owner ``txsink-recover@host:pid`` (the
+Liveness is judged by :mod:`txsink.ops.liveness` from the owner node's heartbeat (written
+by every writer at takeover and after every commit) against a threshold that follows the
+job's own commit cadence (or ``--stale-after``): a heartbeat younger than that means a
+writer may be mid-batch, so its unreferenced staging is a batch in flight, not an orphan,
+and recovery refuses to fence it unless forced. The owner ``txsink-recover@host:pid`` (the
 mark recovery leaves behind) is never a live writer.
 
 Warning kinds (each has a runbook section of that name in docs/operations.md):
@@ -14,7 +15,7 @@ Warning kinds (each has a runbook section of that name in docs/operations.md):
 - ``stuck-prepared``: a PREPARED xid older than ``stuck_after``;
 - ``lost-staging``: a PREPARED xid whose staging cannot be published as its manifest says;
 - ``orphan-staging``: staging no PREPARED xid references while no live writer holds the job;
-- ``stale-owner``: the owner's heartbeat is older than ``stale_after``;
+- ``stale-owner``: the owner's heartbeat is older than the stale threshold;
 - ``fenced-writer``: the job was taken over by ``txsink recover`` (or the heartbeating
   writer's epoch was superseded): the writer that ran before must be restarted.
 """
@@ -34,6 +35,15 @@ from txsink.clickhouse.warehouse import DEFAULT_STAGING_DB, ClickHouseWarehouse
 from txsink.errors import ConfigError
 from txsink.keeper.kazoo_registry import KazooRegistry
 from txsink.keeper.registry import Registry
+from txsink.ops.liveness import (
+    RECOVER_OWNER_PREFIX,
+    STALE_CAP,
+    Liveness,
+    explain,
+    heartbeat_age,
+    is_recover_owner,
+    judge,
+)
 from txsink.protocol import plans
 from txsink.protocol.ids import parse_staging, staging_prefix
 from txsink.protocol.states import Epoch, Mode, XidRecord, XidState
@@ -42,8 +52,8 @@ from txsink.transaction import RecoveryReport, Transactor
 log = logging.getLogger(__name__)
 
 DEFAULT_STUCK_AFTER = 300.0
-DEFAULT_STALE_AFTER = 600.0
-RECOVER_OWNER_PREFIX = "txsink-recover@"
+# None: the stale threshold follows the job's commit cadence (txsink.ops.liveness).
+DEFAULT_STALE_AFTER: float | None = None
 RECOVERED_STATE = "recovered"
 
 
@@ -100,12 +110,15 @@ def open_stores(
     *,
     user: str = "default",
     password: str = "",
+    keeper_auth: str | None = None,
     keeper_root: str = "/txsink",
     staging_database: str | None = None,
     timeout: float = 15.0,
 ) -> Stores:
     """Connect to Keeper and ClickHouse (both fail fast with a named error)."""
-    registry = KazooRegistry(keeper, "/" + keeper_root.strip("/"), timeout=timeout)
+    registry = KazooRegistry(
+        keeper, "/" + keeper_root.strip("/"), auth=keeper_auth, timeout=timeout
+    )
     try:
         client = connect(url, user, password)
     except BaseException:
@@ -177,6 +190,9 @@ class JobStatus:
     owner_state: str | None
     heartbeat_age: float | None
     live: bool
+    cadence_s: float | None
+    stale_after_s: float
+    stale_after_source: str
     committed: int
     rows_committed: int
     last_batch: int | None
@@ -192,22 +208,25 @@ class JobStatus:
         return data
 
 
-def heartbeat_age(owner: Mapping[str, Any] | None, now: float) -> float | None:
-    if not owner or owner.get("heartbeat") is None:
-        return None
-    return max(0.0, now - float(owner["heartbeat"]))
-
-
-def is_recover_owner(owner: Mapping[str, Any] | None) -> bool:
-    return bool(owner) and str((owner or {}).get("owner", "")).startswith(RECOVER_OWNER_PREFIX)
-
-
-def writer_is_live(owner: Mapping[str, Any] | None, now: float, stale_after: float) -> bool:
+def writer_is_live(
+    owner: Mapping[str, Any] | None,
+    now: float,
+    stale_after: float | None = None,
+    records: Iterable[XidRecord] = (),
+) -> bool:
     """Whether a writer may be mid-batch: a fresh heartbeat that is not recovery's mark."""
-    age = heartbeat_age(owner, now)
-    if age is None or is_recover_owner(owner):
-        return False
-    return age < stale_after
+    return liveness_of(owner, records, now, stale_after).live
+
+
+def liveness_of(
+    owner: Mapping[str, Any] | None,
+    records: Iterable[XidRecord],
+    now: float,
+    stale_after: float | None = None,
+) -> Liveness:
+    """:func:`txsink.ops.liveness.judge` on the commit times of ``records``."""
+    times = [r.committed_at for r in records if r.state is XidState.COMMITTED]
+    return judge(owner, times, now, stale_after)
 
 
 def assess(
@@ -222,7 +241,7 @@ def assess(
     staging_view: Mapping[str, Mapping[str, int] | None],
     now: float,
     stuck_after: float = DEFAULT_STUCK_AFTER,
-    stale_after: float = DEFAULT_STALE_AFTER,
+    stale_after: float | None = DEFAULT_STALE_AFTER,
     staging_database: str = DEFAULT_STAGING_DB,
 ) -> JobStatus:
     """The status of one job from what Keeper and ClickHouse show (pure).
@@ -232,7 +251,8 @@ def assess(
     """
     records = list(records)
     age = heartbeat_age(owner, now)
-    live = writer_is_live(owner, now, stale_after)
+    verdict = liveness_of(owner, records, now, stale_after)
+    live, stale_after = verdict.live, verdict.stale_after_s
     last_at = ledger.get("last_commit_at")
     status = JobStatus(
         job=job,
@@ -245,6 +265,9 @@ def assess(
         owner_state=None if not owner else str(owner.get("state", "")) or None,
         heartbeat_age=None if age is None else round(age, 1),
         live=live,
+        cadence_s=verdict.cadence_s,
+        stale_after_s=verdict.stale_after_s,
+        stale_after_source=verdict.stale_after_source,
         committed=int(ledger.get("committed", 0)),
         rows_committed=int(ledger.get("rows", 0)),
         last_batch=ledger.get("last_batch"),
@@ -369,7 +392,8 @@ def assess(
                 "stale-owner",
                 "warn" if busy else "info",
                 f"owner {status.owner} (epoch {status.epoch}) of job {job} last heartbeat "
-                f"{age:.0f}s ago (> {stale_after:g}s): the writer is gone or idle"
+                f"{age:.0f}s ago (> {stale_after:g}s, {explain(verdict)}): the writer "
+                "is gone or idle"
                 + (
                     f"; its unfinished work stays until `txsink recover --job {job}`"
                     if busy
@@ -386,7 +410,7 @@ def job_status(
     *,
     now: float | None = None,
     stuck_after: float = DEFAULT_STUCK_AFTER,
-    stale_after: float = DEFAULT_STALE_AFTER,
+    stale_after: float | None = DEFAULT_STALE_AFTER,
 ) -> JobStatus:
     """Read Keeper and ClickHouse for one job and :func:`assess` it."""
     registry = stores.registry
@@ -416,7 +440,7 @@ def collect_status(
     *,
     root: str = "",
     stuck_after: float = DEFAULT_STUCK_AFTER,
-    stale_after: float = DEFAULT_STALE_AFTER,
+    stale_after: float | None = DEFAULT_STALE_AFTER,
 ) -> list[JobStatus]:
     """Status of ``job`` (ConfigError if it does not exist) or of every job."""
     now = time.time()
@@ -439,6 +463,8 @@ class RecoveryPlanView:
     heartbeat_age: float | None
     live: bool
     plan: RecoveryReport
+    cadence_s: float | None = None
+    stale_after_s: float = STALE_CAP
     expected_alarms: list[str] = field(default_factory=list)
     roll_forward_rows: dict[str, int] = field(default_factory=dict)
 
@@ -454,6 +480,8 @@ class RecoveryPlanView:
             "owner": self.owner,
             "heartbeat_age": self.heartbeat_age,
             "live": self.live,
+            "cadence_s": self.cadence_s,
+            "stale_after_s": self.stale_after_s,
             "plan": self.plan.to_json(),
             "expected_alarms": list(self.expected_alarms),
             "roll_forward_rows": dict(self.roll_forward_rows),
@@ -462,7 +490,11 @@ class RecoveryPlanView:
 
 
 def plan_job_recovery(
-    stores: Stores, job: str, *, stale_after: float = DEFAULT_STALE_AFTER, now: float | None = None
+    stores: Stores,
+    job: str,
+    *,
+    stale_after: float | None = DEFAULT_STALE_AFTER,
+    now: float | None = None,
 ) -> RecoveryPlanView:
     """The recovery plan of ``job`` (``Transactor.recover(dry_run=True)``); writes nothing.
 
@@ -477,13 +509,16 @@ def plan_job_recovery(
     owner = registry.owner(job)
     probe = current or Epoch(job, 0, -1, "")
     report = Transactor(registry, warehouse, job).recover(probe, dry_run=True)
+    verdict = liveness_of(owner, registry.list(job), now, stale_after)
     view = RecoveryPlanView(
         job,
         current.number if current else None,
         current.owner if current else None,
-        None if (age := heartbeat_age(owner, now)) is None else round(age, 1),
-        writer_is_live(owner, now, stale_after),
+        verdict.heartbeat_age,
+        verdict.live,
         report,
+        cadence_s=verdict.cadence_s,
+        stale_after_s=verdict.stale_after_s,
     )
     for xid in report.rolled_forward:
         record = registry.get(job, xid)
@@ -525,7 +560,7 @@ class RecoveryOutcome:
 
 
 def carry_out_recovery(
-    stores: Stores, job: str, *, stale_after: float = DEFAULT_STALE_AFTER
+    stores: Stores, job: str, *, stale_after: float | None = DEFAULT_STALE_AFTER
 ) -> RecoveryOutcome:
     """Take a new writer epoch (fencing the current writer) and recover ``job``.
 

@@ -12,11 +12,20 @@ from collections.abc import Callable
 from typing import Any
 
 from txsink.config import WriterConfig
+from txsink.credentials import split_url
 from txsink.spark.datasource import FORMAT, ClickHouseTxDataSource
 
 
 def make_foreach_batch(**options: Any) -> Callable[[Any, int], None]:
     WriterConfig.from_options(options)  # fail fast on bad options, before the query starts
+    url = str(options.get("url") or "")
+    creds = split_url(url)
+    if creds.url != url:  # keep userinfo out of the Spark plan (Spark masks `password`)
+        options = {**options, "url": creds.url}
+        if creds.user is not None:
+            options["user"] = creds.user
+        if creds.password is not None:
+            options["password"] = creds.password
     registered: set[int] = set()
 
     def write_batch(df: Any, batch_id: int) -> None:

@@ -1,0 +1,134 @@
+"""Liveness follows the job's own commit cadence (txsink.ops.liveness, a pure function).
+
+Commits are made by a real Transactor on the in-memory registry under a fake clock, so the
+heartbeats and ``committed_at`` times are the ones a writer leaves in Keeper.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.fakes import MemoryWarehouse
+from txsink.keeper.registry import MemoryRegistry
+from txsink.ops import liveness as lv
+from txsink.ops.status import assess, liveness_of
+from txsink.transaction import Transactor
+
+JOB = "cadenced"
+TARGET = "db.t"
+
+
+class Clock:
+    def __init__(self, t: float = 1_700_000_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def run_writer(every: float, commits: int) -> tuple[MemoryRegistry, Clock]:
+    """A writer that commits ``commits`` empty batches ``every`` seconds apart, then stops."""
+    clock = Clock()
+    reg = MemoryRegistry(clock=clock)
+    tx = Transactor(reg, MemoryWarehouse(), JOB, clock=clock)
+    epoch = tx.begin("run-1")
+    for b in range(commits):
+        clock.t += every
+        tx.commit_batch(epoch, f"b{b}", b, TARGET, [])
+    return reg, clock
+
+
+def verdict_after(reg: MemoryRegistry, clock: Clock, silence: float) -> lv.Liveness:
+    return liveness_of(reg.owner(JOB), reg.list(JOB), clock.t + silence)
+
+
+def test_a_job_committing_every_2s_reads_dead_once_its_heartbeat_is_30s_old() -> None:
+    reg, clock = run_writer(every=2.0, commits=15)
+    v = verdict_after(reg, clock, 1.0)
+    assert (v.live, v.cadence_s, v.stale_after_s, v.stale_after_source) == (
+        True,
+        2.0,
+        lv.STALE_FLOOR,
+        "cadence",
+    )
+    assert verdict_after(reg, clock, 29.9).live is True
+    assert verdict_after(reg, clock, 30.1).live is False  # not 600 s, as before
+
+
+def test_without_the_floor_a_2s_cadence_would_read_dead_after_6s() -> None:
+    assert lv.stale_threshold(2.0) == 30.0
+    assert lv.stale_threshold(2.0, floor=0.0) == 6.0
+
+
+def test_a_job_committing_every_5_minutes_reads_live_for_10_minutes() -> None:
+    reg, clock = run_writer(every=300.0, commits=4)
+    assert verdict_after(reg, clock, 599.0).live is True
+    v = verdict_after(reg, clock, 601.0)
+    assert (v.live, v.cadence_s, v.stale_after_s) == (False, 300.0, lv.STALE_CAP)
+
+
+def test_a_job_committing_every_minute_reads_dead_after_three_minutes() -> None:
+    reg, clock = run_writer(every=60.0, commits=6)
+    assert verdict_after(reg, clock, 179.0).live is True
+    assert verdict_after(reg, clock, 181.0).live is False
+
+
+@pytest.mark.parametrize("commits", [0, 1])
+def test_a_job_without_a_cadence_yet_uses_the_cap(commits: int) -> None:
+    reg, clock = run_writer(every=2.0, commits=commits)
+    v = verdict_after(reg, clock, 599.0)
+    assert (v.live, v.cadence_s, v.stale_after_s, v.stale_after_source) == (
+        True,
+        None,
+        lv.STALE_CAP,
+        "no-cadence",
+    )
+    assert verdict_after(reg, clock, 601.0).live is False
+
+
+def test_an_explicit_stale_after_wins_over_the_cadence() -> None:
+    reg, clock = run_writer(every=2.0, commits=10)
+    v = liveness_of(reg.owner(JOB), reg.list(JOB), clock.t + 100, stale_after=1000)
+    assert (v.live, v.stale_after_s, v.stale_after_source) == (True, 1000.0, "flag")
+    v = liveness_of(reg.owner(JOB), reg.list(JOB), clock.t + 1, stale_after=0)
+    assert v.live is False
+
+
+def test_the_cadence_is_the_median_so_a_restart_gap_does_not_stretch_it() -> None:
+    times = [0, 2, 4, 6, 3606, 3608, 3610, 3612]
+    assert lv.commit_cadence(times) == 2.0
+    assert lv.commit_cadence([5.0]) is None
+    assert lv.commit_cadence([None, 1.0]) is None
+    # only the most recent CADENCE_SAMPLE gaps count: an old slow history is forgotten
+    old = [i * 600.0 for i in range(50)]
+    fast = [old[-1] + i * 5.0 for i in range(1, lv.CADENCE_SAMPLE + 1)]
+    assert lv.commit_cadence(old + fast) == 5.0
+
+
+def test_recovery_mark_and_a_missing_heartbeat_are_never_live() -> None:
+    mark = {"owner": "txsink-recover@host:1", "heartbeat": 100.0}
+    assert lv.judge(mark, [], 100.5).live is False
+    assert lv.judge(None, [1.0, 2.0], 3.0).live is False
+    assert lv.judge({"owner": "w"}, [1.0, 2.0], 3.0).heartbeat_age is None
+
+
+def test_status_shows_cadence_and_threshold_and_warns_of_a_stale_owner() -> None:
+    reg, clock = run_writer(every=2.0, commits=10)
+    common = {
+        "meta": {"target": TARGET, "mode": "attach"},
+        "epoch": reg.current_epoch(JOB),
+        "owner": reg.owner(JOB),
+        "ledger": reg.ledger(JOB),
+        "records": reg.list(JOB),
+        "staging_sizes": {},
+        "staging_view": {},
+    }
+    fresh = assess(JOB, now=clock.t + 5, **common)  # type: ignore[arg-type]
+    assert (fresh.live, fresh.cadence_s, fresh.stale_after_s) == (True, 2.0, 30.0)
+    assert fresh.to_json()["stale_after_source"] == "cadence"
+    assert fresh.warnings == []
+    gone = assess(JOB, now=clock.t + 45, **common)  # type: ignore[arg-type]
+    assert gone.live is False
+    [w] = gone.warnings
+    assert w.kind == "stale-owner"
+    assert "45s ago (> 30s, 3 x its 2s commit cadence, within [30, 600]s)" in w.message

@@ -1,0 +1,125 @@
+"""Is a job's writer alive? Judged against the job's own commit cadence (pure).
+
+A writer heartbeats its owner node at takeover and after every commit, so between two
+heartbeats lies one batch (plus the trigger's wait). A healthy writer's heartbeat is
+therefore rarely older than its usual interval between commits, the *cadence*: the
+median gap between the ``committed_at`` times of its most recent COMMITTED xids (the
+median shrugs off a restart's long gap and a catch-up's burst).
+
+The heartbeat is stale, and the writer presumed dead, once it is older than::
+
+    stale_after = clamp(CADENCE_FACTOR x cadence, STALE_FLOOR, STALE_CAP)
+
+- ``CADENCE_FACTOR`` = 3: a batch may take three usual intervals before it reads dead;
+- ``STALE_FLOOR`` = 30 s: below that, a short GC pause, a slow MOVE or clock skew between
+  the writer's host and the operator's would make a live writer read dead;
+- ``STALE_CAP`` = 600 s: a slow job (or a batch job with ``txn_version``) never blocks
+  ``txsink recover`` for longer than the old fixed default did.
+
+A job with fewer than two commits has no cadence: it gets the cap. An explicit
+``stale_after`` (``--stale-after``) always wins. The owner ``txsink-recover@...`` (the mark
+recovery leaves) is never a live writer.
+
+Reading dead wrongly costs a restart, not data: ``txsink recover`` fences the writer with
+a new epoch, and its next prepare or commit fails with FencedError.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+CADENCE_FACTOR = 3.0
+STALE_FLOOR = 30.0
+STALE_CAP = 600.0
+CADENCE_SAMPLE = 20  # gaps between the most recent commits that the median is taken over
+RECOVER_OWNER_PREFIX = "txsink-recover@"
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """The verdict and how it was reached (all rendered by ``txsink status``)."""
+
+    live: bool
+    heartbeat_age: float | None  # seconds; None: no heartbeat yet
+    cadence_s: float | None  # median seconds between recent commits; None: < 2 commits
+    stale_after_s: float
+    stale_after_source: str  # "flag" | "cadence" | "no-cadence"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def commit_cadence(
+    committed_at: Iterable[float | None], sample: int = CADENCE_SAMPLE
+) -> float | None:
+    """Median gap between the ``sample + 1`` most recent commit times; None below two."""
+    times = sorted(float(t) for t in committed_at if t is not None)[-(sample + 1) :]
+    if len(times) < 2:
+        return None
+    return float(statistics.median(b - a for a, b in itertools.pairwise(times)))
+
+
+def stale_threshold(
+    cadence: float | None,
+    *,
+    factor: float = CADENCE_FACTOR,
+    floor: float = STALE_FLOOR,
+    cap: float = STALE_CAP,
+) -> float:
+    """``clamp(factor x cadence, floor, cap)``; the cap when there is no cadence."""
+    if cadence is None:
+        return cap
+    return min(cap, max(floor, factor * cadence))
+
+
+def explain(v: Liveness) -> str:
+    """Where ``v.stale_after_s`` came from, in words."""
+    if v.stale_after_source == "flag":
+        return "--stale-after"
+    if v.cadence_s is None:
+        return "no commit cadence yet: the cap"
+    return (
+        f"{CADENCE_FACTOR:g} x its {v.cadence_s:g}s commit cadence, within "
+        f"[{STALE_FLOOR:g}, {STALE_CAP:g}]s"
+    )
+
+
+def heartbeat_age(owner: Mapping[str, Any] | None, now: float) -> float | None:
+    if not owner or owner.get("heartbeat") is None:
+        return None
+    return max(0.0, now - float(owner["heartbeat"]))
+
+
+def is_recover_owner(owner: Mapping[str, Any] | None) -> bool:
+    return bool(owner) and str((owner or {}).get("owner", "")).startswith(RECOVER_OWNER_PREFIX)
+
+
+def judge(
+    owner: Mapping[str, Any] | None,
+    committed_at: Iterable[float | None],
+    now: float,
+    stale_after: float | None = None,
+) -> Liveness:
+    """Whether the job's writer may be mid-batch, from its heartbeat and commit times.
+
+    ``stale_after`` given (not None) is used as is; otherwise it follows the cadence.
+    """
+    cadence = commit_cadence(committed_at)
+    if stale_after is not None:
+        threshold, source = float(stale_after), "flag"
+    else:
+        threshold = stale_threshold(cadence)
+        source = "cadence" if cadence is not None else "no-cadence"
+    age = heartbeat_age(owner, now)
+    live = age is not None and not is_recover_owner(owner) and age < threshold
+    return Liveness(
+        live=live,
+        heartbeat_age=None if age is None else round(age, 1),
+        cadence_s=None if cadence is None else round(cadence, 3),
+        stale_after_s=round(threshold, 3),
+        stale_after_source=source,
+    )
