@@ -188,6 +188,11 @@ class RegistryContract:
             "last_batch": 2,
             "last_commit_at": 3000.0,
             "partitions": {"a": 7, "b": 2},
+            "partition_seq": {"a": 2, "b": 1},
+            "partial": [],
+            "evicted_partitions": 0,
+            "evicted_rows": 0,
+            "evicted_filter": "",
         }
 
     def test_commit_with_stale_version_is_a_conflict(self, registry: Registry) -> None:
