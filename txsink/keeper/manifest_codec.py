@@ -215,7 +215,7 @@ def pack_record(
     chunk_bytes: int = CHUNK_BYTES,
 ) -> PackedRecord:
     """Lay ``record`` out as an xid node plus chunks (none if the manifest fits inline)."""
-    node = json.loads(_dumps(record.to_json()))  # a copy, and exactly what JSON keeps
+    node: dict[str, Any] = json.loads(_dumps(record.to_json()))  # a copy, as JSON keeps it
     del node["manifest"]
     compact = _dumps(encode_manifest(record.manifest))
     if len(compact) <= inline_bytes:
@@ -242,7 +242,7 @@ def pack_record(
 def repack(record: XidRecord, stored_node: dict[str, Any]) -> dict[str, Any]:
     """The node of ``record`` (a new state of a stored one) keeping ``stored_node``'s
     manifest storage as it is: a commit rewrites the small record, never the chunks."""
-    node = json.loads(_dumps(record.to_json()))
+    node: dict[str, Any] = json.loads(_dumps(record.to_json()))
     del node["manifest"]
     for key in (NODE_INLINE, NODE_CHUNKS, "manifest"):
         if key in stored_node:

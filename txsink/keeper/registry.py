@@ -124,6 +124,8 @@ class MemoryRegistry:
         self._clock = clock
 
     def ensure_job(self, job: str, meta: dict[str, Any]) -> dict[str, Any]:
+        path = self._path(job, "")
+        check_request(f"ensure job {path}", [(path, len(encode_json(meta)))])
         with self._lock:
             return self._jobs.setdefault(job, dict(meta))
 
@@ -287,6 +289,8 @@ class MemoryRegistry:
         return self._blobs.get((job, key))
 
     def put_blob(self, job: str, key: str, value: dict[str, Any]) -> None:
+        path = self._path(job, key)
+        check_request(f"write {path}", [(path, len(encode_json(value)))])
         self._blobs[(job, key)] = dict(value)
 
     def delete_blobs(self, job: str, key: str) -> None:
