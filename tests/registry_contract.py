@@ -24,6 +24,7 @@ import pytest
 from txsink.errors import FencedError, KeeperRequestTooLarge, RetryableConflict
 from txsink.keeper.manifest_codec import KEEPER_MAX_REQUEST, unpack_record
 from txsink.keeper.registry import EMPTY_LEDGER, Registry, XidExists
+from txsink.protocol.ids import staging_name
 from txsink.protocol.states import Epoch, Mode, StagedPart, XidRecord, XidState
 
 JOB = "orders"
@@ -510,12 +511,15 @@ def big_record(xid: str, *, entries: int, seed: int = 1) -> XidRecord:
 
 
 def grid_record(xid: str, *, tasks: int, partitions: int) -> XidRecord:
-    """``tasks`` staging tables (one per Spark task attempt) x ``partitions`` each."""
+    """``tasks`` staging tables (one per Spark task attempt, named as executors name them)
+    x ``partitions`` target partitions each."""
     return replace(
         make_record(xid, batch=int(xid[1:]), parts={}),
         manifest=tuple(
             StagedPart(
-                table=f"tx_{JOB}_3f9a1c2b__{xid}__r6c1e0f9d2a_p{t}_a0_t{1000 + t}",
+                table=staging_name(
+                    "orders-enriched-eu-west", xid, "6c1e0f9d", t, 0, 100_000 + t
+                ).table,
                 partition_id=f"2024{p:04d}",
                 rows=100 + p,
                 blocks=1,
