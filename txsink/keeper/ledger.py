@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+from collections.abc import Mapping
 from typing import Any
 
 from txsink.protocol.states import XidRecord
@@ -64,12 +65,12 @@ def _bits(pid: str) -> list[int]:
     ]
 
 
-def _filter(ledger: dict[str, Any]) -> bytearray:
+def _filter(ledger: Mapping[str, Any]) -> bytearray:
     raw = str(ledger.get("evicted_filter") or "")
     return bytearray.fromhex(raw) if raw else bytearray(FILTER_BITS // 8)
 
 
-def maybe_evicted(ledger: dict[str, Any], pid: str) -> bool:
+def maybe_evicted(ledger: Mapping[str, Any], pid: str) -> bool:
     """False when ``pid`` was certainly never evicted from this ledger's window."""
     if not int(ledger.get("evicted_partitions", 0)):
         return False
@@ -78,7 +79,7 @@ def maybe_evicted(ledger: dict[str, Any], pid: str) -> bool:
 
 
 def next_ledger(
-    ledger: dict[str, Any],
+    ledger: Mapping[str, Any],
     record: XidRecord,
     committed_at: float,
     keep: int = LEDGER_PARTITIONS,
@@ -127,7 +128,7 @@ def next_ledger(
     }
 
 
-def exact_partitions(ledger: dict[str, Any]) -> dict[str, int]:
+def exact_partitions(ledger: Mapping[str, Any]) -> dict[str, int]:
     """Window totals that count every row ever committed to that partition id."""
     partial = set(ledger.get("partial", []))
     return {
@@ -135,7 +136,7 @@ def exact_partitions(ledger: dict[str, Any]) -> dict[str, int]:
     }
 
 
-def rest_rows(ledger: dict[str, Any]) -> int:
+def rest_rows(ledger: Mapping[str, Any]) -> int:
     """Rows the ledger cannot attribute to one partition: evicted and partial totals."""
     partial = set(ledger.get("partial", []))
     parts = dict(ledger.get("partitions", {}))
