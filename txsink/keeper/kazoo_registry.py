@@ -454,7 +454,7 @@ class KazooRegistry:
 
                 ok, results = self._conn.commit_txn(ops)
                 if ok:
-                    return unpack_record(packed.node, list(packed.chunks) or None, 0, path)
+                    return replace(record, version=0)
                 # A definite failure: nothing landed, so our chunks are nobody's.
                 self._drop_own_chunks(epoch.job, packed, record.xid)
                 if isinstance(results[0], Exception):

@@ -37,7 +37,7 @@ import hashlib
 import json
 import os
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from txsink.errors import KeeperRequestTooLarge, TxSinkError
@@ -207,6 +207,14 @@ class PackedRecord:
         return list(zip(self.ref.names(xid), self.chunks, strict=True))
 
 
+def _record_node(record: XidRecord) -> dict[str, Any]:
+    """``record.to_json()`` without its manifest (a copy, as JSON keeps it)."""
+    node: dict[str, Any] = json.loads(_dumps(replace(record, manifest=()).to_json()))
+    node["rows"] = record.rows
+    del node["manifest"]
+    return node
+
+
 def pack_record(
     record: XidRecord,
     nonce: str,
@@ -215,8 +223,7 @@ def pack_record(
     chunk_bytes: int = CHUNK_BYTES,
 ) -> PackedRecord:
     """Lay ``record`` out as an xid node plus chunks (none if the manifest fits inline)."""
-    node: dict[str, Any] = json.loads(_dumps(record.to_json()))  # a copy, as JSON keeps it
-    del node["manifest"]
+    node = _record_node(record)
     compact = _dumps(encode_manifest(record.manifest))
     if len(compact) <= inline_bytes:
         node[NODE_INLINE] = json.loads(compact)
@@ -242,8 +249,7 @@ def pack_record(
 def repack(record: XidRecord, stored_node: dict[str, Any]) -> dict[str, Any]:
     """The node of ``record`` (a new state of a stored one) keeping ``stored_node``'s
     manifest storage as it is: a commit rewrites the small record, never the chunks."""
-    node: dict[str, Any] = json.loads(_dumps(record.to_json()))
-    del node["manifest"]
+    node = _record_node(record)
     for key in (NODE_INLINE, NODE_CHUNKS, "manifest"):
         if key in stored_node:
             node[key] = stored_node[key]
