@@ -23,7 +23,7 @@ from txsink.keeper.manifest_codec import (
 )
 from txsink.ops.status import assess
 from txsink.ops.verify import EVICTED, fold, ledger_partition_rows, reconcile
-from txsink.protocol.states import Epoch, XidState
+from txsink.protocol.states import Epoch, XidRecord, XidState
 
 # --------------------------------------------------------------------------- layout
 
@@ -39,13 +39,21 @@ def test_a_200_by_30_manifest_is_one_bounded_chunk_and_reads_back_equal() -> Non
     assert again == replace(record, version=0)
 
 
-def test_a_small_manifest_stays_inline_and_compact() -> None:
+def test_a_small_manifest_stays_inline_in_the_layout_every_version_reads() -> None:
     record = make_record("x-1", parts={str(p): p + 1 for p in range(100)})
     packed = pack_record(record, "abc123")
     assert packed.chunks == () and packed.ref is None
-    assert len(json.dumps(packed.node)) < len(json.dumps(record.to_json())) / 2
+    assert packed.node == json.loads(json.dumps(record.to_json()))
     assert len(json.dumps(packed.node)) < INLINE_MANIFEST_BYTES
+    assert XidRecord.from_json(packed.node, 3) == replace(record, version=3)
     assert unpack_record(packed.node, None, 3, "x") == replace(record, version=3)
+
+
+def test_an_older_reader_fails_on_a_chunked_record_instead_of_reading_no_manifest() -> None:
+    packed = pack_record(big_record("b1", entries=3_000), "n0")
+    assert packed.chunks
+    with pytest.raises((TypeError, KeyError)):
+        XidRecord.from_json(packed.node)  # what txsink before chunking does with the node
 
 
 def test_a_commit_rewrites_the_record_and_keeps_the_chunk_reference() -> None:

@@ -11,18 +11,17 @@ error ... greater than jute.maxbuffer=1048575" in the server log). So nothing la
 ever be sent: :func:`check_request` estimates every write before it goes out and raises
 :class:`~txsink.errors.KeeperRequestTooLarge` instead.
 
-An xid node holds the record's JSON (``XidRecord.to_json``) with the manifest replaced by
-one of:
+An xid node holds the record's JSON (``XidRecord.to_json``), either
 
-- ``"manifest_v2"``: the compact manifest inline (:func:`encode_manifest`), when its JSON
-  is at most ``INLINE_MANIFEST_BYTES``;
-- ``"manifest_chunks"``: ``{"nonce", "count", "bytes", "sha256", "entries"}``, a
+- whole, manifest inline as a list of entry objects (the layout every txsink version
+  reads), when that JSON is at most ``INLINE_MANIFEST_BYTES``; or
+- with ``"manifest_chunks"``: ``{"nonce", "count", "bytes", "sha256", "entries"}``, a
   reference to ``count`` chunk nodes ``<job>/manifests/<xid>.<nonce>.<i>``, each at most
-  ``CHUNK_BYTES`` of the zlib-compressed compact manifest. ``sha256`` covers the
-  concatenated chunks, ``entries`` the decoded entry count: reads verify both and fail
-  loudly on any difference.
-
-Records written before this layout (``"manifest"``: a list of entry objects) still read.
+  ``CHUNK_BYTES`` of the zlib-compressed compact manifest (:func:`encode_manifest`).
+  ``sha256`` covers the concatenated chunks, ``entries`` the decoded entry count: reads
+  verify both and fail loudly on any difference. ``"manifest"`` then holds a non-list
+  (``CHUNKED_SENTINEL``), so that an older txsink fails on it instead of reading an empty
+  manifest and publishing nothing.
 
 Invariants the registries keep with this layout: chunks are written (each its own small
 request) BEFORE the fenced multi-op that creates the xid node, and that multi-op also
@@ -58,8 +57,8 @@ OP_OVERHEAD = 96
 ACL_OVERHEAD = 160
 
 CHUNKS_DIR = "manifests"
-NODE_INLINE = "manifest_v2"
 NODE_CHUNKS = "manifest_chunks"
+CHUNKED_SENTINEL = {"stored_in": CHUNKS_DIR}
 
 
 def _dumps(value: Any) -> bytes:
@@ -223,11 +222,15 @@ def pack_record(
     chunk_bytes: int = CHUNK_BYTES,
 ) -> PackedRecord:
     """Lay ``record`` out as an xid node plus chunks (none if the manifest fits inline)."""
-    node = _record_node(record)
     compact = _dumps(encode_manifest(record.manifest))
     if len(compact) <= inline_bytes:
-        node[NODE_INLINE] = json.loads(compact)
-        return PackedRecord(node)
+        legacy: dict[str, Any] = json.loads(_dumps(record.to_json()))
+        if len(_dumps(legacy)) <= inline_bytes:
+            return PackedRecord(legacy)  # readable by every txsink version and by tools
+    node = _record_node(record)
+    # Older txsink versions would read a missing manifest as an empty one and publish
+    # nothing; a non-list makes them fail loudly instead.
+    node["manifest"] = CHUNKED_SENTINEL
     payload = zlib.compress(compact, 6)
     chunks = tuple(payload[i : i + chunk_bytes] for i in range(0, len(payload), chunk_bytes))
     if len(chunks) > MAX_CHUNKS:
@@ -250,7 +253,7 @@ def repack(record: XidRecord, stored_node: dict[str, Any]) -> dict[str, Any]:
     """The node of ``record`` (a new state of a stored one) keeping ``stored_node``'s
     manifest storage as it is: a commit rewrites the small record, never the chunks."""
     node = _record_node(record)
-    for key in (NODE_INLINE, NODE_CHUNKS, "manifest"):
+    for key in (NODE_CHUNKS, "manifest"):
         if key in stored_node:
             node[key] = stored_node[key]
     return node
@@ -285,9 +288,6 @@ def unpack_record(
             data["manifest"] = decode_manifest(compact)
             if len(data["manifest"]) != ref.entries:
                 raise ValueError(f"{len(data['manifest'])} entries, expected {ref.entries}")
-        elif NODE_INLINE in node:
-            data["manifest"] = decode_manifest(node[NODE_INLINE])
-        data.pop(NODE_INLINE, None)
         data.pop(NODE_CHUNKS, None)
         return XidRecord.from_json(data, version=version)
     except (ValueError, KeyError, TypeError, IndexError, zlib.error) as exc:
