@@ -13,6 +13,7 @@ and provides two fixtures:
 
 from __future__ import annotations
 
+import random
 import threading
 from collections.abc import Callable
 from dataclasses import replace
@@ -20,8 +21,10 @@ from typing import Any
 
 import pytest
 
-from txsink.errors import FencedError, RetryableConflict
+from txsink.errors import FencedError, KeeperRequestTooLarge, RetryableConflict
+from txsink.keeper.manifest_codec import KEEPER_MAX_REQUEST, unpack_record
 from txsink.keeper.registry import EMPTY_LEDGER, Registry, XidExists
+from txsink.protocol.ids import staging_name
 from txsink.protocol.states import Epoch, Mode, StagedPart, XidRecord, XidState
 
 JOB = "orders"
@@ -188,6 +191,11 @@ class RegistryContract:
             "last_batch": 2,
             "last_commit_at": 3000.0,
             "partitions": {"a": 7, "b": 2},
+            "partition_seq": {"a": 2, "b": 1},
+            "partial": [],
+            "evicted_partitions": 0,
+            "evicted_rows": 0,
+            "evicted_filter": "",
         }
 
     def test_commit_with_stale_version_is_a_conflict(self, registry: Registry) -> None:
@@ -382,6 +390,145 @@ class RegistryContract:
         assert registry.ledger(JOB)["committed"] == len(committed) == 6
         assert sorted(r.extra["seq"] for r in committed) == list(range(1, len(committed) + 1))
 
+    # -- bounded nodes: large manifests ------------------------------------------------
+
+    def test_a_10000_entry_manifest_round_trips_through_chunk_nodes(
+        self, registry: Registry, open_registry: OpenRegistry
+    ) -> None:
+        epoch = registry.take_epoch(JOB, "driver-a")
+        record = big_record("b7", entries=10_000)
+        stored = registry.prepare(epoch, record)
+        assert stored.manifest == record.manifest and stored.version == 0
+        chunks = chunk_names(registry)
+        assert len(chunks) >= 2  # incompressible fingerprints: several bounded chunks
+        other = open_registry()
+        assert other.get(JOB, "b7") == stored
+        assert other.list(JOB) == [stored]
+        done = other.commit(epoch, stored, committed_at=5.0)
+        assert done.manifest == record.manifest and done.state is XidState.COMMITTED
+        assert registry.get(JOB, "b7") == done
+        assert chunk_names(registry) == chunks  # a commit rewrites the record, not chunks
+        assert registry.ledger(JOB)["rows"] == record.rows
+
+    def test_200_tasks_by_30_partitions_prepare_and_a_replay_finds_the_record(
+        self, registry: Registry
+    ) -> None:
+        epoch = registry.take_epoch(JOB, "driver-a")
+        record = grid_record("b3", tasks=200, partitions=30)
+        stored = registry.prepare(epoch, record)
+        with pytest.raises(XidExists) as info:
+            registry.prepare(epoch, grid_record("b3", tasks=200, partitions=30))
+        assert info.value.existing == stored
+        assert registry.get(JOB, "b3") == stored
+        assert len(stored.partition_rows()) == 30
+
+    def test_deleting_a_chunked_record_deletes_its_chunks(self, registry: Registry) -> None:
+        epoch = registry.take_epoch(JOB, "driver-a")
+        small = prepared(registry, epoch, "x-small")
+        registry.prepare(epoch, big_record("b1", entries=5_000))
+        assert chunk_names(registry)
+        registry.delete(epoch, ["b1"])
+        assert chunk_names(registry) == []
+        assert registry.get(JOB, "b1") is None
+        assert registry.list(JOB) == [small]
+
+    def test_orphan_chunks_are_never_read_as_a_record_and_are_swept(
+        self, registry: Registry
+    ) -> None:
+        epoch = registry.take_epoch(JOB, "driver-a")
+        # A prepare that wrote its chunks and then crashed (or lost its connection)
+        # before the record was created leaves orphans.
+        orphan: Any = registry
+        orphan._stage_chunks(epoch, big_record("b1", entries=5_000))
+        orphans = chunk_names(registry)
+        assert orphans
+        assert registry.get(JOB, "b1") is None and registry.list(JOB) == []
+        # The re-run prepares with fresh chunks; the record references only those.
+        stored = registry.prepare(epoch, big_record("b1", entries=5_000, seed=2))
+        assert registry.get(JOB, "b1") == stored
+        registry.delete(epoch, [])  # prune and recovery sweep orphans
+        live = chunk_names(registry)
+        assert live and not set(live) & set(orphans)
+        assert registry.get(JOB, "b1") == stored
+
+    def test_a_stale_epoch_neither_prepares_nor_leaves_chunks(self, registry: Registry) -> None:
+        old = registry.take_epoch(JOB, "driver-a")
+        registry.take_epoch(JOB, "driver-b")
+        with pytest.raises(FencedError):
+            registry.prepare(old, big_record("b1", entries=5_000))
+        assert registry.get(JOB, "b1") is None
+        assert chunk_names(registry) == []
+
+    def test_a_stale_epoch_cannot_sweep_chunks(self, registry: Registry) -> None:
+        old = registry.take_epoch(JOB, "driver-a")
+        new = registry.take_epoch(JOB, "driver-b")
+        orphan: Any = registry
+        orphan._stage_chunks(new, big_record("b1", entries=5_000))
+        with pytest.raises(FencedError):
+            registry.delete(old, [])
+        assert chunk_names(registry)
+
+    def test_manifests_written_before_the_compact_layout_still_read(
+        self, registry: Registry
+    ) -> None:
+        epoch = registry.take_epoch(JOB, "driver-a")
+        record = make_record("x-old", parts={"a": 1, "b": 2})
+        stored = registry.prepare(epoch, record)
+        assert unpack_record(record.to_json(), None, 0, "old node") == stored
+
+    def test_a_request_over_the_keeper_limit_is_refused_before_it_is_sent(
+        self, registry: Registry
+    ) -> None:
+        with pytest.raises(KeeperRequestTooLarge) as info:
+            registry.put_blob(JOB, "dedup/b1/p0", {"fingerprints": ["f" * 64] * 20_000})
+        assert str(KEEPER_MAX_REQUEST) in str(info.value)
+        assert registry.get_blob(JOB, "dedup/b1/p0") is None
+        registry.put_blob(JOB, "dedup/b1/p0", {"ok": True})  # the session is still fine
+
+
+def chunk_names(registry: Registry) -> list[str]:
+    names: list[str] = getattr(registry, "manifest_chunks")(JOB)  # noqa: B009 - not in Registry
+    return names
+
+
+def big_record(xid: str, *, entries: int, seed: int = 1) -> XidRecord:
+    """One staging table per entry and an incompressible fingerprint: the worst case."""
+    rnd = random.Random(seed)
+    return replace(
+        make_record(xid, batch=int(xid[1:]) if xid[1:].isdigit() else 1, parts={}),
+        mode=Mode.DEDUP,
+        manifest=tuple(
+            StagedPart(
+                table=f"txsink_staging.tx_{JOB}_{i:05d}_{rnd.getrandbits(64):016x}",
+                partition_id=str(i % 97),
+                rows=rnd.randrange(1, 10_000),
+                blocks=rnd.randrange(0, 5),
+                fingerprint=f"{rnd.getrandbits(128):032x}",
+            )
+            for i in range(entries)
+        ),
+    )
+
+
+def grid_record(xid: str, *, tasks: int, partitions: int) -> XidRecord:
+    """``tasks`` staging tables (one per Spark task attempt, named as executors name them)
+    x ``partitions`` target partitions each."""
+    return replace(
+        make_record(xid, batch=int(xid[1:]), parts={}),
+        manifest=tuple(
+            StagedPart(
+                table=staging_name(
+                    "orders-enriched-eu-west", xid, "6c1e0f9d", t, 0, 100_000 + t
+                ).table,
+                partition_id=f"2024{p:04d}",
+                rows=100 + p,
+                blocks=1,
+            )
+            for t in range(tasks)
+            for p in range(partitions)
+        ),
+    )
+
 
 class TombstoneContract:
     """Roll-backs are decided on the xid node (ABORTED tombstones) and the namespace."""
@@ -436,3 +583,12 @@ class TombstoneContract:
         self, registry: Registry, open_registry: OpenRegistry
     ) -> None:
         assert registry.namespace() == open_registry().namespace()
+
+    def test_a_chunked_manifest_prepares_over_a_tombstone(self, registry: Registry) -> None:
+        epoch = registry.take_epoch(JOB, "w1")
+        registry.abort(JOB, "b9", ["db._stage_gone"], 1.0)
+        record = big_record("b9", entries=5_000)
+        stored = registry.prepare(epoch, record)
+        assert stored.manifest == record.manifest and stored.state is XidState.PREPARED
+        assert registry.get(JOB, "b9") == stored
+        assert registry.commit(epoch, stored, 2.0).state is XidState.COMMITTED

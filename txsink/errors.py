@@ -13,6 +13,8 @@ errors here and keep the server's error code in ``code``.
 - :class:`RecoveryAlarm`: recovery found a state it must not repair automatically.
 - :class:`ContentChanged`: dedup mode saw a replayed batch whose content differs.
 - :class:`UnavailableError`: ClickHouse or Keeper cannot be reached.
+- :class:`KeeperRequestTooLarge`: a Keeper write would exceed the server's request limit;
+  it was not sent (``code`` holds the estimated size).
 """
 
 from __future__ import annotations
@@ -56,3 +58,7 @@ class ContentChanged(TxSinkError):
 
 class UnavailableError(TxSinkError):
     """ClickHouse or Keeper is unreachable or its session expired."""
+
+
+class KeeperRequestTooLarge(TxSinkError):
+    """A Keeper request would exceed ZooKeeper's ``jute.maxbuffer``; nothing was sent."""

@@ -13,18 +13,34 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
+from kazoo.exceptions import ConnectionLoss as KazooConnectionLoss
 from kazoo.exceptions import NoAuthError
 from kazoo.security import Permissions
 
-from tests.registry_contract import JOB, RegistryContract, TombstoneContract, prepared
+from tests.registry_contract import (
+    JOB,
+    RegistryContract,
+    TombstoneContract,
+    big_record,
+    grid_record,
+    prepared,
+)
 from txsink.embedded.stack import StackInfo
-from txsink.errors import ConfigError, FencedError, UnavailableError
+from txsink.errors import (
+    ConfigError,
+    FencedError,
+    KeeperRequestTooLarge,
+    TxSinkError,
+    UnavailableError,
+)
 from txsink.keeper.kazoo_registry import KazooRegistry
+from txsink.keeper.manifest_codec import CHUNK_BYTES
 from txsink.keeper.registry import Registry, XidExists
-from txsink.protocol.states import XidState
+from txsink.protocol.states import Epoch, XidRecord, XidState
 
 pytestmark = pytest.mark.integration
 
@@ -283,3 +299,105 @@ def test_racing_takeovers_leave_exactly_one_writer(
             outcomes.append("fenced")
     assert outcomes == ["fenced", "fenced", "won"]
     assert [r.xid for r in drivers[0].list(JOB)] == ["x-3"]
+
+
+# -- bounded nodes on the real ZooKeeper ---------------------------------------------------
+
+
+def _chunk_paths(raw_zk: KazooClient, root: str) -> list[str]:
+    parent = f"{root}/jobs/{JOB}/manifests"
+    return sorted(f"{parent}/{n}" for n in raw_zk.get_children(parent))
+
+
+def test_a_10000_entry_prepare_that_used_to_wedge_lands_and_its_replay_finds_it(
+    registry: KazooRegistry, raw_zk: KazooClient, root: str
+) -> None:
+    # 200 tasks x 50 partitions: inline, this manifest is a 1.3 MB request; ZooKeeper
+    # closed the connection and every replay of the batch raised CommitOutcomeUnknown.
+    epoch = registry.take_epoch(JOB, "driver-a")
+    record = grid_record("b9", tasks=200, partitions=50)
+    assert len(record.manifest) == 10_000
+    stored = registry.prepare(epoch, record)
+    assert stored.manifest == record.manifest
+    node, _ = raw_zk.get(f"{root}/jobs/{JOB}/xids/b9")
+    assert len(node) < 4096  # the record itself stays small
+    assert all(len(raw_zk.get(p)[0]) <= CHUNK_BYTES for p in _chunk_paths(raw_zk, root))
+    with pytest.raises(XidExists) as info:  # the replay: no wedge
+        registry.prepare(epoch, grid_record("b9", tasks=200, partitions=50))
+    assert info.value.existing == stored
+    done = registry.commit(epoch, stored, committed_at=7.0)
+    assert [r.state for r in registry.list(JOB)] == [XidState.COMMITTED]
+    assert registry.get(JOB, "b9") == done
+    assert registry.ledger(JOB)["rows"] == record.rows
+
+
+def test_a_damaged_or_missing_chunk_fails_loudly_and_is_never_guessed(
+    registry: KazooRegistry, raw_zk: KazooClient, root: str
+) -> None:
+    epoch = registry.take_epoch(JOB, "driver-a")
+    registry.prepare(epoch, big_record("b1", entries=10_000))
+    first, second, *_ = _chunk_paths(raw_zk, root)
+    data, _ = raw_zk.get(first)
+    raw_zk.set(first, data[:-1] + bytes([data[-1] ^ 1]))
+    with pytest.raises(TxSinkError, match=r"xids/b1 cannot be read.*checksum differs"):
+        registry.get(JOB, "b1")
+    raw_zk.set(first, data)
+    assert registry.get(JOB, "b1") is not None
+    raw_zk.delete(second)
+    with pytest.raises(TxSinkError, match=r"xids/b1 cannot be read.*of \d+ chunk"):
+        registry.list(JOB)
+
+
+def test_a_sweep_between_chunk_write_and_create_never_leaves_a_record_without_chunks(
+    registry: KazooRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    epoch = registry.take_epoch(JOB, "driver-a")
+    stage = registry._stage_chunks
+    staged: list[int] = []
+
+    def stage_then_sweep(ep: Epoch, record: XidRecord) -> Any:
+        packed = stage(ep, record)
+        staged.append(len(packed.chunks))
+        if len(staged) == 1:
+            registry.delete(ep, [])  # a prune/recovery sweep: these chunks are orphans now
+        return packed
+
+    monkeypatch.setattr(registry, "_stage_chunks", stage_then_sweep)
+    stored = registry.prepare(epoch, big_record("b1", entries=10_000))
+    assert len(staged) == 2  # the create saw its chunks gone and wrote them again
+    assert registry.get(JOB, "b1") == stored
+    assert len(registry.manifest_chunks(JOB)) == staged[1]
+
+
+def test_a_prepare_whose_reply_was_lost_is_found_by_the_rerun_and_orphans_are_swept(
+    registry: KazooRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    epoch = registry.take_epoch(JOB, "driver-a")
+    commit_txn = registry._conn.commit_txn
+
+    def lands_but_reply_lost(ops: Any) -> Any:
+        commit_txn(ops)
+        raise KazooConnectionLoss()
+
+    monkeypatch.setattr(registry._conn, "commit_txn", lands_but_reply_lost)
+    with pytest.raises(UnavailableError, match="outcome is unknown"):
+        registry.prepare(epoch, big_record("b1", entries=10_000))
+    monkeypatch.undo()
+    # The re-run (a fresh nonce) finds the record the lost reply created, whole.
+    with pytest.raises(XidExists) as info:
+        registry.prepare(epoch, big_record("b1", entries=10_000, seed=5))
+    assert info.value.existing.manifest == big_record("b1", entries=10_000).manifest
+    live = registry.manifest_chunks(JOB)
+    registry.delete(epoch, [])
+    assert registry.manifest_chunks(JOB) == live  # nothing of the record was swept
+    assert registry.get(JOB, "b1") == info.value.existing
+
+
+def test_an_oversized_request_is_refused_instead_of_dropping_the_session(
+    registry: KazooRegistry,
+) -> None:
+    session = registry._client.client_id
+    with pytest.raises(KeeperRequestTooLarge, match=r"about \d+ bytes, over .* 1048575"):
+        registry.ensure_job(JOB, {"target": "db.t", "notes": "x" * 1_100_000})
+    assert registry._client.client_id == session and registry._client.connected
+    assert registry.job_meta(JOB) is None

@@ -102,6 +102,14 @@ def _redacting_logger() -> logging.Logger:
     return logger
 
 
+def decode_node(path: str, data: bytes) -> dict[str, Any] | None:
+    """:func:`_decode` of the node at ``path``; a node that is not JSON is a TxSinkError."""
+    try:
+        return _decode(data)
+    except ValueError as exc:  # not JSON: someone else wrote this node
+        raise TxSinkError(f"Keeper node {path} does not hold txsink's JSON: {exc}") from exc
+
+
 def _split_connect_string(keeper: str) -> tuple[str, str]:
     """``host:port[,host:port...][/chroot]`` -> (hosts, chroot or "")."""
     hosts, sep, chroot = keeper.partition("/")
@@ -243,10 +251,7 @@ class KazooConn:
             data, stat = self.wait(self.client.get_async(path))
         except NoNodeError:
             return None
-        try:
-            return _decode(data), stat
-        except ValueError as exc:  # not JSON: someone else wrote this node
-            raise TxSinkError(f"Keeper node {path} does not hold txsink's JSON: {exc}") from exc
+        return decode_node(path, data), stat
 
     def read_json(self, path: str) -> tuple[dict[str, Any], Any] | None:
         """Like :meth:`read`, but an empty node counts as absent."""

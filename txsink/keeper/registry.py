@@ -6,9 +6,12 @@ Keeper layout under the root (default ``/txsink``, inside the optional chroot)::
     <root>/jobs/<job>/epoch              {"epoch": n, "owner": ..., "since": ts}
                                          its node version is the fencing token
     <root>/jobs/<job>/owner              {"epoch": n, "owner": ..., "heartbeat": ts}
-    <root>/jobs/<job>/ledger             {"seq", "committed", "rows", "last_batch",
-                                          "last_commit_at", "partitions": {pid: rows}}
-    <root>/jobs/<job>/xids/<xid>         an XidRecord (JSON)
+    <root>/jobs/<job>/ledger             totals, bounded: see :mod:`txsink.keeper.ledger`
+    <root>/jobs/<job>/xids/<xid>         an XidRecord (JSON), manifest compact inline or
+                                         a reference to chunk nodes
+    <root>/jobs/<job>/manifests/<xid>.<nonce>.<i>
+                                         chunk i of a large manifest (see
+                                         :mod:`txsink.keeper.manifest_codec`)
     <root>/jobs/<job>/dedup/<xid>/p<n>   dedup-mode BEFORE/AFTER state of one partition
     <root>/namespace                     {"id": random hex}: this store's id, part of every
                                          staging name (two roots never share staging)
@@ -23,14 +26,47 @@ was superseded gets :class:`txsink.errors.FencedError`.
 from __future__ import annotations
 
 import builtins
+import copy
+import json
 import threading
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any, Protocol
 
 from txsink.errors import FencedError, RetryableConflict
+from txsink.keeper.ledger import EMPTY_LEDGER, empty_ledger, next_ledger
+from txsink.keeper.manifest_codec import (
+    CHUNKS_DIR,
+    PackedRecord,
+    check_request,
+    chunk_ref,
+    new_nonce,
+    pack_record,
+    parse_chunk_name,
+    repack,
+    unpack_record,
+)
 from txsink.protocol.ids import xid_batch
 from txsink.protocol.states import Epoch, Mode, XidRecord, XidState, check_transition
+
+__all__ = [
+    "EMPTY_LEDGER",
+    "MemoryRegistry",
+    "Registry",
+    "XidExists",
+    "committed_record",
+    "next_ledger",
+]
+
+
+# Rounds of prepare whose chunks a concurrent sweep removed before the record existed.
+MAX_ROUNDS = 50
+
+
+def encode_json(value: dict[str, Any]) -> bytes:
+    """Node data as Keeper holds it (canonical JSON; same bytes as kazoo_conn.encode)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
 
 
 class XidExists(RetryableConflict):
@@ -66,34 +102,6 @@ class Registry(Protocol):
     def delete_job(self, job: str) -> None: ...
     def delete_blobs(self, job: str, key: str) -> None: ...
     def close(self) -> None: ...
-
-
-EMPTY_LEDGER: dict[str, Any] = {
-    "seq": 0,
-    "committed": 0,
-    "rows": 0,
-    "last_batch": None,
-    "last_commit_at": None,
-    "partitions": {},
-}
-
-
-def next_ledger(ledger: dict[str, Any], record: XidRecord, committed_at: float) -> dict[str, Any]:
-    """The ledger after ``record`` commits (pure; shared by both registries)."""
-    parts = dict(ledger.get("partitions", {}))
-    for pid, rows in record.partition_rows().items():
-        parts[pid] = parts.get(pid, 0) + rows
-    last = ledger.get("last_batch")
-    if record.batch is not None:
-        last = record.batch if last is None else max(int(last), record.batch)
-    return {
-        "seq": int(ledger.get("seq", 0)) + 1,
-        "committed": int(ledger.get("committed", 0)) + 1,
-        "rows": int(ledger.get("rows", 0)) + record.rows,
-        "last_batch": last,
-        "last_commit_at": committed_at,
-        "partitions": parts,
-    }
 
 
 def committed_record(
@@ -140,18 +148,19 @@ def over_tombstone(record: XidRecord, tombstone: XidRecord) -> XidRecord:
         raise XidExists(tombstone)
     extra = {**record.extra, "aborted_tables": sorted(tombstone.aborted_tables)}
     check_transition(tombstone.state, record.state)
-    return XidRecord(**{**record.__dict__, "extra": extra})
+    return replace(record, extra=extra)
 
 
 class MemoryRegistry:
     """In-memory twin of :class:`txsink.keeper.kazoo_registry.KazooRegistry` (unit tests)."""
 
     def __init__(self, clock: Any = time.time, namespace: str = "") -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._jobs: dict[str, dict[str, Any]] = {}
         self._epochs: dict[str, Epoch] = {}
         self._owners: dict[str, dict[str, Any]] = {}
-        self._xids: dict[str, dict[str, XidRecord]] = {}
+        self._nodes: dict[str, dict[str, tuple[dict[str, Any], int]]] = {}
+        self._chunks: dict[str, dict[str, bytes]] = {}
         self._ledgers: dict[str, dict[str, Any]] = {}
         self._blobs: dict[tuple[str, str], dict[str, Any]] = {}
         # "" keeps pre-namespace staging names (unit tests build names without one)
@@ -159,11 +168,16 @@ class MemoryRegistry:
         self._clock = clock
 
     def ensure_job(self, job: str, meta: dict[str, Any]) -> dict[str, Any]:
+        path = self._path(job, "")
+        check_request(f"ensure job {path}", [(path, len(encode_json(meta)))])
         with self._lock:
             return self._jobs.setdefault(job, dict(meta))
 
     def job_meta(self, job: str) -> dict[str, Any] | None:
         return self._jobs.get(job)
+
+    def list_jobs(self) -> builtins.list[str]:
+        return sorted(self._jobs)
 
     def set_job_meta(self, job: str, meta: dict[str, Any]) -> None:
         """Replace an existing job's meta (operator actions such as `txsink mode`)."""
@@ -175,13 +189,12 @@ class MemoryRegistry:
     def blob_children(self, job: str, key: str) -> builtins.list[str]:
         """Names directly under blob ``key`` (e.g. xids with dedup state under ``dedup``)."""
         prefix = f"{key}/"
-        return sorted(
-            {k[1][len(prefix) :].split("/")[0] for k in self._blobs if k[0] == job
-             and k[1].startswith(prefix)}
-        )  # fmt: skip
+        names = {k[1][len(prefix) :].split("/")[0] for k in self._blobs if k[0] == job
+                 and k[1].startswith(prefix)}  # fmt: skip
+        return sorted(names)
 
-    def list_jobs(self) -> builtins.list[str]:
-        return sorted(self._jobs)
+    def namespace(self) -> str:
+        return self._namespace
 
     def take_epoch(self, job: str, owner: str) -> Epoch:
         with self._lock:
@@ -214,69 +227,156 @@ class MemoryRegistry:
     def owner(self, job: str) -> dict[str, Any] | None:
         return self._owners.get(job)
 
+    # Xid records are stored as Keeper would hold them: the packed node (JSON) and its
+    # chunk nodes, so the twin runs the same layout code as KazooRegistry.
+
+    def _path(self, job: str, name: str) -> str:
+        return f"/txsink/jobs/{job}/{name}"
+
+    def _unpack(self, job: str, xid: str, node: dict[str, Any], version: int) -> XidRecord:
+        ref = chunk_ref(node)
+        chunks = None
+        if ref is not None:
+            store = self._chunks.get(job, {})
+            chunks = [store[n] for n in ref.names(xid) if n in store]
+        return unpack_record(node, chunks, version, self._path(job, f"xids/{xid}"))
+
     def get(self, job: str, xid: str) -> XidRecord | None:
-        return self._xids.get(job, {}).get(xid)
+        with self._lock:
+            found = self._nodes.get(job, {}).get(xid)
+            return None if found is None else self._unpack(job, xid, *found)
 
     def list(self, job: str) -> builtins.list[XidRecord]:
-        return list(self._xids.get(job, {}).values())
+        with self._lock:
+            return [self._unpack(job, x, *f) for x, f in self._nodes.get(job, {}).items()]
+
+    def manifest_chunks(self, job: str) -> builtins.list[str]:
+        """Names of the job's chunk nodes (``<xid>.<nonce>.<i>``), live and orphaned."""
+        with self._lock:
+            return sorted(self._chunks.get(job, {}))
+
+    def _stage_chunks(self, epoch: Epoch, record: XidRecord) -> PackedRecord:
+        """Step 1 of prepare: lay the record out and write its chunks (no record yet)."""
+        packed = pack_record(replace(record, version=0), new_nonce())
+        store = self._chunks.setdefault(epoch.job, {})
+        for name, data in packed.named_chunks(record.xid):
+            check_request(
+                f"write {name}", [(self._path(epoch.job, f"{CHUNKS_DIR}/{name}"), len(data))]
+            )
+            with self._lock:
+                store[name] = data
+        return packed
 
     def prepare(self, epoch: Epoch, record: XidRecord) -> XidRecord:
         with self._lock:
             self._fence(epoch)
             check_transition(None, record.state)
-            xids = self._xids.setdefault(epoch.job, {})
-            version = 0
-            if record.xid in xids:
-                cur = xids[record.xid]
-                if cur.state is not XidState.ABORTED:
-                    raise XidExists(cur)
-                record, version = over_tombstone(record, cur), cur.version + 1
-            stored = XidRecord(**{**record.__dict__, "version": version})
-            xids[record.xid] = stored
-            return stored
+        incoming, over = record, None  # over: version of the tombstone we replace
+        for _ in range(MAX_ROUNDS):
+            with self._lock:
+                existing = self._nodes.get(epoch.job, {}).get(incoming.xid)
+                record, over = incoming, None
+                if existing is not None:
+                    cur = self._unpack(epoch.job, incoming.xid, *existing)
+                    if cur.state is not XidState.ABORTED:
+                        raise XidExists(cur)
+                    record, over = over_tombstone(incoming, cur), existing[1]
+            packed = self._stage_chunks(epoch, record)
+            names = packed.ref.names(record.xid) if packed.ref else []
+            xid_path = self._path(epoch.job, f"xids/{record.xid}")
+            check_request(
+                f"prepare {xid_path}",
+                [(self._path(epoch.job, "epoch"), 0), (xid_path, len(encode_json(packed.node)))]
+                + [(self._path(epoch.job, f"{CHUNKS_DIR}/{n}"), 0) for n in names],
+            )
+            with self._lock:
+                store = self._chunks.setdefault(epoch.job, {})
+                try:
+                    self._fence(epoch)
+                except FencedError:
+                    for n in names:
+                        store.pop(n, None)
+                    raise
+                if any(n not in store for n in names):
+                    continue  # a sweep took our chunks before the record existed: again
+                xids = self._nodes.setdefault(epoch.job, {})
+                now = xids.get(record.xid)
+                if (now[1] if now else None) != over:
+                    for n in names:  # the node changed since we read it: decide again
+                        store.pop(n, None)
+                    continue
+                version = 0 if over is None else over + 1
+                xids[record.xid] = (packed.node, version)
+                return self._unpack(epoch.job, record.xid, packed.node, version)
+        raise RetryableConflict(f"xid {record.xid} of job {epoch.job} keeps changing; retry")
 
     def abort(self, job: str, xid: str, tables: Iterable[str], now: float) -> XidRecord:
         with self._lock:
-            xids = self._xids.setdefault(job, {})
-            cur = xids.get(xid)
-            if cur is None:
+            xids = self._nodes.setdefault(job, {})
+            found = xids.get(xid)
+            if found is None:
                 new = tombstone(job, xid, tables, now)
-                xids[xid] = XidRecord(**{**new.__dict__, "version": 0})
-            elif cur.state is XidState.ABORTED:
-                more = with_more_aborted(cur, tables)
-                if more is not None:
-                    xids[xid] = XidRecord(**{**more.__dict__, "version": cur.version + 1})
-            return xids[xid]
-
-    def namespace(self) -> str:
-        return self._namespace
+                xids[xid] = (new.to_json(), 0)
+                return replace(new, version=0)
+            cur = self._unpack(job, xid, *found)
+            if cur.state is not XidState.ABORTED:
+                return cur
+            more = with_more_aborted(cur, tables)
+            if more is None:
+                return cur
+            xids[xid] = (more.to_json(), found[1] + 1)
+            return replace(more, version=found[1] + 1)
 
     def commit(self, epoch: Epoch, record: XidRecord, committed_at: float) -> XidRecord:
         with self._lock:
             self._fence(epoch)
-            cur = self._xids.get(epoch.job, {}).get(record.xid)
-            if cur is None or cur.version != record.version:
+            found = self._nodes.get(epoch.job, {}).get(record.xid)
+            if found is None or found[1] != record.version:
                 raise RetryableConflict(f"xid {record.xid} changed under us; re-read and retry")
-            ledger = self._ledgers.get(epoch.job, dict(EMPTY_LEDGER))
+            node, version = found
+            cur = self._unpack(epoch.job, record.xid, node, version)
+            ledger = self._ledgers.get(epoch.job, empty_ledger())
             done = committed_record(cur, ledger, committed_at, epoch.number)
-            done = XidRecord(**{**done.__dict__, "version": cur.version + 1})
-            self._xids[epoch.job][record.xid] = done
-            self._ledgers[epoch.job] = next_ledger(ledger, cur, committed_at)
-            return done
+            new_ledger = next_ledger(ledger, cur, committed_at)
+            new_node = repack(done, node)
+            check_request(
+                f"commit xid {record.xid} of job {epoch.job}",
+                [
+                    (self._path(epoch.job, "epoch"), 0),
+                    (self._path(epoch.job, f"xids/{record.xid}"), len(encode_json(new_node))),
+                    (self._path(epoch.job, "ledger"), len(encode_json(new_ledger))),
+                ],
+            )
+            self._nodes[epoch.job][record.xid] = (new_node, version + 1)
+            self._ledgers[epoch.job] = new_ledger
+            return replace(done, version=version + 1)
 
     def ledger(self, job: str) -> dict[str, Any]:
-        return dict(self._ledgers.get(job, EMPTY_LEDGER))
+        return copy.deepcopy(self._ledgers.get(job, EMPTY_LEDGER))
 
     def delete(self, epoch: Epoch, xids: builtins.list[str]) -> None:
+        """Delete records, then every chunk no record references (theirs and orphans)."""
         with self._lock:
             self._fence(epoch)
+            nodes = self._nodes.get(epoch.job, {})
             for xid in xids:
-                self._xids.get(epoch.job, {}).pop(xid, None)
+                nodes.pop(xid, None)
+            store = self._chunks.get(epoch.job, {})
+            for name in builtins.list(store):
+                parsed = parse_chunk_name(name)
+                if parsed is None:
+                    continue
+                found = nodes.get(parsed[0])
+                ref = None if found is None else chunk_ref(found[0])
+                if ref is None or ref.nonce != parsed[1]:
+                    del store[name]
 
     def get_blob(self, job: str, key: str) -> dict[str, Any] | None:
         return self._blobs.get((job, key))
 
     def put_blob(self, job: str, key: str, value: dict[str, Any]) -> None:
+        path = self._path(job, key)
+        check_request(f"write {path}", [(path, len(encode_json(value)))])
         self._blobs[(job, key)] = dict(value)
 
     def delete_blobs(self, job: str, key: str) -> None:
@@ -292,7 +392,8 @@ class MemoryRegistry:
             self._jobs.pop(job, None)
             self._epochs.pop(job, None)
             self._owners.pop(job, None)
-            self._xids.pop(job, None)
+            self._nodes.pop(job, None)
+            self._chunks.pop(job, None)
             self._ledgers.pop(job, None)
             for key in [k for k in self._blobs if k[0] == job]:
                 del self._blobs[key]

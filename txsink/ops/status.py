@@ -17,7 +17,10 @@ Warning kinds (each has a runbook section of that name in docs/operations.md):
 - ``orphan-staging``: staging no PREPARED xid references while no live writer holds the job;
 - ``stale-owner``: the owner's heartbeat is older than the stale threshold;
 - ``fenced-writer``: the job was taken over by ``txsink recover`` (or the heartbeating
-  writer's epoch was superseded): the writer that ran before must be restarted.
+  writer's epoch was superseded): the writer that ran before must be restarted;
+- ``ledger-evicted`` (info): the ledger folded the totals of its least recently written
+  partitions into one number (it keeps ``LEDGER_PARTITIONS``): ``txsink verify``
+  reconciles those partitions together, not one by one.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from txsink.clickhouse.client import connect
 from txsink.clickhouse.warehouse import DEFAULT_STAGING_DB, ClickHouseWarehouse
 from txsink.errors import ConfigError
 from txsink.keeper.kazoo_registry import KazooRegistry
+from txsink.keeper.ledger import LEDGER_PARTITIONS
 from txsink.keeper.registry import Registry
 from txsink.ops.liveness import (
     RECOVER_OWNER_PREFIX,
@@ -365,6 +369,19 @@ def assess(
                     xid=st.xid,
                 )
             )
+    evicted = int(ledger.get("evicted_partitions", 0) or 0)
+    if evicted:
+        w.append(
+            Finding(
+                "ledger-evicted",
+                "info",
+                f"the ledger of job {job} keeps per-partition totals of its "
+                f"{LEDGER_PARTITIONS} most recently written partitions; {evicted} eviction(s) "
+                f"folded {int(ledger.get('evicted_rows', 0) or 0)} rows into one total, so "
+                "`txsink verify` reconciles those partitions together, not one by one "
+                "(see docs/operations.md#keeper-limits)",
+            )
+        )
     if is_recover_owner(owner):
         w.append(
             Finding(

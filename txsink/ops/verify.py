@@ -19,7 +19,10 @@ has published), and **reconciliation**: per partition id, what the ledgers of ev
 writing the target say was committed against the target's active rows in
 ``system.parts``. Equal when txsink is the only writer. Dedup-mode ledgers count Spark
 partitions, not target partitions, so a target any dedup-mode job writes is reconciled
-by total only.
+by total only. A ledger keeps per-partition totals only for its most recently written
+partitions (:mod:`txsink.keeper.ledger`); partitions it evicted, or that came back after
+an eviction, cannot be reconciled one by one: they are reconciled together as one
+``(evicted)`` bucket (with a ``ledger-evicted`` warning naming them), so the total always is.
 
 Everything below :func:`verify` is pure and unit-tested without services.
 """
@@ -36,6 +39,7 @@ from typing import Any
 
 from txsink.clickhouse.client import split_table
 from txsink.driver import open_registry, open_warehouse
+from txsink.keeper.ledger import LEDGER_PARTITIONS, exact_partitions, maybe_evicted
 from txsink.keeper.registry import Registry
 from txsink.protocol.ids import staging_prefix
 from txsink.protocol.states import Mode, XidRecord, XidState
@@ -215,6 +219,58 @@ def stuck_prepared(
 
 # --------------------------------------------------------------------------- reconciliation
 
+EVICTED = "(evicted)"
+
+
+def ledger_partition_rows(
+    ledgers: Iterable[Mapping[str, Any]], target_rows: Mapping[str, int]
+) -> tuple[dict[str, int], set[str]]:
+    """(committed rows per partition id, the ids folded into :data:`EVICTED`) (pure).
+
+    A partition is reconciled by itself only when every ledger either counts all of its
+    rows (in the window, not partial) or certainly never held it; all others, and every
+    ledger's evicted total, go into one ``EVICTED`` bucket.
+    """
+    ledgers = [dict(ledger) for ledger in ledgers]
+    folded: set[str] = set()
+    pids = set(target_rows)
+    for ledger in ledgers:
+        window = {str(p) for p in dict(ledger.get("partitions", {}))}
+        pids |= window
+        folded |= window - set(exact_partitions(ledger))
+    for ledger in ledgers:
+        window = {str(p) for p in dict(ledger.get("partitions", {}))}
+        folded |= {p for p in pids - window if maybe_evicted(ledger, p)}
+    rows: dict[str, int] = {}
+    for ledger in ledgers:
+        for pid, n in dict(ledger.get("partitions", {})).items():
+            key = EVICTED if pid in folded else str(pid)
+            rows[key] = rows.get(key, 0) + int(n)
+        if int(ledger.get("evicted_rows", 0) or 0) or int(ledger.get("evicted_partitions", 0) or 0):
+            rows[EVICTED] = rows.get(EVICTED, 0) + int(ledger.get("evicted_rows", 0) or 0)
+    return rows, folded
+
+
+def fold(rows: Mapping[str, int], folded: set[str]) -> dict[str, int]:
+    """``rows`` with the ids in ``folded`` summed under :data:`EVICTED`."""
+    out: dict[str, int] = {}
+    for pid, n in rows.items():
+        key = EVICTED if pid in folded else pid
+        out[key] = out.get(key, 0) + int(n)
+    return out
+
+
+def evicted_warning(target: str, writers: Mapping[str, Any], folded: set[str]) -> Finding:
+    sample = ", ".join(sorted(folded)[:5]) + (", ..." if len(folded) > 5 else "")
+    evictions = sum(int(dict(w).get("evicted_partitions", 0) or 0) for w in writers.values())
+    return Finding(
+        "ledger-evicted",
+        f"reconciliation of {len(folded)} partition(s) of {target} ({sample}) one by one is not "
+        f"possible: the ledger of {', '.join(sorted(writers))} keeps per-partition totals of its "
+        f"{LEDGER_PARTITIONS} most recently written partitions ({evictions} eviction(s) so far); "
+        f"they are reconciled together as {EVICTED!r}",
+    )
+
 
 def reconcile(
     target: str,
@@ -247,7 +303,13 @@ def reconcile(
         want, have = int(ledger_rows.get(pid, 0)), int(target_rows.get(pid, 0))
         if want == have:
             continue
-        where = f"partition {pid} of {target}" if pid != "*" else f"{target} (total)"
+        where = (
+            f"{target} (total)"
+            if pid == "*"
+            else f"the partitions of {target} evicted from the ledger (together)"
+            if pid == EVICTED
+            else f"partition {pid} of {target}"
+        )
         diff = have - want
         base = f"reconciliation: {where} has {have} rows, the ledger of {who} counts {want}"
         if diff > 0:
@@ -346,11 +408,13 @@ def verify(
                 if r.state is XidState.PREPARED:
                     for pid, rows in r.partition_rows().items():
                         inflight[pid] = inflight.get(pid, 0) + rows
-        ledger_rows: dict[str, int] = {}
-        for ledger in writers.values():
-            for pid, rows in dict(ledger.get("partitions", {})).items():
-                ledger_rows[pid] = ledger_rows.get(pid, 0) + int(rows)
         engine = _engine(warehouse, target)
+        target_rows = warehouse.partition_rows(target) if engine else {}
+        ledger_rows, folded = ledger_partition_rows(writers.values(), target_rows)
+        if folded and not dedup:
+            result.warnings.append(evicted_warning(target, writers, folded))
+        target_rows = fold(target_rows, folded) if engine else dict(ledger_rows)
+        inflight = fold(inflight, folded)
         if not engine:
             result.anomalies.append(
                 Finding(
@@ -359,7 +423,6 @@ def verify(
                     f"{', '.join(sorted(writers)) or job} counts {sum(ledger_rows.values())} rows",
                 )
             )
-        target_rows = warehouse.partition_rows(target) if engine else dict(ledger_rows)
         anomalies, warnings = reconcile(
             target,
             ledger_rows,
@@ -376,6 +439,7 @@ def verify(
             writers=sorted(writers),
             reconciled_by="total" if dedup else "partition",
             partitions=len(set(ledger_rows) | set(target_rows)),
+            evicted_partitions=len(folded),
             ledger_rows=sum(ledger_rows.values()),
             target_rows=sum(target_rows.values()),
             engine=engine,

@@ -1,0 +1,143 @@
+"""The job ledger: exact totals of everything a job ever committed, in one bounded node.
+
+Pure (no kazoo). The ledger node is rewritten by every commit (in the same fenced Keeper
+transaction as the COMMITTED record), so it must stay small whatever the job's age::
+
+    {"seq", "committed", "rows", "last_batch", "last_commit_at",   exact, never pruned
+     "partitions":    {pid: rows},   per-partition totals of the LEDGER_PARTITIONS partition
+                                     ids most recently written (the window)
+     "partition_seq": {pid: seq},    the last commit seq that wrote each of them
+     "partial":       [pid, ...],    window ids that may have been evicted before: their
+                                     totals count only rows since they came back
+     "evicted_partitions": n,        evictions so far (a partition evicted twice counts 2)
+     "evicted_rows":  rows,          the rows of every evicted total, folded into one number
+     "evicted_filter": hex}          a Bloom filter of the evicted partition ids
+
+When a commit brings the window past ``LEDGER_PARTITIONS`` ids, the least recently written
+ones are evicted: their rows move into ``evicted_rows`` and their id into the filter. An id
+that comes back while the filter says it may have been evicted is marked ``partial``. The
+filter never forgets and has false positives (about 2% at 1,000 evicted ids, most ids after
+5,000): a false positive only makes one more partition "not reconcilable one by one".
+``txsink verify`` reconciles window partitions exactly and everything else (evicted and
+partial ids) as one total; ``rows`` stays the exact grand total.
+
+Ledgers written before this layout (``partitions`` without ``partition_seq``) are read as
+a window whose ids all have seq 0 (evicted first).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+from txsink.protocol.states import XidRecord
+
+# Partition ids whose totals the ledger keeps one by one (about 40 KiB of ledger node).
+LEDGER_PARTITIONS = 1000
+FILTER_BITS = 8192
+FILTER_HASHES = 4
+
+EMPTY_LEDGER: dict[str, Any] = {
+    "seq": 0,
+    "committed": 0,
+    "rows": 0,
+    "last_batch": None,
+    "last_commit_at": None,
+    "partitions": {},
+    "partition_seq": {},
+    "partial": [],
+    "evicted_partitions": 0,
+    "evicted_rows": 0,
+    "evicted_filter": "",
+}
+
+
+def empty_ledger() -> dict[str, Any]:
+    return copy.deepcopy(EMPTY_LEDGER)
+
+
+def _bits(pid: str) -> list[int]:
+    digest = hashlib.sha256(pid.encode()).digest()
+    return [
+        int.from_bytes(digest[4 * i : 4 * i + 4], "big") % FILTER_BITS for i in range(FILTER_HASHES)
+    ]
+
+
+def _filter(ledger: Mapping[str, Any]) -> bytearray:
+    raw = str(ledger.get("evicted_filter") or "")
+    return bytearray.fromhex(raw) if raw else bytearray(FILTER_BITS // 8)
+
+
+def maybe_evicted(ledger: Mapping[str, Any], pid: str) -> bool:
+    """False when ``pid`` was certainly never evicted from this ledger's window."""
+    if not int(ledger.get("evicted_partitions", 0)):
+        return False
+    bloom = _filter(ledger)
+    return all(bloom[b // 8] & (1 << (b % 8)) for b in _bits(pid))
+
+
+def next_ledger(
+    ledger: Mapping[str, Any],
+    record: XidRecord,
+    committed_at: float,
+    keep: int = LEDGER_PARTITIONS,
+) -> dict[str, Any]:
+    """The ledger after ``record`` commits (pure; shared by both registries)."""
+    seq = int(ledger.get("seq", 0)) + 1
+    parts = {str(k): int(v) for k, v in dict(ledger.get("partitions", {})).items()}
+    pseq = {str(k): int(v) for k, v in dict(ledger.get("partition_seq", {})).items()}
+    partial = set(ledger.get("partial", []))
+    evicted, evicted_rows = (
+        int(ledger.get("evicted_partitions", 0)),
+        int(ledger.get("evicted_rows", 0)),
+    )
+    bloom = _filter(ledger)
+    for pid, rows in record.partition_rows().items():
+        if pid not in parts:
+            if maybe_evicted(ledger, pid):
+                partial.add(pid)
+            parts[pid] = 0
+        parts[pid] += rows
+        pseq[pid] = seq
+    if len(parts) > keep:
+        order = sorted(parts, key=lambda p: (pseq.get(p, 0), p))
+        for pid in order[: len(parts) - keep]:
+            evicted_rows += parts.pop(pid)
+            pseq.pop(pid, None)
+            partial.discard(pid)
+            evicted += 1
+            for b in _bits(pid):
+                bloom[b // 8] |= 1 << (b % 8)
+    last = ledger.get("last_batch")
+    if record.batch is not None:
+        last = record.batch if last is None else max(int(last), record.batch)
+    return {
+        "seq": seq,
+        "committed": int(ledger.get("committed", 0)) + 1,
+        "rows": int(ledger.get("rows", 0)) + record.rows,
+        "last_batch": last,
+        "last_commit_at": committed_at,
+        "partitions": parts,
+        "partition_seq": {p: pseq.get(p, 0) for p in parts},
+        "partial": sorted(partial),
+        "evicted_partitions": evicted,
+        "evicted_rows": evicted_rows,
+        "evicted_filter": bloom.hex() if evicted else "",
+    }
+
+
+def exact_partitions(ledger: Mapping[str, Any]) -> dict[str, int]:
+    """Window totals that count every row ever committed to that partition id."""
+    partial = set(ledger.get("partial", []))
+    return {
+        str(p): int(r) for p, r in dict(ledger.get("partitions", {})).items() if p not in partial
+    }
+
+
+def rest_rows(ledger: Mapping[str, Any]) -> int:
+    """Rows the ledger cannot attribute to one partition: evicted and partial totals."""
+    partial = set(ledger.get("partial", []))
+    parts = dict(ledger.get("partitions", {}))
+    return int(ledger.get("evicted_rows", 0)) + sum(int(parts[p]) for p in partial if p in parts)
