@@ -12,6 +12,8 @@ errors here and keep the server's error code in ``code``.
   automatically: run ``txsink recover`` which inspects and finishes it.
 - :class:`RecoveryAlarm`: recovery found a state it must not repair automatically.
 - :class:`ContentChanged`: dedup mode saw a replayed batch whose content differs.
+- :class:`DedupWindowExceeded`: dedup mode refused a block the target's dedup window may
+  no longer recognise (or may not hold until a replay).
 - :class:`UnavailableError`: ClickHouse or Keeper cannot be reached.
 """
 
@@ -56,3 +58,8 @@ class ContentChanged(TxSinkError):
 
 class UnavailableError(TxSinkError):
     """ClickHouse or Keeper is unreachable or its session expired."""
+
+
+class DedupWindowExceeded(TxSinkError):
+    """Dedup mode: a block might not be recognised by the target's dedup window any more
+    (parts inserted since the partition's first block, or time); nothing was sent."""

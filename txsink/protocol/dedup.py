@@ -266,6 +266,19 @@ def decide_block(stored: PartitionState | None, index: int, block: BlockFingerpr
     return BlockStep(BlockAction.INSERT)
 
 
+def check_prefix(stored: PartitionState | None, done: Sequence[BlockFingerprint]) -> Refusal | None:
+    """After re-reading a record another attempt changed: the blocks this attempt already
+    sent must still agree with it (else the source is not deterministic)."""
+    if stored is None:
+        return None
+    k = _first_difference(stored.blocks, done)
+    if k is None:
+        return None
+    return Refusal(
+        Decision.CHANGED, k, f"block {k} changed: {_describe(stored.blocks[k], done[k])}"
+    )
+
+
 def decide_end(stored: PartitionState | None, n_blocks: int) -> Refusal | None:
     """After the last block: a refusal if the replay lacks recorded blocks, else None."""
     if stored is not None and n_blocks < len(stored.blocks):
@@ -536,9 +549,8 @@ def check_successor(
         return WriteVerdict.REFUSE, (
             f"it would shrink the record from {len(cur)} to {len(new)} block(s)"
         )
-    if (
-        current.track is not None
-        and (proposed.track is None or proposed.track.first != current.track.first)
+    if current.track is not None and (
+        proposed.track is None or proposed.track.first != current.track.first
     ):
         return WriteVerdict.REFUSE, "it would replace the mark of the partition's first block"
     if current.status is Status.AFTER:
