@@ -43,6 +43,11 @@ Refusal reports the first offending block index: the first differing block for
 CHANGED, ``len(S)`` for OVERLAP (the first block the record lacks), ``len(I)`` for
 CONTAINED (the first recorded block the replay lacks).
 
+Two more rules, each with its table further down: :func:`window_step` (before every block
+sent, whether the target's dedup window still recognises the partition's recorded blocks
+and has room for the next; "The dedup window") and :func:`check_successor` (every record
+write is compare-and-set and may only append; "Record writes").
+
 An executor learns its blocks one at a time while streaming, so the same table is
 applied block by block with :func:`decide_block` (for each incoming block, in order) and
 :func:`decide_end` (once the stream ended); the property tests prove that the block-wise
