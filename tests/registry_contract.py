@@ -23,7 +23,7 @@ import pytest
 
 from txsink.errors import FencedError, KeeperRequestTooLarge, RetryableConflict
 from txsink.keeper.manifest_codec import KEEPER_MAX_REQUEST, unpack_record
-from txsink.keeper.registry import EMPTY_LEDGER, Registry, XidExists
+from txsink.keeper.registry import CREATE, EMPTY_LEDGER, BlobConflict, Registry, XidExists
 from txsink.protocol.ids import staging_name
 from txsink.protocol.states import Epoch, Mode, StagedPart, XidRecord, XidState
 
@@ -319,7 +319,71 @@ class RegistryContract:
         assert registry.get_blob(JOB, "dedup/x-1/p1") == {"state": "BEFORE"}
         assert registry.get_blob("other-job", "dedup/x-1/p0") is None
 
+    def test_a_blob_is_created_once_by_compare_and_set(self, registry: Registry) -> None:
+        key = "dedup/x-1/p0"
+        assert registry.get_blob_versioned(JOB, key) is None
+        v0 = registry.cas_blob(JOB, key, {"blocks": 1}, CREATE)
+        assert registry.get_blob_versioned(JOB, key) == ({"blocks": 1}, v0)
+        with pytest.raises(BlobConflict):
+            registry.cas_blob(JOB, key, {"blocks": 0}, CREATE)
+        assert registry.get_blob(JOB, key) == {"blocks": 1}
+
+    def test_a_stale_version_cannot_overwrite_a_blob(self, registry: Registry) -> None:
+        key = "dedup/x-1/p0"
+        v0 = registry.cas_blob(JOB, key, {"blocks": 1}, CREATE)
+        v1 = registry.cas_blob(JOB, key, {"blocks": 3}, v0)
+        assert v1 != v0
+        with pytest.raises(BlobConflict):
+            registry.cas_blob(JOB, key, {"blocks": 2}, v0)  # a zombie's stale read
+        assert issubclass(BlobConflict, RetryableConflict)
+        assert registry.get_blob_versioned(JOB, key) == ({"blocks": 3}, v1)
+
+    def test_compare_and_set_of_a_missing_blob_at_a_version_conflicts(
+        self, registry: Registry
+    ) -> None:
+        with pytest.raises(BlobConflict):
+            registry.cas_blob(JOB, "dedup/x-1/p0", {"blocks": 1}, 0)
+        assert registry.get_blob(JOB, "dedup/x-1/p0") is None
+
+    def test_a_deleted_blob_can_be_created_again(self, registry: Registry) -> None:
+        registry.cas_blob(JOB, "dedup/x-1/p0", {"blocks": 1}, CREATE)
+        registry.delete_blobs(JOB, "dedup/x-1")
+        assert registry.get_blob_versioned(JOB, "dedup/x-1/p0") is None
+        v = registry.cas_blob(JOB, "dedup/x-1/p0", {"blocks": 2}, CREATE)
+        assert registry.get_blob_versioned(JOB, "dedup/x-1/p0") == ({"blocks": 2}, v)
+
+    def test_put_blob_moves_the_version_a_cas_expects(self, registry: Registry) -> None:
+        v0 = registry.cas_blob(JOB, "dedup/x-1/p0", {"blocks": 1}, CREATE)
+        registry.put_blob(JOB, "dedup/x-1/p0", {"blocks": 1, "note": "unversioned"})
+        with pytest.raises(BlobConflict):
+            registry.cas_blob(JOB, "dedup/x-1/p0", {"blocks": 2}, v0)
+
     # -- several drivers ----------------------------------------------------------------
+
+    def test_racing_blob_writers_exactly_one_wins_each_version(
+        self, registry: Registry, open_registry: OpenRegistry
+    ) -> None:
+        drivers = [registry, open_registry()]
+        barrier = threading.Barrier(len(drivers))
+        won: dict[int, list[int]] = {0: [], 1: []}
+
+        def run(i: int, reg: Registry) -> None:
+            for round_ in range(5):
+                barrier.wait(timeout=30)
+                found = reg.get_blob_versioned(JOB, "dedup/x-1/p0")
+                barrier.wait(timeout=30)  # both read the same version before either writes
+                try:
+                    reg.cas_blob(JOB, "dedup/x-1/p0", {"by": i}, found[1] if found else CREATE)
+                    won[i].append(round_)
+                except BlobConflict:
+                    pass
+
+        threads = [threading.Thread(target=run, args=(i, reg)) for i, reg in enumerate(drivers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert sorted(won[0] + won[1]) == list(range(5)), won
 
     def test_a_second_driver_sees_the_first_drivers_writes(
         self, registry: Registry, open_registry: OpenRegistry

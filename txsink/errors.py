@@ -12,6 +12,8 @@ errors here and keep the server's error code in ``code``.
   automatically: run ``txsink recover`` which inspects and finishes it.
 - :class:`RecoveryAlarm`: recovery found a state it must not repair automatically.
 - :class:`ContentChanged`: dedup mode saw a replayed batch whose content differs.
+- :class:`DedupWindowExceeded`: dedup mode refused a block the target's dedup window may
+  no longer recognise (or may not hold until a replay).
 - :class:`UnavailableError`: ClickHouse or Keeper cannot be reached.
 - :class:`KeeperRequestTooLarge`: a Keeper write would exceed the server's request limit;
   it was not sent (``code`` holds the estimated size).
@@ -62,3 +64,8 @@ class UnavailableError(TxSinkError):
 
 class KeeperRequestTooLarge(TxSinkError):
     """A Keeper request would exceed ZooKeeper's ``jute.maxbuffer``; nothing was sent."""
+
+
+class DedupWindowExceeded(TxSinkError):
+    """Dedup mode: a block might not be recognised by the target's dedup window any more
+    (parts inserted since the partition's first block, or time); nothing was sent."""

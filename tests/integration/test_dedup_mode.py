@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -20,11 +21,13 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from tests.integration.sparkjob import Job, assert_exact, new_job
 from txsink.config import WriterConfig
 from txsink.driver import open_registry
-from txsink.errors import ConfigError
+from txsink.errors import ConfigError, ContentChanged, DedupWindowExceeded
 from txsink.faults import POINTS
+from txsink.protocol import dedup
 from txsink.protocol.states import Mode, XidState
 from txsink.spark import validate
-from txsink.spark.dedup_write import insert_settings
+from txsink.spark.dedup_write import StateCell, insert_settings, write_partition_dedup
+from txsink.spark.writer import WritePlan
 
 ORDERS = (
     "CREATE TABLE {table} (id Int64, event_time DateTime64(6, 'UTC'), day Date, "
@@ -258,3 +261,140 @@ def test_zookeeper_registry_deletes_the_dedup_state_of_one_xid(stack, zk):
     finally:
         registry.close()
     assert zk.get_children(f"/txsink/jobs/{cfg.job}/dedup") == ["b2"]
+
+
+# ------------------------------------------------------------------ the dedup window (no Spark)
+
+
+class _Ctx:
+    """The three TaskContext calls the dedup executor path makes."""
+
+    def __init__(self, partition: int, attempt: int) -> None:
+        self._p, self._a = partition, attempt
+
+    def partitionId(self) -> int:
+        return self._p
+
+    def attemptNumber(self) -> int:
+        return self._a
+
+    def getLocalProperty(self, key: str) -> str | None:
+        return None
+
+
+TWO_PARTITIONS = (
+    "CREATE TABLE {t} (id Int64, p UInt8) ENGINE = MergeTree PARTITION BY p ORDER BY id"
+)
+
+
+def two_partition_rows(n_blocks: int) -> list[pa.RecordBatch]:
+    """Blocks of 2 rows (block_rows=2), each spanning partitions 1 and 2: 2 parts a block."""
+    ids = list(range(1, 2 * n_blocks + 1))
+    return [pa.RecordBatch.from_pydict({"id": [i], "p": [1 + (i % 2)]}) for i in ids]
+
+
+def dying_after(batches: list[pa.RecordBatch], n: int) -> Iterator[pa.RecordBatch]:
+    """The first ``n`` batches, then the executor dies (as a lost task would)."""
+    yield from batches[:n]
+    raise RuntimeError("executor lost")
+
+
+def dedup_plan(stack: Any, table: str) -> WritePlan:
+    return WritePlan(config(stack, table, mode="dedup", block_rows="2"), "dedup")
+
+
+def write(plan: WritePlan, batches: Any, attempt: int) -> Any:
+    return write_partition_dedup(plan, iter(batches), "run", "b0", 0, _Ctx(0, attempt), 0.0)
+
+
+def counts(ch: Any, table: str) -> tuple[int, int]:
+    return tuple(ch.query(f"SELECT count(), uniqExact(id) FROM {table}").result_rows[0])
+
+
+def test_a_replay_after_the_window_forgot_the_first_blocks_is_refused_not_duplicated(
+    stack, ch, fresh_db
+):
+    """The issue's case: window=3, blocks of 2 partitions (2 parts each), a replay of the
+    first block after more than 3 parts were inserted: refused, the target keeps no copy."""
+    table = f"{fresh_db}.t"
+    ch.command(TWO_PARTITIONS.format(t=table) + " SETTINGS non_replicated_deduplication_window=3")
+    plan = dedup_plan(stack, table)
+    rows = two_partition_rows(3)
+    with pytest.raises((DedupWindowExceeded, RuntimeError)):
+        write(plan, dying_after(rows, 5), attempt=0)
+    # another writer inserts into both partitions: the window now lacks block 0's parts
+    ch.insert_arrow(table, pa.table({"id": [100, 101], "p": [1, 2]}))
+    with pytest.raises(DedupWindowExceeded) as err:
+        write(plan, rows, attempt=1)
+    msg = str(err.value)
+    assert table in msg and "non_replicated_deduplication_window=3" in msg
+    assert "EVICTED" in msg and "runbook-dedup-window-exceeded" in msg
+    n, unique = counts(ch, table)
+    assert n == unique, f"{n - unique} duplicated row(s)"
+    # raising the window now cannot bring the forgotten tokens back: still refused
+    ch.command(f"ALTER TABLE {table} MODIFY SETTING non_replicated_deduplication_window = 1000")
+    with pytest.raises(DedupWindowExceeded):
+        write(plan, rows, attempt=2)
+    assert counts(ch, table) == (n, unique)
+
+
+def test_a_partition_stops_before_it_outgrows_the_window_and_resumes_once_raised(
+    stack, ch, fresh_db
+):
+    table = f"{fresh_db}.t"
+    ch.command(TWO_PARTITIONS.format(t=table) + " SETTINGS non_replicated_deduplication_window=3")
+    plan = dedup_plan(stack, table)
+    rows = two_partition_rows(3)
+    with pytest.raises(DedupWindowExceeded) as err:
+        write(plan, rows, attempt=0)
+    msg = str(err.value)
+    assert "block 1" in msg and "NO_ROOM" in msg and "the next block may add 2" in msg
+    assert f"ALTER TABLE {table} MODIFY SETTING non_replicated_deduplication_window =" in msg
+    assert counts(ch, table) == (2, 2), "block 0 only: block 1 must not be sent"
+    ch.command(f"ALTER TABLE {table} MODIFY SETTING non_replicated_deduplication_window = 100")
+    message = write(plan, rows, attempt=1)
+    assert message.extra["decision"] == "RESUME"
+    assert counts(ch, table) == (6, 6)
+
+
+def test_a_replay_within_the_window_resumes_and_deduplicates(stack, ch, fresh_db):
+    table = f"{fresh_db}.t"
+    ch.command(TWO_PARTITIONS.format(t=table) + " SETTINGS non_replicated_deduplication_window=100")
+    plan = dedup_plan(stack, table)
+    rows = two_partition_rows(4)
+    with pytest.raises(RuntimeError):
+        write(plan, dying_after(rows, 5), attempt=0)  # blocks 0, 1 landed; 2 recorded
+    assert counts(ch, table) == (4, 4)
+    message = write(plan, rows, attempt=1)
+    assert message.extra["decision"] == "RESUME" and message.rows == 8
+    assert counts(ch, table) == (8, 8)
+
+
+# ------------------------------------------------------------------ the record never shrinks
+
+
+def test_a_stale_attempt_cannot_shrink_the_partition_record_on_zookeeper(stack):
+    """Two attempts of one partition read the record, the first records three blocks, the
+    second (a zombie with the old read) tries to record one: it loses, re-reads, and a
+    shorter write is refused. The record keeps three blocks."""
+    cfg = config(stack, "db.t")
+    reg_a, reg_b = open_registry(cfg), open_registry(cfg)
+    key = dedup.partition_key("b0", 0)
+    blocks = tuple(dedup.BlockFingerprint(i, 2, f"b2:{i}") for i in range(3))
+    track = dedup.Track(dedup.Mark(0, 1.0), 100, None, 0)
+    try:
+        refused = ContentChanged
+        a = StateCell(reg_a, cfg.job, key, refused)
+        b = StateCell(reg_b, cfg.job, key, refused)  # read before a wrote anything
+        for n in (1, 2, 3):
+            assert a.propose(dedup.before(blocks[:n], 0, 1.0, track))
+        assert not b.propose(dedup.before(blocks[:1], 1, 2.0, track)), "the stale write won"
+        assert b.state is not None and len(b.state.blocks) == 3  # b re-read the record
+        with pytest.raises(ContentChanged, match="shrink the record from 3 to 1"):
+            b.propose(dedup.after(blocks[:1], 1, 2.0, track))
+        stored = dedup.PartitionState.from_json(reg_a.get_blob(cfg.job, key))
+        assert stored is not None and stored.blocks == blocks
+        assert stored.status is dedup.Status.BEFORE
+    finally:
+        reg_a.close()
+        reg_b.close()

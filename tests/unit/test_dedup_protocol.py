@@ -15,17 +15,24 @@ from txsink.protocol.dedup import (
     BlockAction,
     BlockFingerprint,
     Decision,
+    Mark,
     PartitionState,
     Refusal,
     Status,
+    Track,
+    Window,
+    WindowProblem,
+    WriteVerdict,
     after,
     before,
+    check_successor,
     decide_block,
     decide_end,
     decide_partition,
     needs_before_record,
     partition_key,
     summarize,
+    window_step,
     xid_key,
 )
 from txsink.protocol.states import Mode, StagedPart
@@ -226,3 +233,161 @@ def test_a_replay_of_a_committed_dedup_xid_removes_leftover_state() -> None:
     epoch = tx.begin("run-2")
     assert tx.commit_batch(epoch, "b0", 0, "db.t", [part], Mode.DEDUP).action == "skipped"
     assert reg.get_blob("j", partition_key("b0", 0)) is None
+
+
+# ------------------------------------------------------------------ the dedup window
+
+W100 = Window(parts=100, setting="non_replicated_deduplication_window")
+W3 = Window(parts=3, setting="non_replicated_deduplication_window")
+REPL = Window(
+    parts=10000,
+    setting="replicated_deduplication_window",
+    seconds=3600.0,
+    seconds_setting="replicated_deduplication_window_seconds",
+)
+
+
+def test_the_first_block_of_a_partition_starts_its_track_at_the_counter_now() -> None:
+    track, refusal = window_step(None, W100, Mark(40, 5.0), resend=False)
+    assert refusal is None and track.first == Mark(40, 5.0) and track.parts_window == 100
+
+
+def test_the_issue_case_two_part_blocks_stop_before_outgrowing_a_window_of_three() -> None:
+    """window=3, blocks of 2 parts: block 1 could evict block 0's first part: stop first."""
+    t0, r0 = window_step(None, W3, Mark(0, 0.0), resend=False)
+    assert r0 is None
+    _, r1 = window_step(t0, W3, Mark(2, 1.0), resend=False, prev_counter=0)
+    assert r1 is not None and r1.problem is WindowProblem.NO_ROOM
+    assert r1.used == 4 and r1.limit == 3 and "the next block may add 2" in r1.detail
+
+
+def test_a_resend_after_more_parts_than_the_window_is_refused_as_evicted() -> None:
+    track = Track(Mark(0, 0.0), 3, None, 2, 2)
+    _, refusal = window_step(track, W3, Mark(4, 1.0), resend=True)
+    assert refusal is not None and refusal.problem is WindowProblem.EVICTED
+
+
+def test_raising_the_window_later_does_not_excuse_parts_the_old_window_forgot() -> None:
+    track = Track(Mark(0, 0.0), 3, None, 2, 2)
+    big = Window(parts=1000, setting=W3.setting)
+    _, refusal = window_step(track, big, Mark(4, 1.0), resend=True)
+    assert refusal is not None and refusal.problem is WindowProblem.EVICTED and refusal.limit == 3
+
+
+def test_raising_the_window_in_time_lets_the_partition_resume() -> None:
+    track = Track(Mark(0, 0.0), 3, None, 2, 2)
+    big = Window(parts=1000, setting=W3.setting)
+    track, refusal = window_step(track, big, Mark(2, 1.0), resend=True)
+    assert refusal is None and track.parts_window == 1000
+    _, refusal = window_step(track, big, Mark(4, 2.0), resend=False, prev_counter=2)
+    assert refusal is None
+
+
+def test_a_counter_that_went_backwards_cannot_bound_the_window() -> None:
+    track = Track(Mark(10, 0.0), 100, None, 20, 1)
+    _, refusal = window_step(track, W100, Mark(15, 1.0), resend=True)
+    assert refusal is not None and refusal.problem is WindowProblem.BACKWARDS
+
+
+def test_replicated_tokens_expire_by_time_even_with_room_in_parts() -> None:
+    track, _ = window_step(None, REPL, Mark(0, 0.0), resend=False)
+    _, late = window_step(track, REPL, Mark(1, 3601.0), resend=True)
+    assert late is not None and late.problem is WindowProblem.EVICTED and late.seconds
+    _, close = window_step(track, REPL, Mark(1, 3400.0), resend=True)
+    assert close is not None and close.problem is WindowProblem.NO_ROOM and close.seconds
+    _, fine = window_step(track, REPL, Mark(1, 600.0), resend=True)
+    assert fine is None
+
+
+def test_a_track_survives_its_json_round_trip_inside_the_record() -> None:
+    track = Track(Mark(7, 1.5), 100, 3600.0, 9, 2)
+    state = before(fps("a"), 0, 1.0, track)
+    assert PartitionState.from_json(state.to_json()) == state
+
+
+marks = st.lists(st.integers(0, 6), min_size=1, max_size=8)
+
+
+@given(st.integers(1, 40), marks, st.lists(st.booleans(), min_size=8, max_size=8))
+def test_a_block_is_only_sent_while_every_part_since_the_first_fits_the_window(
+    window: int, steps: list[int], resends: list[bool]
+) -> None:
+    """Whatever the counter does (it only grows here), a passed check means the parts
+    inserted since the partition's first block, plus the next block, fit the window."""
+    w = Window(parts=window, setting="non_replicated_deduplication_window")
+    track, counter, prev = None, 0, None
+    for advance, resend in zip(steps, resends, strict=False):
+        counter += advance
+        new, refusal = window_step(track, w, Mark(counter, 0.0), resend=resend, prev_counter=prev)
+        if refusal is not None:
+            break
+        assert new.first.counter <= counter
+        used = counter - new.first.counter
+        assert used + (0 if resend else max(1, new.block_parts)) <= window - window // 10
+        track, prev = new, counter
+
+
+# ------------------------------------------------------------------ records never shrink
+
+records = st.builds(
+    lambda status, bs: PartitionState(
+        status, bs, sum(b.rows for b in bs), 0, 0.0, Track(Mark(0, 0.0), 100, None, 0)
+    ),
+    st.sampled_from(list(Status)),
+    blocks,
+)
+
+
+@given(st.lists(records, min_size=1, max_size=12))
+def test_no_sequence_of_writes_shrinks_rewrites_or_reopens_a_record(
+    proposals: list[PartitionState],
+) -> None:
+    """Attempts racing on one partition propose anything; the rule keeps the record
+    growing by appends only, and a complete (AFTER) record final."""
+    current: PartitionState | None = None
+    for proposed in proposals:
+        verdict, _ = check_successor(current, proposed)
+        if verdict is not WriteVerdict.WRITE:
+            continue
+        if current is not None:
+            assert proposed.blocks[: len(current.blocks)] == current.blocks
+            assert current.status is Status.BEFORE
+            if proposed.status is Status.AFTER:
+                assert proposed.blocks == current.blocks
+        current = proposed
+
+
+def test_a_shorter_record_from_a_zombie_attempt_is_refused() -> None:
+    verdict, why = check_successor(before(fps("a", "b", "c"), 0, 1.0), before(fps("a"), 1, 2.0))
+    assert verdict is WriteVerdict.REFUSE and "shrink the record from 3 to 1" in why
+
+
+def test_a_record_cannot_trade_its_first_mark_for_a_later_one() -> None:
+    early = before(fps("a"), 0, 1.0, Track(Mark(0, 0.0), 100, None, 0))
+    late = before(fps("a", "b"), 1, 2.0, Track(Mark(50, 9.0), 100, None, 50))
+    assert check_successor(early, late)[0] is WriteVerdict.REFUSE
+
+
+def test_after_must_list_exactly_the_blocks_recorded_before_being_sent() -> None:
+    ok = check_successor(before(fps("a", "b"), 0, 1.0), after(fps("a", "b"), 0, 1.0))
+    assert ok[0] is WriteVerdict.WRITE
+    unrecorded = check_successor(before(fps("a"), 0, 1.0), after(fps("a", "b"), 0, 1.0))
+    assert unrecorded[0] is WriteVerdict.REFUSE
+    again = check_successor(after(fps("a"), 0, 1.0), after(fps("a"), 1, 2.0))
+    assert again[0] is WriteVerdict.NOOP
+
+
+def test_a_racing_attempt_that_loses_re_reads_and_cannot_shrink_the_record() -> None:
+    """The executor's StateCell on the in-memory registry: CAS, re-read, the rule."""
+    from txsink.errors import ContentChanged
+    from txsink.spark.dedup_write import StateCell
+
+    reg = MemoryRegistry()
+    a = StateCell(reg, "j", "dedup/b0/p0", ContentChanged)
+    b = StateCell(reg, "j", "dedup/b0/p0", ContentChanged)
+    assert a.propose(before(fps("a"), 0, 1.0)) and a.propose(before(fps("a", "b"), 0, 1.0))
+    assert not b.propose(before(fps("a"), 1, 2.0))
+    with pytest.raises(ContentChanged):
+        b.propose(after(fps("a"), 1, 2.0))
+    stored = PartitionState.from_json(reg.get_blob("j", "dedup/b0/p0"))
+    assert stored == before(fps("a", "b"), 0, 1.0)

@@ -22,10 +22,16 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from txsink.protocol.dedup import Window
+
 MERGE_TREE_SUFFIX = "MergeTree"
 VIEW_ENGINES = frozenset({"View", "MaterializedView", "LiveView", "WindowView"})
 # default_kind values of system.columns a DataFrame cannot (or need not) supply.
 NOT_INSERTABLE_KINDS = frozenset({"MATERIALIZED", "ALIAS"})
+WINDOW_SECONDS_KEY = "replicated_deduplication_window_seconds"
+# Its default: 1 hour from ClickHouse 25.9, 1 week before. When the target's value is not
+# known, the smaller one is assumed (a replay refused too early, never duplicated).
+DEFAULT_WINDOW_SECONDS = 3600
 
 
 @dataclass(frozen=True)
@@ -78,17 +84,43 @@ class TargetInfo:
         return self.engine.endswith(MERGE_TREE_SUFFIX)
 
     @property
+    def dedup_window_setting(self) -> str:
+        """The setting that sizes this table's insert dedup window (in parts)."""
+        if self.is_replicated:
+            return "replicated_deduplication_window"
+        return "non_replicated_deduplication_window"
+
+    @property
     def dedup_window(self) -> int:
-        """Insert dedup window that applies to this table (0 = no dedup)."""
-        key = (
-            "replicated_deduplication_window"
-            if self.is_replicated
-            else "non_replicated_deduplication_window"
-        )
+        """Insert dedup window that applies to this table, in parts (0 = no dedup)."""
         try:
-            return int(self.settings.get(key, "0"))
+            return int(self.settings.get(self.dedup_window_setting, "0"))
         except ValueError:
             return 0
+
+    @property
+    def dedup_window_seconds(self) -> float | None:
+        """How long a replicated table keeps dedup entries (None: no time limit)."""
+        if not self.is_replicated:
+            return None
+        try:
+            return float(self.settings.get(WINDOW_SECONDS_KEY, DEFAULT_WINDOW_SECONDS))
+        except ValueError:
+            return float(DEFAULT_WINDOW_SECONDS)
+
+
+def dedup_window(info: TargetInfo) -> Window | None:
+    """The window dedup mode checks every block against (see :mod:`txsink.protocol.dedup`);
+    None where txsink cannot observe it (not a MergeTree: a Distributed target's shards)."""
+    if not info.is_merge_tree:
+        return None
+    seconds = info.dedup_window_seconds
+    return Window(
+        parts=info.dedup_window,
+        setting=info.dedup_window_setting,
+        seconds=seconds,
+        seconds_setting=WINDOW_SECONDS_KEY if seconds is not None else None,
+    )
 
 
 # --------------------------------------------------------------------------- blockers
@@ -200,6 +232,16 @@ def _window_blocker(what: str, info: TargetInfo, min_window: int) -> str:
 
 def dedup_notes(info: TargetInfo) -> list[str]:
     """What dedup mode relies on but cannot check (logged as warnings, not refused)."""
+    if info.is_merge_tree:
+        window = dedup_window(info)
+        if window is None or window.seconds is None:
+            return []
+        return [
+            f"target {info.name} is replicated: ClickHouse forgets its dedup tokens after "
+            f"{WINDOW_SECONDS_KEY}={window.seconds:.0f} s, so a batch interrupted mid-insert "
+            f"must be replayed within that time (minus a margin) of its first insert, or the "
+            "replay is refused with DedupWindowExceeded"
+        ]
     if info.engine != "Distributed":
         return []
     return [
@@ -208,7 +250,7 @@ def dedup_notes(info: TargetInfo) -> list[str]:
         "every shard's local table must be a MergeTree with a dedup window "
         "(non_replicated_/replicated_deduplication_window) and its sharding key must be "
         "deterministic (not rand()), or a replayed block lands on another shard and is "
-        "not recognised"
+        "not recognised; the shards' windows (parts and seconds) are not checked either"
     ]
 
 

@@ -50,6 +50,8 @@ from txsink.keeper.manifest_codec import (
     unpack_record,
 )
 from txsink.keeper.registry import (
+    CREATE,
+    BlobConflict,
     XidExists,
     committed_record,
     over_tombstone,
@@ -722,6 +724,44 @@ class KazooRegistry:
                 except NodeExistsError:
                     continue
         raise RetryableConflict(f"job {job}: blob {path} keeps changing; retry")
+
+    def get_blob_versioned(self, job: str, key: str) -> tuple[dict[str, Any], int] | None:
+        """The blob and its Keeper node version, or None (absent or an empty parent node)."""
+        path = self._blob_path(job, key)
+        with self._conn.mapped(f"read {path}"):
+            found = self._conn.read_json(path)
+        return None if found is None else (found[0], int(found[1].version))
+
+    def cas_blob(self, job: str, key: str, value: dict[str, Any], expected_version: int) -> int:
+        """Write the blob only if its node is at ``expected_version`` (``CREATE``: absent);
+        the new version, or :class:`BlobConflict` with nothing written.
+
+        An empty node (a parent made for a child blob) counts as absent: it is filled in
+        at its own version, so ``get_blob_versioned`` -> None -> ``CREATE`` still works.
+        """
+        path = self._blob_path(job, key)
+        check_request(f"write {path}", [(path, len(encode(value)))], self._acl_entries())
+        conflict = BlobConflict(
+            f"job {job}: blob {path} is not at version {expected_version}; re-read it and "
+            "decide again"
+        )
+        with self._conn.mapped(f"write {path}"):
+            if expected_version == CREATE:
+                try:
+                    self._conn.create(path, value)
+                    return 0
+                except NodeExistsError:
+                    found = self._conn.read(path)
+                    if found is None or found[0] is not None:
+                        raise conflict from None
+                    expected_version = int(found[1].version)  # an empty parent: fill it in
+            try:
+                stat = self._conn.wait(
+                    self._client.set_async(path, encode(value), version=expected_version)
+                )
+            except (BadVersionError, NoNodeError):
+                raise conflict from None
+            return int(stat.version)
 
     def delete_blobs(self, job: str, key: str) -> None:
         """Remove blob ``key`` and its subtree (unfenced: only dedup state of COMMITTED xids)."""

@@ -77,6 +77,13 @@ class XidExists(RetryableConflict):
         self.existing = existing
 
 
+class BlobConflict(RetryableConflict):
+    """``cas_blob`` lost: the blob is not at the expected version (re-read and decide again)."""
+
+
+CREATE = -1  # ``expected_version`` of :meth:`Registry.cas_blob` meaning "must not exist yet"
+
+
 class Registry(Protocol):
     """What the transaction layer needs from Keeper."""
 
@@ -99,6 +106,8 @@ class Registry(Protocol):
     def delete(self, epoch: Epoch, xids: builtins.list[str]) -> None: ...
     def get_blob(self, job: str, key: str) -> dict[str, Any] | None: ...
     def put_blob(self, job: str, key: str, value: dict[str, Any]) -> None: ...
+    def get_blob_versioned(self, job: str, key: str) -> tuple[dict[str, Any], int] | None: ...
+    def cas_blob(self, job: str, key: str, value: dict[str, Any], expected_version: int) -> int: ...
     def delete_job(self, job: str) -> None: ...
     def delete_blobs(self, job: str, key: str) -> None: ...
     def close(self) -> None: ...
@@ -165,6 +174,7 @@ class MemoryRegistry:
         self._blobs: dict[tuple[str, str], dict[str, Any]] = {}
         # "" keeps pre-namespace staging names (unit tests build names without one)
         self._namespace = namespace
+        self._blob_versions: dict[tuple[str, str], int] = {}
         self._clock = clock
 
     def ensure_job(self, job: str, meta: dict[str, Any]) -> dict[str, Any]:
@@ -377,7 +387,36 @@ class MemoryRegistry:
     def put_blob(self, job: str, key: str, value: dict[str, Any]) -> None:
         path = self._path(job, key)
         check_request(f"write {path}", [(path, len(encode_json(value)))])
-        self._blobs[(job, key)] = dict(value)
+        with self._lock:
+            self._store_blob((job, key), value)
+
+    def _store_blob(self, k: tuple[str, str], value: dict[str, Any]) -> int:
+        version = self._blob_versions[k] + 1 if k in self._blobs else 0
+        self._blobs[k] = dict(value)
+        self._blob_versions[k] = version
+        return version
+
+    def get_blob_versioned(self, job: str, key: str) -> tuple[dict[str, Any], int] | None:
+        """The blob and its version (bumped by every write, 0 when created), or None."""
+        with self._lock:
+            if (job, key) not in self._blobs:
+                return None
+            return dict(self._blobs[(job, key)]), self._blob_versions[(job, key)]
+
+    def cas_blob(self, job: str, key: str, value: dict[str, Any], expected_version: int) -> int:
+        """Write the blob only if it is at ``expected_version`` (``CREATE``: absent); the
+        new version, or :class:`BlobConflict` with nothing written."""
+        path = self._path(job, key)
+        check_request(f"write {path}", [(path, len(encode_json(value)))])
+        with self._lock:
+            k = (job, key)
+            current = self._blob_versions[k] if k in self._blobs else CREATE
+            if current != expected_version:
+                raise BlobConflict(
+                    f"job {job}: blob {key} is at version {current}, not {expected_version}; "
+                    "re-read it and decide again"
+                )
+            return self._store_blob(k, value)
 
     def delete_blobs(self, job: str, key: str) -> None:
         """Remove blob ``key`` and every blob under ``key/`` (dedup state of a committed xid)."""
@@ -385,6 +424,7 @@ class MemoryRegistry:
             doomed = [k for k in self._blobs if k[0] == job and f"{k[1]}/".startswith(f"{key}/")]
             for k in doomed:
                 del self._blobs[k]
+                self._blob_versions.pop(k, None)
 
     def delete_job(self, job: str) -> None:
         """Remove a job and everything under it (unfenced: scratch jobs of `txsink tune`)."""
@@ -397,6 +437,7 @@ class MemoryRegistry:
             self._ledgers.pop(job, None)
             for key in [k for k in self._blobs if k[0] == job]:
                 del self._blobs[key]
+                self._blob_versions.pop(key, None)
 
     def close(self) -> None:
         return None

@@ -41,11 +41,13 @@ from typing import Any
 import pyarrow as pa
 from pyarrow import ipc
 
-from txsink.clickhouse.compat import TargetInfo
-from txsink.clickhouse.warehouse import iter_blocks
+from txsink.clickhouse.client import split_table
+from txsink.clickhouse.compat import WINDOW_SECONDS_KEY, TargetInfo, dedup_window
+from txsink.clickhouse.warehouse import iter_blocks, parse_settings_clause
 from txsink.driver import open_registry, open_warehouse
-from txsink.errors import ConfigError, ContentChanged
+from txsink.errors import ConfigError, ContentChanged, DedupWindowExceeded
 from txsink.faults import fault_point
+from txsink.keeper.registry import CREATE, BlobConflict
 from txsink.protocol import dedup
 from txsink.protocol.ids import dedup_token
 from txsink.protocol.states import StagedPart
@@ -149,6 +151,157 @@ def content_changed(
     )
 
 
+class StateCell:
+    """One partition's Keeper record as this attempt last read it, written compare-and-set.
+
+    Every write obeys :func:`txsink.protocol.dedup.check_successor` against the record
+    read; a lost race (another attempt wrote first) re-reads and tells the caller to
+    decide again, so no attempt can shrink or rewrite what another recorded.
+    """
+
+    def __init__(self, registry: Any, job: str, key: str, refused: Any) -> None:
+        self.registry, self.job, self.key = registry, job, key
+        self._refused = refused  # (detail) -> TxSinkError, raised on a refused write
+        self.state: dedup.PartitionState | None = None
+        self.version = CREATE
+        self.refresh()
+
+    def refresh(self) -> None:
+        found = self.registry.get_blob_versioned(self.job, self.key)
+        if found is None:
+            self.state, self.version = None, CREATE
+        else:
+            self.state, self.version = dedup.PartitionState.from_json(found[0]), found[1]
+
+    def propose(self, new: dedup.PartitionState) -> bool:
+        """Write ``new`` if the rule allows it; False if another attempt wrote first (the
+        cell then holds its record: decide again)."""
+        verdict, why = dedup.check_successor(self.state, new)
+        if verdict is dedup.WriteVerdict.NOOP:
+            return True
+        if verdict is dedup.WriteVerdict.REFUSE:
+            raise self._refused(why)
+        try:
+            self.version = self.registry.cas_blob(self.job, self.key, new.to_json(), self.version)
+        except BlobConflict:
+            self.refresh()
+            return False
+        self.state = new
+        return True
+
+
+_MARK_SQL = (
+    "SELECT t.engine, t.engine_full, p.mx, p.sm, toFloat64(now64(3)) FROM "
+    "(SELECT engine, engine_full FROM system.tables "
+    " WHERE database = {db:String} AND name = {t:String}) AS t CROSS JOIN "
+    "(SELECT max(m) AS mx, sum(m + 1) AS sm FROM (SELECT partition_id, "
+    " max(max_block_number) AS m FROM system.parts "
+    " WHERE database = {db:String} AND table = {t:String} GROUP BY partition_id)) AS p"
+)
+
+
+class WindowGuard:
+    """Observes the target's dedup window and block counter (one query per block).
+
+    The counter bounds the dedup entries added since a mark (see the window section of
+    :mod:`txsink.protocol.dedup`): the highest block number for non-replicated targets
+    (numbered per table), the sum over partitions of highest block number + 1 for
+    replicated ones (numbered per partition). Outdated parts still listed count too.
+    """
+
+    def __init__(self, warehouse: Any, table: str) -> None:
+        self.client = warehouse.client
+        self.table = table
+        self.db, self.name = split_table(table)
+        self._defaults: dict[str, str] | None = None
+
+    def observe(self) -> tuple[dedup.Mark, dedup.Window] | None:
+        """(counter and server time, window now); None where no window can be observed."""
+        rows = self.client.query_rows(
+            _MARK_SQL,
+            parameters={"db": self.db, "t": self.name},
+            what=f"read the block counter of {self.table}",
+            table=self.table,
+        )
+        if not rows:
+            raise ConfigError(f"table {self.table} disappeared during a dedup-mode write")
+        engine, engine_full, mx, sm, now = rows[0]
+        if self._defaults is None:
+            self._defaults = {
+                str(k): str(v)
+                for k, v in self.client.query_rows(
+                    "SELECT name, value FROM system.merge_tree_settings "
+                    "WHERE name IN {names:Array(String)}",
+                    parameters={"names": list(WINDOW_KEYS)},
+                    what="read merge_tree_settings defaults",
+                )
+            }
+        settings = {**self._defaults, **parse_settings_clause(str(engine_full))}
+        info = TargetInfo(self.db, self.name, str(engine), str(engine_full), settings=settings)
+        window = dedup_window(info)
+        if window is None:
+            return None
+        counter = int(sm) if info.is_replicated else int(mx)
+        return dedup.Mark(counter, float(now)), window
+
+
+WINDOW_KEYS = (
+    "non_replicated_deduplication_window",
+    "replicated_deduplication_window",
+    WINDOW_SECONDS_KEY,
+)
+
+
+def window_exceeded(
+    plan: WritePlan,
+    *,
+    xid: str,
+    batch: int | None,
+    partition: int,
+    index: int,
+    resend: bool,
+    window: dedup.Window | None,
+    refusal: dedup.WindowRefusal,
+) -> DedupWindowExceeded:
+    cfg = plan.config
+    t = cfg.table
+    node = f"{cfg.keeper_root}/jobs/{cfg.job}/{dedup.partition_key(xid, partition)}"
+    if window is None:
+        setting = "the dedup window"
+    elif refusal.seconds:
+        setting = f"{window.seconds_setting}={window.seconds:.0f}"
+    else:
+        setting = f"{window.setting}={window.parts}"
+    head = (
+        f"job {cfg.job}: xid {xid} (batch {batch}), Spark partition {partition}, block "
+        f"{index}: target {t} has {setting}; {refusal.detail} ({refusal.problem.value}). "
+        f"Block {index} was not sent. "
+    )
+    if refusal.problem is dedup.WindowProblem.NO_ROOM and not resend:
+        suggest = max(2 * int(refusal.used) + 10, 100)
+        key = window.setting if window else "non_replicated_deduplication_window"
+        seconds = (
+            f" (or {window.seconds_setting} = {int(2 * refusal.used) + 600})"
+            if window is not None and refusal.seconds
+            else ""
+        )
+        return DedupWindowExceeded(
+            head + f"The blocks before it are in {t} and recorded at {node}; they are still "
+            f"deduplicated, so this partition resumes exactly once the window has room: run "
+            f"ALTER TABLE {t} MODIFY SETTING {key} = {suggest}{seconds} and restart the "
+            f"query; or write fewer parts per batch (larger block_rows, smaller batches, "
+            f"dedup_order_by on the partition key so a block spans fewer partitions), or "
+            f"use mode=attach (docs/modes.md#the-dedup-window)."
+        )
+    return DedupWindowExceeded(
+        head + f"Re-sending a block recorded at {node} could insert its rows into {t} a "
+        f"second time, so nothing was re-sent and raising the window now does not help. "
+        f"Rows of the recorded blocks may be in {t}: follow "
+        f"docs/operations.md#runbook-dedup-window-exceeded (find and delete them, delete "
+        f"{node}, restart)."
+    )
+
+
 def write_partition_dedup(
     plan: WritePlan,
     batches: Iterator[Any],
@@ -168,18 +321,34 @@ def write_partition_dedup(
     blocks = iter_blocks(rows, block_rows=cfg.block_rows, block_bytes=NO_BYTE_LIMIT)
     first = next(blocks, None)
     registry = open_registry(cfg)
+
+    def changed(stored: dedup.PartitionState | None, refusal: dedup.Refusal) -> ContentChanged:
+        return content_changed(
+            plan, xid=xid, batch=batch, partition=partition, stored=stored, refusal=refusal
+        )
+
+    def refused_write(why: str) -> ContentChanged:
+        return ContentChanged(
+            f"job {cfg.job}: xid {xid}, Spark partition {partition}: another attempt changed "
+            f"the dedup record {cfg.keeper_root}/jobs/{cfg.job}/{key} and this attempt's "
+            f"write was refused: {why}. Nothing further was inserted into {cfg.table}; "
+            f"Spark retries the task, which decides against the record as it is now."
+        )
+
     try:
-        stored = dedup.PartitionState.from_json(registry.get_blob(cfg.job, key))
+        cell = StateCell(registry, cfg.job, key, refused_write)
+        initial = cell.state
         if first is None:  # an empty partition inserts nothing and records nothing...
-            refusal = dedup.decide_end(stored, 0)  # ...unless an earlier attempt had rows
+            refusal = dedup.decide_end(initial, 0)  # ...unless an earlier attempt had rows
             if refusal is not None:
-                raise content_changed(
-                    plan, xid=xid, batch=batch, partition=partition, stored=stored, refusal=refusal
-                )
+                raise changed(initial, refusal)
             return TxCommitMessage(
                 run_id, xid, batch, seconds=time.time() - started, extra=_ident(ctx)
             )
         warehouse = open_warehouse(cfg)
+        guard = WindowGuard(warehouse, cfg.table)
+        track: dedup.Track | None = None  # this attempt's view of the window bookkeeping
+        prev_counter: int | None = None
         done: list[dedup.BlockFingerprint] = []
         inserted = skipped = total = 0
 
@@ -189,22 +358,41 @@ def write_partition_dedup(
 
         for index, block in enumerate(chained()):
             fp = fingerprint(index, block)
-            step = dedup.decide_block(stored, index, fp)
-            if step.action is dedup.BlockAction.REFUSE and step.refusal is not None:
-                raise content_changed(
-                    plan,
-                    xid=xid,
-                    batch=batch,
-                    partition=partition,
-                    stored=stored,
-                    refusal=step.refusal,
-                )
+            while True:
+                stored = cell.state
+                step = dedup.decide_block(stored, index, fp)
+                if step.action is dedup.BlockAction.REFUSE and step.refusal is not None:
+                    raise changed(stored, step.refusal)
+                if step.action is dedup.BlockAction.SKIP:
+                    break
+                resend = stored is not None and index < len(stored.blocks)
+                track = _merge(track, stored.track if stored else None)
+                observed = guard.observe()
+                if observed is not None:
+                    now, window = observed
+                    verdict: dedup.WindowRefusal | None = None
+                    if resend and stored is not None and stored.track is None:
+                        verdict = dedup.unmarked(stored)
+                    else:
+                        track, verdict = dedup.window_step(
+                            track, window, now, resend=resend, prev_counter=prev_counter
+                        )
+                    if verdict is not None:
+                        raise window_exceeded(
+                            plan, xid=xid, batch=batch, partition=partition, index=index,
+                            resend=resend, window=window, refusal=verdict,
+                        )  # fmt: skip
+                    prev_counter = now.counter
+                if not dedup.needs_before_record(stored, index):
+                    break
+                if cell.propose(dedup.before([*done, fp], attempt, time.time(), track)):
+                    break
+                # another attempt wrote first: its record must agree with what we sent
+                mismatch = dedup.check_prefix(cell.state, done)
+                if mismatch is not None:
+                    raise changed(cell.state, mismatch)
             done.append(fp)
             if step.action is dedup.BlockAction.INSERT:
-                if dedup.needs_before_record(stored, index):
-                    registry.put_blob(
-                        cfg.job, key, dedup.before(done, attempt, time.time()).to_json()
-                    )
                 warehouse.insert_blocks(
                     cfg.table,
                     block.to_batches(),
@@ -219,14 +407,17 @@ def write_partition_dedup(
             if index == 0:
                 fault_point("executor.mid_write")
             del block
-        refusal = dedup.decide_end(stored, len(done))
-        if refusal is not None:
-            raise content_changed(
-                plan, xid=xid, batch=batch, partition=partition, stored=stored, refusal=refusal
-            )
-        decision = dedup.summarize(stored, inserted, skipped, len(done))
-        if decision is not dedup.Decision.SAME:
-            registry.put_blob(cfg.job, key, dedup.after(done, attempt, time.time()).to_json())
+        while True:
+            refusal = dedup.decide_end(cell.state, len(done))
+            if refusal is not None:
+                raise changed(cell.state, refusal)
+            final_track = _merge(track, cell.state.track if cell.state else None)
+            if cell.propose(dedup.after(done, attempt, time.time(), final_track)):
+                break
+            mismatch = dedup.check_prefix(cell.state, done)
+            if mismatch is not None:
+                raise changed(cell.state, mismatch)
+        decision = dedup.summarize(initial, inserted, skipped, len(done))
     finally:
         registry.close()
     if decision is dedup.Decision.SAME:
@@ -257,9 +448,26 @@ def write_partition_dedup(
     )
 
 
+def _merge(ours: dedup.Track | None, theirs: dedup.Track | None) -> dedup.Track | None:
+    """This attempt's track, reconciled with the record's (which another attempt may have
+    written): the record's first mark wins; the highest counter and block size seen too."""
+    if theirs is None:
+        return ours
+    if ours is None or ours.first != theirs.first:
+        return theirs
+    return dedup.Track(
+        ours.first,
+        ours.parts_window,
+        ours.seconds_window,
+        max(ours.seen, theirs.seen),
+        max(ours.block_parts, theirs.block_parts),
+    )
+
+
 def _ident(ctx: Any) -> dict[str, str]:
-    """The streaming query id, which the driver checks against the job's (see driver.py)."""
-    return {"query_id": ctx.getLocalProperty(QUERY_ID_PROPERTY) or ""}
+    """The streaming query id, which the driver checks against the job's (see driver.py),
+    and the mode the task wrote in, which the commit checks against its own."""
+    return {"query_id": ctx.getLocalProperty(QUERY_ID_PROPERTY) or "", "mode": "dedup"}
 
 
 _TO_RE = re.compile(
