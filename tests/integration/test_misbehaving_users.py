@@ -90,10 +90,11 @@ def test_a_view_created_mid_stream_is_refused_until_the_operator_switches_mode_t
         job.name,
         "--set",
         "dedup",
+        "--force",
         "--json",
     )
     assert changed.returncode == 0, changed.stderr
-    assert job.run(files_per_trigger=1) == 0, job.log_tail()
+    assert job.run(files_per_trigger=1, mode="auto") == 0, job.log_tail()  # follows the pin
     assert_exact(ch, job)
     seen = ch.query(f"SELECT sum(n) FROM {view_table}").result_rows[0][0]
     assert seen == job.produced - before  # the view saw every row published after it existed
