@@ -188,8 +188,16 @@ class Transactor:
     def finish(self, epoch: Epoch, record: XidRecord) -> XidRecord:
         """Run the publish plan of a PREPARED (or COMMITTED) record to its end."""
         view = self.warehouse.staging_view(record.staging_tables) if record.manifest else {}
+        wanted = plans.evidence_wanted(record, view)
+        found = self.warehouse.published_uuids(record.target, wanted) if wanted else frozenset()
         moved = 0
-        for op in plans.plan_publish(record, view):
+        for op in plans.plan_publish(record, view, found):
+            if isinstance(op, plans.Evidence) and op.kind != "uuid":
+                log.warning(
+                    "job %s: xid %s: partition %s of %s has no rows left; counted as "
+                    "published on %s evidence (docs/operations.md#evidence-of-publish)",
+                    self.job, record.xid, op.partition_id, op.staging, op.kind,
+                )  # fmt: skip
             if isinstance(op, plans.Alarm):
                 raise RecoveryAlarm(
                     f"job {self.job}: {op.reason}. Nothing was published for it automatically; "
