@@ -523,7 +523,10 @@ def test_a_column_added_to_the_target_while_staged_is_added_to_staging_before_th
 
 @pytest.mark.parametrize(
     ("alter", "named"),
-    [("DROP COLUMN v", "no longer has column(s) v"), ("MODIFY COLUMN k Int64", "UInt64 -> Int64")],
+    [
+        ("DROP COLUMN v", "no longer has column(s) v"),
+        ("MODIFY COLUMN v LowCardinality(String)", "String -> LowCardinality(String)"),
+    ],
 )
 def test_a_target_that_lost_or_retyped_a_staged_column_is_refused_with_the_next_step(
     wh: ClickHouseWarehouse, ch: Any, fresh_db: str, alter: str, named: str
