@@ -75,7 +75,7 @@ def test_old_and_duplicate_rows_into_a_ttl_target_with_a_dedup_window_commit_eve
     assert staging_left(ch, job) == []
 
 
-def test_a_column_added_to_the_target_while_a_batch_is_prepared_is_published_and_the_stream_goes_on(  # noqa: E501
+def test_a_column_added_to_the_target_while_a_batch_is_prepared_is_published_and_the_stream_goes_on(
     stack: Any, ch: Any, fresh_db: str, tmp_path: Path
 ) -> None:
     """Row 7: MOVE used to fail with code 122 after PREPARED and wedge the job."""

@@ -60,7 +60,7 @@ def test_short_uuids_keep_the_largest_parts_and_skip_nil_uuids() -> None:
 def test_an_empty_staging_partition_whose_uuid_is_in_the_target_counts_as_published() -> None:
     rec = record(StagedPart("s1", "p1", 5, uuids=(U1, U2)), StagedPart("s1", "p2", 3, uuids=(U3,)))
     view = {"s1": {"p2": 3}}
-    assert plans.evidence_wanted(rec, view) == (U1, U2)
+    assert plans.evidence_wanted(rec, view, resumed=False) == (U1, U2)
     ops = plans.plan_publish(rec, view, frozenset({U2}))
     assert kinds(ops) == ["uuid", "Publish", "RecordCommitted", "DropStaging"]
 
@@ -136,3 +136,15 @@ def test_a_retyped_column_or_a_changed_key_is_refused() -> None:
         table("stg.s", [D, K, V]), table("db.t", [D, K, V], sorting_key="k, d")
     )
     assert problem and "sorting key" in problem and "db.t" in problem
+
+
+def test_a_partition_both_staged_and_in_the_target_is_not_moved_twice() -> None:
+    """A server crash inside MOVE PARTITION (destination committed, source not yet
+    removed) leaves the rows in both: the UUIDs in the target say it landed."""
+    rec = record(StagedPart("s1", "p1", 5, uuids=(U1,)), StagedPart("s1", "p2", 3, uuids=(U2,)))
+    view = {"s1": {"p1": 5, "p2": 3}}
+    assert plans.evidence_wanted(rec, view, resumed=False) == ()
+    assert plans.evidence_wanted(rec, view) == (U1, U2)
+    ops = plans.plan_publish(rec, view, frozenset({U1}))
+    assert kinds(ops) == ["uuid", "Publish", "RecordCommitted", "DropStaging"]
+    assert [o.partition_id for o in ops if isinstance(o, plans.Publish)] == ["p2"]

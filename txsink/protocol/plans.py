@@ -67,15 +67,20 @@ class Evidence:
 Operation = Prepare | Publish | RecordCommitted | DropStaging | Alarm | Evidence
 
 
-def evidence_wanted(record: XidRecord, view: StagingView) -> tuple[str, ...]:
+def evidence_wanted(
+    record: XidRecord, view: StagingView, *, resumed: bool = True
+) -> tuple[str, ...]:
     """Part UUIDs worth looking up in the target before :func:`plan_publish`: those of
-    manifest partitions whose staging table exists but holds no rows of them any more."""
+    manifest partitions whose staging table exists but holds no rows of them any more,
+    and, when ``resumed`` (the record was PREPARED before this attempt: a MOVE may have
+    run), also those still staged in full: a server crash inside MOVE PARTITION can
+    leave the rows in both tables (the destination commits first)."""
     if record.mode is Mode.DEDUP or record.state is not XidState.PREPARED:
         return ()
     out: list[str] = []
     for part in record.manifest:
         have = view.get(part.table)
-        if have is not None and not have.get(part.partition_id, 0):
+        if have is not None and (resumed or not have.get(part.partition_id, 0)):
             out.extend(part.uuids)
     return tuple(dict.fromkeys(out))
 
@@ -85,8 +90,12 @@ def plan_publish(
 ) -> list[Operation]:
     """Operations that finish ``record`` given the staging tables as they are now.
 
-    A manifest partition whose staging rows equal the manifest's count is published.
-    MOVE PARTITION is atomic per (staging table, partition), so one with no rows left
+    A manifest partition whose staging rows equal the manifest's count is published,
+    unless one of its part UUIDs is already in the target (``published``): then a
+    server crash inside an earlier MOVE left the source behind after the destination
+    committed, and moving again would duplicate it (Evidence ``uuid``; the staging copy
+    is dropped with the table). MOVE PARTITION is atomic per (staging table,
+    partition), so one with no rows left
     was published before a crash, *given evidence*:
 
     - ``uuid``: one of the part UUIDs recorded for it is among ``published`` (the
@@ -131,7 +140,10 @@ def plan_publish(
                 )
             ]
         rows = have.get(part.partition_id, 0)
-        if rows == part.rows:
+        landed = any(u in found for u in part.uuids)
+        if rows == part.rows and landed:
+            ops.append(Evidence(record.xid, part.table, part.partition_id, "uuid", part.rows))
+        elif rows == part.rows:
             ops.append(Publish(record.xid, part.table, part.partition_id, record.target, rows))
         elif rows != 0:
             return [
@@ -142,7 +154,7 @@ def plan_publish(
                 )
             ]
         elif part.uuids:
-            kind = "uuid" if any(u in found for u in part.uuids) else "protected"
+            kind = "uuid" if landed else "protected"
             ops.append(Evidence(record.xid, part.table, part.partition_id, kind, part.rows))
         elif legacy:
             ops.append(Evidence(record.xid, part.table, part.partition_id, "legacy", part.rows))
