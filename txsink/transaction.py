@@ -203,7 +203,7 @@ class Transactor:
             assert existing is not None
             log.warning("job %s: %s", self.job, decision.reason)
             record = existing
-        done = self.finish(epoch, record)
+        done = self.finish(epoch, record, resumed=decision.action != "prepare")
         action = "committed" if decision.action == "prepare" else "rolled_forward"
         finished = self.clock()
         self._after_commit(epoch, done)
@@ -216,11 +216,22 @@ class Transactor:
             timings={"prepare": prepared_at - started, "publish": finished - prepared_at},
         )
 
-    def finish(self, epoch: Epoch, record: XidRecord) -> XidRecord:
-        """Run the publish plan of a PREPARED (or COMMITTED) record to its end."""
+    def finish(self, epoch: Epoch, record: XidRecord, *, resumed: bool = True) -> XidRecord:
+        """Run the publish plan of a PREPARED (or COMMITTED) record to its end.
+
+        ``resumed``: the record existed before this attempt (a MOVE may have run), so the
+        target is searched for the part UUIDs of fully staged partitions too."""
         view = self.warehouse.staging_view(record.staging_tables) if record.manifest else {}
+        wanted = plans.evidence_wanted(record, view, resumed=resumed)
+        found = self.warehouse.published_uuids(record.target, wanted) if wanted else frozenset()
         moved = 0
-        for op in plans.plan_publish(record, view):
+        for op in plans.plan_publish(record, view, found):
+            if isinstance(op, plans.Evidence) and op.kind != "uuid":
+                log.warning(
+                    "job %s: xid %s: partition %s of %s has no rows left; counted as "
+                    "published on %s evidence (docs/operations.md#evidence-of-publish)",
+                    self.job, record.xid, op.partition_id, op.staging, op.kind,
+                )  # fmt: skip
             if isinstance(op, plans.Alarm):
                 raise RecoveryAlarm(
                     f"job {self.job}: {op.reason}. Nothing was published for it automatically; "

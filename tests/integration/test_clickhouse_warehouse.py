@@ -10,7 +10,9 @@ reach the caller as txsink errors naming the table. Every test works in its own 
 from __future__ import annotations
 
 import datetime as dt
+import re
 import socket
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,7 +31,7 @@ from txsink.clickhouse.client import (
 )
 from txsink.clickhouse.compat import attach_blockers, dedup_blockers
 from txsink.clickhouse.warehouse import ClickHouseWarehouse
-from txsink.errors import ConfigError, RetryableConflict, UnavailableError
+from txsink.errors import ConfigError, RecoveryAlarm, RetryableConflict, UnavailableError
 from txsink.protocol import ids
 
 pytestmark = pytest.mark.integration
@@ -403,3 +405,139 @@ def test_only_classified_transient_errors_are_retried() -> None:
     mapped = map_error(too_many_parts, url="http://h:1", what="INSERT into db.t")
     assert isinstance(mapped, RetryableConflict) and mapped.code == 252
     assert isinstance(map_error(timeout, url="http://h:1", what="x"), UnavailableError)
+
+
+# --------------------------------------------------------------------------- staging keeps rows
+# Issue 10 rows 2, 7 and 9, and evidence of publish, on the engine.
+
+
+def old_rows(n: int, start: int = 0) -> pa.RecordBatch:
+    """Rows dated 2001: far older than any TTL the tests give their targets."""
+    batch = rows_batch(n, start, days=28)
+    return batch.set_column(0, "d", pa.array([dt.date(2001, 1, 1 + i % 28) for i in range(n)]))
+
+
+def test_staging_of_a_ttl_target_keeps_rows_older_than_the_ttl_until_moved(
+    wh: ClickHouseWarehouse, ch: Any, fresh_db: str
+) -> None:
+    """Row 2: a copy made with CREATE TABLE AS loses such rows to a TTL merge within
+    seconds (the control below); staging has no table or column TTL and still moves."""
+    target = f"{fresh_db}.tgt"
+    ch.command(
+        f"CREATE TABLE {target} (d Date, k UInt64, v String TTL d + INTERVAL 1 DAY) "
+        "ENGINE = MergeTree PARTITION BY toYYYYMM(d) ORDER BY k TTL d + INTERVAL 1 DAY"
+    )
+    ch.command(f"SYSTEM STOP TTL MERGES {target}")  # keep what was moved countable
+    control = f"{fresh_db}.control"
+    ch.command(f"CREATE TABLE {control} AS {target}")
+    name = stg(40)
+    wh.create_staging(target, name)
+    ddl = ch.command(f"SHOW CREATE TABLE `{wh.staging_db}`.`{name}`")
+    assert "TTL" not in ddl and "assign_part_uuids = 1" in ddl
+    wh.insert_blocks(name, iter([old_rows(100)]), block_rows=1000, block_bytes=1 << 30)
+    ch.command(f"INSERT INTO {control} SETTINGS async_insert=0 SELECT d, k, v FROM "
+               f"`{wh.staging_db}`.`{name}`")  # fmt: skip
+    deadline = time.monotonic() + 30
+    while count(ch, control) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert count(ch, control) == 0, "the engine's TTL merge never ran: the test proves nothing"
+    view = wh.staging_view([name])[name] or {}
+    assert view == {"200101": 100}
+    assert int(ch.command(f"SELECT countIf(v != '') FROM `{wh.staging_db}`.`{name}`")) == 100
+    wh.move_partition(name, "200101", target)
+    assert count(ch, target) == 100 and wh.staging_view([name])[name] == {}
+
+
+def test_staging_insert_of_two_identical_blocks_keeps_both_despite_a_dedup_window(
+    wh: ClickHouseWarehouse, ch: Any, fresh_db: str
+) -> None:
+    """Row 9: the target (hence the copy) deduplicates identical blocks in a window."""
+    target = f"{fresh_db}.tgt"
+    ch.command(f"CREATE TABLE {target} {TARGETS['by_month']} "
+               "SETTINGS non_replicated_deduplication_window = 100")  # fmt: skip
+    name = stg(41)
+    wh.create_staging(target, name)
+    same = rows_batch(50)
+    stats = wh.insert_blocks(name, iter([same, same, same]), block_rows=50, block_bytes=1 << 30)
+    assert stats.blocks == 3
+    assert sum((wh.staging_view([name])[name] or {}).values()) == 150
+    for pid in wh.staging_view([name])[name] or {}:
+        wh.move_partition(name, pid, target)
+    assert count(ch, target) == 150
+
+
+def test_moved_parts_carry_their_recorded_uuids_into_the_target(
+    wh: ClickHouseWarehouse, ch: Any, fresh_db: str
+) -> None:
+    """Evidence of publish: staged parts get UUIDs, staging never merges them away, and
+    the target shows them after MOVE until a merge there replaces the parts."""
+    target = f"{fresh_db}.tgt"
+    ch.command(f"CREATE TABLE {target} {TARGETS['replacing']}")
+    name = stg(42)
+    wh.create_staging(target, name)
+    for i in range(3):
+        wh.insert_blocks(name, iter([rows_batch(20, i * 20)]), block_rows=100, block_bytes=1 << 30)
+    staged = wh.staged_partitions(name)
+    assert {pid: rows for pid, (rows, _) in staged.items()} == {"202401": 46, "202402": 14}
+    assert {pid: len(ids) for pid, (_, ids) in staged.items()} == {"202401": 3, "202402": 2}
+    # merges are off by table settings: neither a background merge nor OPTIMIZE (without
+    # FINAL, which an operator would have to type) replaces a recorded part
+    ch.command(f"OPTIMIZE TABLE `{wh.staging_db}`.`{name}`")
+    time.sleep(2)
+    assert wh.staged_partitions(name) == staged
+    ids = staged["202401"][1]
+    assert wh.published_uuids(target, ids) == frozenset()
+    wh.move_partition(name, "202401", target)
+    assert wh.published_uuids(target, ids) == frozenset(ids)
+    assert wh.published_uuids(target, staged["202402"][1]) == frozenset()
+    ch.command(f"OPTIMIZE TABLE {target} FINAL")
+    active = ch.query(
+        f"SELECT count() FROM system.parts WHERE database = '{fresh_db}' AND table = 'tgt' "
+        "AND active AND uuid != toUUID('00000000-0000-0000-0000-000000000000')"
+    ).result_rows[0][0]
+    assert active == 0  # the window: only outdated parts, until cleanup, still show them
+
+
+def test_a_column_added_to_the_target_while_staged_is_added_to_staging_before_the_move(
+    wh: ClickHouseWarehouse, ch: Any, fresh_db: str
+) -> None:
+    """Row 7: MOVE fails with code 122 on its own; txsink adds the target's new columns
+    (any position, with defaults, codecs, MATERIALIZED) to staging and moves."""
+    target = f"{fresh_db}.tgt"
+    ch.command(f"CREATE TABLE {target} {TARGETS['by_month']}")
+    name = stg(43)
+    wh.create_staging(target, name)
+    wh.insert_blocks(name, iter([rows_batch(60)]), block_rows=1000, block_bytes=1 << 30)
+    ch.command(
+        f"ALTER TABLE {target} ADD COLUMN note String DEFAULT concat('n', v) CODEC(ZSTD(1)) "
+        "AFTER k, ADD COLUMN f UInt8 FIRST, ADD COLUMN m UInt64 MATERIALIZED k * 2"
+    )
+    for pid in wh.staging_view([name])[name] or {}:
+        wh.move_partition(name, pid, target)
+    assert count(ch, target) == 60
+    assert ch.query(
+        f"SELECT countIf(note = concat('n', v)), countIf(m = k * 2), countIf(f = 0) FROM {target}"
+    ).result_rows[0] == (60, 60, 60)
+    assert wh.target_info(f"{wh.staging_db}.{name}").columns == wh.target_info(target).columns
+
+
+@pytest.mark.parametrize(
+    ("alter", "named"),
+    [
+        ("DROP COLUMN v", "no longer has column(s) v"),
+        ("MODIFY COLUMN v LowCardinality(String)", "String -> LowCardinality(String)"),
+    ],
+)
+def test_a_target_that_lost_or_retyped_a_staged_column_is_refused_with_the_next_step(
+    wh: ClickHouseWarehouse, ch: Any, fresh_db: str, alter: str, named: str
+) -> None:
+    target = f"{fresh_db}.tgt"
+    ch.command(f"CREATE TABLE {target} {TARGETS['by_month']}")
+    name = stg(44)
+    wh.create_staging(target, name)
+    wh.insert_blocks(name, iter([rows_batch(10)]), block_rows=1000, block_bytes=1 << 30)
+    ch.command(f"ALTER TABLE {target} {alter}")
+    with pytest.raises(RecoveryAlarm, match=re.escape(named)) as e:
+        wh.move_partition(name, "202401", target)
+    assert target in str(e.value) and "txsink recover" in str(e.value)
+    assert count(ch, target) == 0 and wh.staging_view([name])[name] == {"202401": 10}

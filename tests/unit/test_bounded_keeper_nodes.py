@@ -52,7 +52,7 @@ def test_a_small_manifest_stays_inline_in_the_layout_every_version_reads() -> No
 def test_an_older_reader_fails_on_a_chunked_record_instead_of_reading_no_manifest() -> None:
     packed = pack_record(big_record("b1", entries=3_000), "n0")
     assert packed.chunks
-    with pytest.raises((TypeError, KeyError)):
+    with pytest.raises((TypeError, KeyError, AttributeError)):
         XidRecord.from_json(packed.node)  # what txsink before chunking does with the node
 
 

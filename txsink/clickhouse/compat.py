@@ -39,6 +39,8 @@ class ColumnInfo:
     name: str
     type: str
     default_kind: str = ""  # '' | DEFAULT | MATERIALIZED | ALIAS | EPHEMERAL
+    default_expression: str = ""
+    codec: str = ""  # system.columns.compression_codec, e.g. "CODEC(Delta(4), ZSTD(3))"
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,8 @@ class TargetInfo:
     settings: Mapping[str, str] = field(default_factory=dict)
     skip_indices: tuple[str, ...] = ()  # "name TYPE type_full GRANULARITY n ON expr"
     projections: tuple[str, ...] = ()  # "name: query"
+    table_ttl: bool = False  # a table-level TTL (rows are deleted by TTL merges)
+    ttl_columns: tuple[str, ...] = ()  # columns with a column TTL (values reset)
 
     @property
     def name(self) -> str:
@@ -284,6 +288,83 @@ def check_move_compat(staging: TargetInfo, target: TargetInfo) -> str | None:
 
 def _col_sig(info: TargetInfo) -> tuple[tuple[str, str], ...]:
     return tuple((c.name, c.type) for c in info.columns)
+
+
+@dataclass(frozen=True)
+class AddColumn:
+    """One column staging lacks: add ``column`` after ``after`` (None: FIRST)."""
+
+    column: ColumnInfo
+    after: str | None
+
+
+def plan_column_catch_up(
+    staging: TargetInfo, target: TargetInfo
+) -> tuple[list[AddColumn], str | None]:
+    """How to bring a staging table in line with a target altered after it was created.
+
+    Only one change is repaired: the target *gained* columns (``ALTER TABLE ... ADD
+    COLUMN``, at any position). Staged parts lack them and the target computes their
+    DEFAULT (or MATERIALIZED/ALIAS expression) on read, exactly as for its own older
+    parts. Returns ``(additions, None)``, or ``([], problem)`` for every other
+    difference: a column dropped or renamed in the target (staged values would be
+    lost: refused, the operator decides), a changed type, order or key, another engine.
+    """
+    t = target.name
+    have = {c.name: c for c in staging.columns}
+    want = {c.name: c for c in target.columns}
+    gone = [c.name for c in staging.columns if c.name not in want]
+    if gone:
+        return [], (
+            f"target {t} no longer has column(s) {', '.join(gone)} that staging table "
+            f"{staging.name} holds (dropped or renamed after the batch was staged); txsink "
+            f"does not drop staged values: add the column(s) back to {t} (ALTER TABLE {t} "
+            f"ADD COLUMN ...), run `txsink recover`, then drop them again "
+            f"(docs/operations.md#target-altered)"
+        )
+    retyped = [
+        f"{n} ({have[n].type} -> {want[n].type})" for n in have if have[n].type != want[n].type
+    ]
+    if retyped:
+        return [], (
+            f"column type(s) of target {t} changed after the batch was staged in "
+            f"{staging.name}: {', '.join(retyped)}; restore the old type(s) on {t}, run "
+            f"`txsink recover`, then change them again (docs/operations.md#target-altered)"
+        )
+    order = [c.name for c in target.columns if c.name in have]
+    if order != [c.name for c in staging.columns]:
+        return [], (
+            f"the columns of target {t} were reordered after the batch was staged in "
+            f"{staging.name}; restore the order, run `txsink recover` "
+            f"(docs/operations.md#target-altered)"
+        )
+    additions: list[AddColumn] = []
+    prev: str | None = None
+    for col in target.columns:
+        if col.name not in have:
+            additions.append(AddColumn(col, prev))
+        prev = col.name
+    caught_up = TargetInfo(
+        database=staging.database,
+        table=staging.table,
+        engine=staging.engine,
+        partition_key=staging.partition_key,
+        sorting_key=staging.sorting_key,
+        primary_key=staging.primary_key,
+        sampling_key=staging.sampling_key,
+        storage_policy=staging.storage_policy,
+        columns=target.columns,
+        skip_indices=staging.skip_indices,
+        projections=staging.projections,
+    )
+    problem = check_move_compat(caught_up, target)
+    if problem:
+        return [], (
+            f"{problem.split('; ')[0]}: target {t} was altered after the batch was staged; "
+            f"only added columns are repaired automatically: restore the target, run "
+            f"`txsink recover` (docs/operations.md#target-altered)"
+        )
+    return additions, None
 
 
 # --------------------------------------------------------------------------- type parsing

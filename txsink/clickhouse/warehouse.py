@@ -10,8 +10,15 @@ Invariants:
 - a staging table is ``CREATE TABLE staging AS target`` (ClickHouse 26.9 copies columns
   with codecs and defaults, keys, SAMPLE BY, TTL, settings, indices and projections), then
   checked against the target with :func:`~.compat.check_move_compat` before any row lands;
+- staging keeps every row it was sent until published: before any row lands its table
+  and column TTLs are removed and table settings (persistent, unlike ``SYSTEM STOP
+  MERGES``) disable merges and insert deduplication and give every part a UUID (the
+  evidence of publish, see :func:`~txsink.protocol.plans.plan_publish`); staging inserts
+  run with ``insert_deduplicate=0``, ``async_insert=0`` and ``optimize_on_insert=0``;
 - ``move_partition`` is idempotent: moving a partition id the staging table no longer
-  holds moves nothing and does not fail;
+  holds moves nothing and does not fail. When the target gained columns after the
+  staging was created, the staging table gets the same columns first (nothing else
+  is repaired: see :func:`~.compat.plan_column_catch_up`);
 - ``insert_blocks`` holds at most one block (plus the batch being cut) in memory.
 """
 
@@ -32,9 +39,17 @@ from txsink.clickhouse.client import (
     quote_literal,
     split_table,
 )
-from txsink.clickhouse.compat import ColumnInfo, TargetInfo, check_move_compat
-from txsink.errors import ConfigError, TxSinkError
+from txsink.clickhouse.compat import (
+    AddColumn,
+    ColumnInfo,
+    TargetInfo,
+    check_move_compat,
+    plan_column_catch_up,
+    split_top_level,
+)
+from txsink.errors import ConfigError, RecoveryAlarm, TxSinkError
 from txsink.protocol.ids import parse_staging
+from txsink.protocol.states import short_uuids
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +60,22 @@ DEDUP_SETTING_KEYS = ("non_replicated_deduplication_window", "replicated_dedupli
 PARTS_SETTING_KEYS = ("parts_to_delay_insert", "parts_to_throw_insert")
 # MergeTree settings TargetInfo carries: server defaults, overridden by the table's SETTINGS
 MERGE_TREE_SETTING_KEYS = (*DEDUP_SETTING_KEYS, *PARTS_SETTING_KEYS)
-# Engines whose merges change row counts; merges of their staging tables are stopped so the
-# rows observed at prepare are still there at publish.
-_COLLAPSING_ENGINES = re.compile(
-    r"^(Replacing|Summing|Aggregating|Collapsing|VersionedCollapsing|Graphite|Coalescing)"
-    r"MergeTree$"
-)
+# Staging keeps every row it was sent until published. Table settings persist across a
+# server restart (SYSTEM STOP MERGES / STOP TTL MERGES do not): no part is ever larger
+# than 1 byte for the merge selector, so no merge (Replacing/Collapsing... semantics, a
+# new part UUID) runs, OPTIMIZE included; no insert deduplication; a UUID on every part.
+STAGING_SETTINGS = {
+    "assign_part_uuids": 1,
+    "non_replicated_deduplication_window": 0,
+    "max_bytes_to_merge_at_max_space_in_pool": 1,
+    "max_bytes_to_merge_at_min_space_in_pool": 1,
+}
+# Per-insert settings of staging inserts: no block deduplication (two identical slices
+# are two slices), no async buffering (26.x enables it by default: rows must be in parts
+# when the insert returns), no merging of rows on insert (Replacing/Summing/...).
+STAGING_INSERT_SETTINGS = {"insert_deduplicate": 0, "async_insert": 0, "optimize_on_insert": 0}
+_TTL_RE = re.compile(r"\sTTL\s", re.IGNORECASE)
+_QUOTED_RE = re.compile(r"'(?:[^'\\]|\\.)*'")
 
 BlockSettings = Callable[[int], Mapping[str, Any]] | Mapping[str, Any] | None
 
@@ -92,6 +117,10 @@ class Warehouse(Protocol):
     ) -> InsertStats: ...
 
     def partition_rows(self, table: str, db: str | None = None) -> dict[str, int]: ...
+
+    def staged_partitions(self, table: str) -> dict[str, tuple[int, tuple[str, ...]]]: ...
+
+    def published_uuids(self, target: str, uuids: Iterable[str]) -> frozenset[str]: ...
 
     def target_info(self, target: str) -> TargetInfo: ...
 
@@ -166,6 +195,40 @@ class ClickHouseWarehouse:
         )
         return {pid: int(n) for pid, n in rows}
 
+    def staged_partitions(self, table: str) -> dict[str, tuple[int, tuple[str, ...]]]:
+        """Rows and evidence ids (short part UUIDs, see
+        :func:`~txsink.protocol.states.short_uuids`) per partition of one staging table."""
+        self._staging(table, "read")
+        rows = self.client.query_rows(
+            "SELECT partition_id, rows, toString(uuid) FROM system.parts "
+            "WHERE active AND rows > 0 AND database = {db:String} AND table = {t:String}",
+            parameters={"db": self.staging_db, "t": table},
+            what=f"read staged parts of {self.staging_db}.{table}",
+        )
+        by_pid: dict[str, list[tuple[int, str]]] = {}
+        for pid, n, uuid in rows:
+            by_pid.setdefault(str(pid), []).append((int(n), str(uuid)))
+        return {
+            pid: (sum(n for n, _ in parts), short_uuids(parts)) for pid, parts in by_pid.items()
+        }
+
+    def published_uuids(self, target: str, uuids: Iterable[str]) -> frozenset[str]:
+        """Which evidence ids (short part UUIDs) the target's parts still show, active or
+        outdated (moved parts keep their UUID until a merge in the target replaces them
+        and the replaced parts are cleaned up)."""
+        wanted = sorted(set(uuids))
+        if not wanted:
+            return frozenset()
+        db, name = split_table(target)
+        rows = self.client.query_rows(
+            "SELECT DISTINCT substring(replaceAll(toString(uuid), '-', ''), 1, {n:UInt8}) AS u "
+            "FROM system.parts WHERE database = {db:String} AND table = {t:String} "
+            "AND u IN {ids:Array(String)}",
+            parameters={"db": db, "t": name, "ids": wanted, "n": len(wanted[0])},
+            what=f"look for published parts in {target}",
+        )
+        return frozenset(str(r[0]) for r in rows)
+
     def list_staging(self, prefix: str) -> list[str]:
         """Staging tables of one job prefix (``prefix + "__"``), sorted."""
         rows = self.client.query_rows(
@@ -191,8 +254,9 @@ class ClickHouseWarehouse:
         db, name = split_table(target)
         rows = self.client.query_rows(
             "SELECT engine, engine_full, partition_key, sorting_key, primary_key, "
-            "sampling_key, storage_policy, dependencies_database, dependencies_table "
-            "FROM system.tables WHERE database = {db:String} AND name = {t:String}",
+            "sampling_key, storage_policy, dependencies_database, dependencies_table, "
+            "create_table_query FROM system.tables "
+            "WHERE database = {db:String} AND name = {t:String}",
             parameters={"db": db, "t": name},
             what=f"inspect {target}",
             table=target,
@@ -203,11 +267,12 @@ class ClickHouseWarehouse:
                 f"fix the table option",
                 code=60,
             )
-        engine, engine_full, pkey, skey, prkey, sampling, policy, dep_dbs, dep_tables = rows[0]
+        engine, engine_full, pkey, skey, prkey, sampling, policy, dep_dbs, dep_tables, ddl = rows[0]
         columns = tuple(
-            ColumnInfo(n, t, k)
-            for n, t, k in self.client.query_rows(
-                "SELECT name, type, default_kind FROM system.columns "
+            ColumnInfo(n, t, k, e, c)
+            for n, t, k, e, c in self.client.query_rows(
+                "SELECT name, type, default_kind, default_expression, compression_codec "
+                "FROM system.columns "
                 "WHERE database = {db:String} AND table = {t:String} ORDER BY position",
                 parameters={"db": db, "t": name},
                 what=f"read columns of {target}",
@@ -260,6 +325,8 @@ class ClickHouseWarehouse:
             settings=settings,
             skip_indices=indices,
             projections=projections,
+            table_ttl=bool(_TTL_RE.search(_QUOTED_RE.sub("''", str(engine_full)))),
+            ttl_columns=ttl_columns(str(ddl)),
         )
 
     def dependent_views(self, target: str) -> tuple[str, ...]:
@@ -322,17 +389,28 @@ class ClickHouseWarehouse:
         if problem:
             self.client.command(f"DROP TABLE IF EXISTS {fq} SYNC")
             raise ConfigError(problem)
-        if _COLLAPSING_ENGINES.match(wanted.engine):
-            self._stop_merges(fq, table)
+        self._protect(fq, staged)
 
-    def _stop_merges(self, fq: str, table: str) -> None:
-        # Merges of Replacing/Summing/... parts shrink row counts between prepare and
-        # publish. Not persistent across a server restart: plan_publish then alarms
-        # rather than publishing a count that differs from the manifest.
-        try:
-            self.client.command(f"SYSTEM STOP MERGES {fq}", idempotent=True)
-        except TxSinkError as exc:
-            log.warning("could not stop merges of staging %s: %s", table, exc)
+    def _protect(self, fq: str, staged: TargetInfo) -> None:
+        """Make the (still empty) staging table keep every row until it is moved.
+
+        A TTL inherited from the target would delete old rows (late or backfilled data)
+        in a TTL merge before publish; a column TTL would reset their values. Removing
+        both from staging does not stop MOVE PARTITION into the target (checked on
+        26.9), which applies its own TTL after the move. Everything here is table
+        metadata, so it survives a server restart.
+        """
+        clauses = ["REMOVE TTL"] if staged.table_ttl else []
+        clauses += [f"MODIFY COLUMN {quote_ident(c)} REMOVE TTL" for c in staged.ttl_columns]
+        clauses.append(
+            "MODIFY SETTING " + ", ".join(f"{k} = {v}" for k, v in STAGING_SETTINGS.items())
+        )
+        self.client.command(
+            f"ALTER TABLE {fq} {', '.join(clauses)}",
+            idempotent=True,
+            table=fq,
+            what=f"protect staging {fq} (no TTL, no merges, no dedup, part UUIDs)",
+        )
 
     def drop_staging(self, table: str) -> None:
         fq = self._staging(table, "drop")
@@ -357,14 +435,46 @@ class ClickHouseWarehouse:
                 f"TO TABLE {target}",
             )
         except TxSinkError as exc:
-            if exc.code in (36, 122):  # BAD_ARGUMENTS / INCOMPATIBLE_COLUMNS: structure
-                raise ConfigError(
-                    f"{target} no longer matches staging {self.staging_db}.{staging} "
-                    f"(was the target altered?): {exc}; restore the target's structure, "
-                    f"then run `txsink recover`",
-                    code=exc.code,
-                ) from exc
-            raise
+            if exc.code not in (36, 122):  # BAD_ARGUMENTS / INCOMPATIBLE_COLUMNS: structure
+                raise
+            self._catch_up_columns(staging, target, exc)
+            self.client.command(
+                f"ALTER TABLE {fq} MOVE PARTITION ID {quote_literal(partition_id)} "
+                f"TO TABLE {qualified(db, name)}",
+                idempotent=True,
+                table=f"{self.staging_db}.{staging}",
+                what=f"MOVE PARTITION ID {partition_id} of {self.staging_db}.{staging} "
+                f"TO TABLE {target} (after adding the target's new columns to staging)",
+            )
+
+    def _catch_up_columns(self, staging: str, target: str, exc: TxSinkError) -> None:
+        """The target was altered after the batch was staged: add the columns it gained to
+        staging, or raise RecoveryAlarm naming the difference and the next step."""
+        fq = qualified(self.staging_db, staging)
+        mine = self.target_info(f"{self.staging_db}.{staging}")
+        theirs = self.target_info(target)
+        additions, problem = plan_column_catch_up(mine, theirs)
+        if problem:
+            raise RecoveryAlarm(problem, code=exc.code) from exc
+        if not additions:
+            raise ConfigError(
+                f"MOVE PARTITION from staging {self.staging_db}.{staging} into {target} "
+                f"failed ({exc}) although their structures look alike; run `txsink verify` "
+                f"and see docs/operations.md#target-altered",
+                code=exc.code,
+            ) from exc
+        clauses = ", ".join(add_column_clause(a) for a in additions)
+        log.warning(
+            "target %s gained column(s) %s after staging %s was created; adding them to "
+            "staging before the MOVE",
+            target, ", ".join(a.column.name for a in additions), staging,
+        )  # fmt: skip
+        self.client.command(
+            f"ALTER TABLE {fq} {clauses}",
+            idempotent=True,  # IF NOT EXISTS: a repeat after a lost reply is a no-op
+            table=f"{self.staging_db}.{staging}",
+            what=f"add the target's new columns to staging {self.staging_db}.{staging}",
+        )
 
     # ------------------------------------------------------------------ inserts
 
@@ -394,9 +504,9 @@ class ClickHouseWarehouse:
         if "." not in table and "`" not in table:
             self._staging(table, "insert into")
             db, name = self.staging_db, table
-            # Keep staged rows == sent rows for Replacing/Summing/... engines: the target's
-            # own merges apply the engine's semantics after the MOVE.
-            base: Mapping[str, Any] = {"optimize_on_insert": 0}
+            # Staged rows == sent rows: the target's own merges (Replacing/Summing/...)
+            # and deduplication apply after the MOVE, not here.
+            base: Mapping[str, Any] = STAGING_INSERT_SETTINGS
         else:
             db, name = split_table(table)
             base = {}
@@ -479,6 +589,53 @@ def parse_settings_clause(engine_full: str) -> dict[str, str]:
     for key, value in _SETTING_RE.findall(m.group(1)):
         out[key] = value[1:-1] if value.startswith("'") else value
     return out
+
+
+def add_column_clause(add: AddColumn) -> str:
+    """``ADD COLUMN IF NOT EXISTS `c` T [DEFAULT e] [CODEC(...)] AFTER `x``` (or FIRST)."""
+    col = add.column
+    sql = f"ADD COLUMN IF NOT EXISTS {quote_ident(col.name)} {col.type}"
+    if col.default_kind in ("DEFAULT", "MATERIALIZED", "ALIAS", "EPHEMERAL"):
+        sql += f" {col.default_kind}"
+        if col.default_expression:
+            sql += f" {col.default_expression}"
+    if col.codec:
+        sql += f" {col.codec}"
+    return sql + (f" AFTER {quote_ident(add.after)}" if add.after else " FIRST")
+
+
+def ttl_columns(create_query: str) -> tuple[str, ...]:
+    """Columns with a column TTL in a ``system.tables.create_table_query``."""
+    start = create_query.find("(")
+    if start < 0:
+        return ()
+    depth, quote, end, escaped = 0, "", len(create_query), False
+    for i in range(start, len(create_query)):
+        ch = create_query[i]
+        if quote:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == quote:
+                quote = ""
+        elif ch in "'`":
+            quote = ch
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth == 0:
+                end = i
+                break
+    found = []
+    for element in split_top_level(create_query[start + 1 : end]):
+        m = re.match(r"^(`(?:[^`\\]|\\.)+`|[A-Za-z_][A-Za-z0-9_]*)\s+(.*)$", element, re.DOTALL)
+        if not m or m.group(1).upper() in ("INDEX", "PROJECTION", "CONSTRAINT"):
+            continue
+        if _TTL_RE.search(_QUOTED_RE.sub("''", m.group(2))):
+            found.append(re.sub(r"\\(.)", r"\1", m.group(1).strip("`")))
+    return tuple(found)
 
 
 def reads_from(select: str, view_db: str, db: str, table: str) -> bool:

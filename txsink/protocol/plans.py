@@ -9,6 +9,7 @@ planned a second time.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from txsink.protocol.ids import parse_staging, staging_prefix
@@ -51,16 +52,68 @@ class Alarm:
     reason: str
 
 
-Operation = Prepare | Publish | RecordCommitted | DropStaging | Alarm
+@dataclass(frozen=True)
+class Evidence:
+    """Nothing to run: why a staged partition with no rows left counts as published
+    (``kind``: ``uuid`` | ``protected`` | ``legacy``, see :func:`plan_publish`)."""
+
+    xid: str
+    staging: str
+    partition_id: str
+    kind: str
+    rows: int
 
 
-def plan_publish(record: XidRecord, view: StagingView) -> list[Operation]:
+Operation = Prepare | Publish | RecordCommitted | DropStaging | Alarm | Evidence
+
+
+def evidence_wanted(
+    record: XidRecord, view: StagingView, *, resumed: bool = True
+) -> tuple[str, ...]:
+    """Part UUIDs worth looking up in the target before :func:`plan_publish`: those of
+    manifest partitions whose staging table exists but holds no rows of them any more,
+    and, when ``resumed`` (the record was PREPARED before this attempt: a MOVE may have
+    run), also those still staged in full: a server crash inside MOVE PARTITION can
+    leave the rows in both tables (the destination commits first)."""
+    if record.mode is Mode.DEDUP or record.state is not XidState.PREPARED:
+        return ()
+    out: list[str] = []
+    for part in record.manifest:
+        have = view.get(part.table)
+        if have is not None and (resumed or not have.get(part.partition_id, 0)):
+            out.extend(part.uuids)
+    return tuple(dict.fromkeys(out))
+
+
+def plan_publish(
+    record: XidRecord, view: StagingView, published: AbstractSet[str] | None = None
+) -> list[Operation]:
     """Operations that finish ``record`` given the staging tables as they are now.
 
-    A manifest partition whose staging rows equal the manifest's count is published; one
-    with no rows left was published before a crash (MOVE PARTITION is atomic per
-    partition). Anything else (a staging table missing while PREPARED, a partial count,
-    rows the manifest does not list) is not guessed at: the plan is a single Alarm.
+    A manifest partition whose staging rows equal the manifest's count is published,
+    unless one of its part UUIDs is already in the target (``published``): then a
+    server crash inside an earlier MOVE left the source behind after the destination
+    committed, and moving again would duplicate it (Evidence ``uuid``; the staging copy
+    is dropped with the table). MOVE PARTITION is atomic per (staging table,
+    partition), so one with no rows left
+    was published before a crash, *given evidence*:
+
+    - ``uuid``: one of the part UUIDs recorded for it is among ``published`` (the
+      evidence ids :func:`evidence_wanted` asked for that the target's ``system.parts``,
+      active or outdated, still shows);
+    - ``protected``: UUIDs were recorded but the target no longer shows them (a merge or
+      TTL merge in the target replaced the moved parts and the old ones were cleaned
+      up). Staging that records UUIDs was created without TTL, with merges disabled by
+      table settings and inserts without deduplication, so nothing txsink or ClickHouse
+      does on its own empties its partition except the MOVE. The remaining window
+      (docs/operations.md#evidence-of-publish): an operator dropping a staging
+      partition, or the server detaching staged parts as broken after a crash;
+    - ``legacy``: a record written before evidence was recorded (no part has UUIDs):
+      the old rule, "0 rows left" means moved.
+
+    An empty partition without UUIDs in a record whose other partitions have some is
+    not guessed at, nor is anything else (a staging table missing while PREPARED, a
+    partial count, rows the manifest does not list): the plan is a single Alarm.
     """
     if record.mode is Mode.DEDUP:
         # Dedup mode inserted straight into the target; finishing is only the record.
@@ -73,6 +126,8 @@ def plan_publish(record: XidRecord, view: StagingView) -> list[Operation]:
         ]
     ops: list[Operation] = []
     listed: dict[str, set[str]] = {}
+    legacy = not any(p.uuids for p in record.manifest)
+    found = published or frozenset()
     for part in record.manifest:
         listed.setdefault(part.table, set()).add(part.partition_id)
         have = view.get(part.table)
@@ -85,7 +140,10 @@ def plan_publish(record: XidRecord, view: StagingView) -> list[Operation]:
                 )
             ]
         rows = have.get(part.partition_id, 0)
-        if rows == part.rows:
+        landed = any(u in found for u in part.uuids)
+        if rows == part.rows and landed:
+            ops.append(Evidence(record.xid, part.table, part.partition_id, "uuid", part.rows))
+        elif rows == part.rows:
             ops.append(Publish(record.xid, part.table, part.partition_id, record.target, rows))
         elif rows != 0:
             return [
@@ -93,6 +151,20 @@ def plan_publish(record: XidRecord, view: StagingView) -> list[Operation]:
                     record.xid,
                     f"staging table {part.table} holds {rows} rows of partition "
                     f"{part.partition_id}, the manifest of xid {record.xid} says {part.rows}",
+                )
+            ]
+        elif part.uuids:
+            kind = "uuid" if landed else "protected"
+            ops.append(Evidence(record.xid, part.table, part.partition_id, kind, part.rows))
+        elif legacy:
+            ops.append(Evidence(record.xid, part.table, part.partition_id, "legacy", part.rows))
+        else:
+            return [
+                Alarm(
+                    record.xid,
+                    f"staging table {part.table} holds no rows of partition "
+                    f"{part.partition_id} and the manifest of xid {record.xid} has no part "
+                    f"UUIDs for it: nothing shows its {part.rows} rows were published",
                 )
             ]
     for table, pids in listed.items():

@@ -72,32 +72,61 @@ class Mode(enum.StrEnum):
 class StagedPart:
     """Rows of one target partition held by one staging table (attach mode), or the rows
     one Spark partition inserted as deterministic blocks (dedup mode: ``table`` is the
-    target and ``partition_id`` the Spark partition number as text)."""
+    target and ``partition_id`` the Spark partition number as text).
+
+    ``uuids`` (attach mode): evidence of publish. Short ids (the first
+    :data:`UUID_PREFIX_CHARS` hex digits) of up to :data:`MAX_PART_UUIDS` of the staged
+    parts of this partition (the largest), which keep their UUIDs through MOVE PARTITION
+    into the target. Stored as one comma-joined string, left out when empty: records
+    written before this field existed load with ``()``.
+    """
 
     table: str
     partition_id: str
     rows: int
     blocks: int = 0
     fingerprint: str = ""
+    uuids: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "table": self.table,
             "partition_id": self.partition_id,
             "rows": self.rows,
             "blocks": self.blocks,
             "fingerprint": self.fingerprint,
         }
+        if self.uuids:
+            out["uuids"] = ",".join(self.uuids)
+        return out
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> StagedPart:
+        raw = data.get("uuids") or ""
         return StagedPart(
             table=str(data["table"]),
             partition_id=str(data["partition_id"]),
             rows=int(data["rows"]),
             blocks=int(data.get("blocks", 0)),
             fingerprint=str(data.get("fingerprint", "")),
+            uuids=tuple(u for u in (raw.split(",") if isinstance(raw, str) else raw) if u),
         )
+
+
+# Evidence of publish: how many part UUIDs a manifest entry keeps, and how many hex digits
+# of each (64 random bits: a collision with another part of one target is ~2^-64 per pair).
+MAX_PART_UUIDS = 4
+UUID_PREFIX_CHARS = 16
+
+
+def short_uuids(parts: list[tuple[int, str]]) -> tuple[str, ...]:
+    """The evidence ids of one staged partition from its ``(rows, uuid)`` parts: the
+    largest parts first (they outlive small ones in the target's merge selection)."""
+    nil = "0" * UUID_PREFIX_CHARS
+    ids = [(rows, u.replace("-", "").lower()[:UUID_PREFIX_CHARS]) for rows, u in parts]
+    ids = [(r, u) for r, u in ids if len(u) == UUID_PREFIX_CHARS and u != nil]
+    ids.sort(key=lambda ru: (-ru[0], ru[1]))
+    return tuple(u for _, u in ids[:MAX_PART_UUIDS])
 
 
 @dataclass(frozen=True)

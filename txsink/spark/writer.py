@@ -194,12 +194,16 @@ def write_partition(plan: WritePlan, batches: Iterator[Any]) -> TxCommitMessage:
         with contextlib.suppress(TxSinkError, OSError):
             warehouse.drop_staging(name)
         raise
-    view = warehouse.staging_view([name]).get(name) or {}
-    parts = tuple(StagedPart(name, pid, rows) for pid, rows in sorted(view.items()) if rows)
-    staged = sum(p.rows for p in parts)
-    if staged != stats.rows:
+    staged = warehouse.staged_partitions(name)
+    parts = tuple(
+        StagedPart(name, pid, rows, uuids=uuids)
+        for pid, (rows, uuids) in sorted(staged.items())
+        if rows
+    )
+    total = sum(p.rows for p in parts)
+    if total != stats.rows:
         raise TxSinkError(
-            f"staging table {cfg.staging_database}.{name} holds {staged} rows after inserting "
+            f"staging table {cfg.staging_database}.{name} holds {total} rows after inserting "
             f"{stats.rows}; refusing to report it (the batch will be retried)"
         )
     return TxCommitMessage(

@@ -1,0 +1,150 @@
+"""Evidence of publish (pure): part UUIDs in the manifest, plan_publish's use of them, and
+the column catch-up planner for a target altered while a batch was staged."""
+
+from __future__ import annotations
+
+from txsink.clickhouse.compat import ColumnInfo, TargetInfo, plan_column_catch_up
+from txsink.protocol import plans
+from txsink.protocol.states import (
+    MAX_PART_UUIDS,
+    UUID_PREFIX_CHARS,
+    Mode,
+    StagedPart,
+    XidRecord,
+    XidState,
+    short_uuids,
+)
+
+U1, U2, U3 = "a" * 16, "b" * 16, "c" * 16
+
+
+def record(*parts: StagedPart) -> XidRecord:
+    return XidRecord(
+        job="j", xid="b1", batch=1, state=XidState.PREPARED, epoch=1,
+        mode=Mode.ATTACH, target="db.t", manifest=parts,
+    )  # fmt: skip
+
+
+def kinds(ops: list[plans.Operation]) -> list[str]:
+    return [o.kind if isinstance(o, plans.Evidence) else type(o).__name__ for o in ops]
+
+
+# ------------------------------------------------------------------ manifest format
+
+
+def test_a_record_written_before_uuids_existed_still_loads() -> None:
+    old = {"table": "s1", "partition_id": "202401", "rows": 5, "blocks": 0, "fingerprint": ""}
+    part = StagedPart.from_json(old)
+    assert part.uuids == () and part.to_json() == old  # no new key for old entries
+
+
+def test_uuids_round_trip_as_one_compact_string() -> None:
+    part = StagedPart("s1", "202401", 5, uuids=(U1, U2))
+    data = part.to_json()
+    assert data["uuids"] == f"{U1},{U2}"
+    assert StagedPart.from_json(data) == part
+
+
+def test_short_uuids_keep_the_largest_parts_and_skip_nil_uuids() -> None:
+    parts = [(rows, f"{i:08x}-0000-4000-8000-{i:012x}") for i, rows in enumerate([5, 50, 1, 7, 9])]
+    parts.append((1000, "00000000-0000-0000-0000-000000000000"))
+    ids = short_uuids(parts)
+    assert len(ids) == MAX_PART_UUIDS and all(len(u) == UUID_PREFIX_CHARS for u in ids)
+    assert ids[0] == "000000010000" + "4000"  # the 50-row part first
+    assert "0" * UUID_PREFIX_CHARS not in ids
+
+
+# ------------------------------------------------------------------ plan_publish
+
+
+def test_an_empty_staging_partition_whose_uuid_is_in_the_target_counts_as_published() -> None:
+    rec = record(StagedPart("s1", "p1", 5, uuids=(U1, U2)), StagedPart("s1", "p2", 3, uuids=(U3,)))
+    view = {"s1": {"p2": 3}}
+    assert plans.evidence_wanted(rec, view, resumed=False) == (U1, U2)
+    ops = plans.plan_publish(rec, view, frozenset({U2}))
+    assert kinds(ops) == ["uuid", "Publish", "RecordCommitted", "DropStaging"]
+
+
+def test_uuids_gone_from_the_target_fall_back_to_protected_staging_evidence() -> None:
+    rec = record(StagedPart("s1", "p1", 5, uuids=(U1,)))
+    ops = plans.plan_publish(rec, {"s1": {}}, frozenset())
+    assert kinds(ops) == ["protected", "RecordCommitted", "DropStaging"]
+
+
+def test_a_record_from_before_uuids_keeps_the_old_rule_and_says_so() -> None:
+    rec = record(StagedPart("s1", "p1", 5), StagedPart("s1", "p2", 3))
+    assert plans.evidence_wanted(rec, {"s1": {"p2": 3}}) == ()
+    ops = plans.plan_publish(rec, {"s1": {"p2": 3}})
+    assert kinds(ops) == ["legacy", "Publish", "RecordCommitted", "DropStaging"]
+
+
+def test_an_empty_partition_without_evidence_in_a_new_record_is_an_alarm_not_a_guess() -> None:
+    rec = record(StagedPart("s1", "p1", 5, uuids=(U1,)), StagedPart("s1", "p2", 3))
+    ops = plans.plan_publish(rec, {"s1": {"p1": 5}}, frozenset())
+    assert kinds(ops) == ["Alarm"]
+    assert isinstance(ops[0], plans.Alarm) and "p2" in ops[0].reason and "s1" in ops[0].reason
+
+
+def test_a_partial_partition_is_an_alarm_whatever_the_uuids_say() -> None:
+    rec = record(StagedPart("s1", "p1", 5, uuids=(U1,)))
+    assert kinds(plans.plan_publish(rec, {"s1": {"p1": 2}}, frozenset({U1}))) == ["Alarm"]
+
+
+def test_no_lookup_is_wanted_for_committed_dedup_or_missing_staging() -> None:
+    part = StagedPart("s1", "p1", 5, uuids=(U1,))
+    assert plans.evidence_wanted(record(part), {"s1": None}) == ()
+    done = XidRecord("j", "b1", 1, XidState.COMMITTED, 1, Mode.ATTACH, "db.t", (part,))
+    assert plans.evidence_wanted(done, {"s1": {}}) == ()
+
+
+# ------------------------------------------------------------------ column catch-up
+
+
+def table(name: str, cols: list[ColumnInfo], **kw: str) -> TargetInfo:
+    db, t = name.split(".")
+    base = {"partition_key": "toYYYYMM(d)", "sorting_key": "k", "primary_key": "k"}
+    return TargetInfo(db, t, "MergeTree", columns=tuple(cols), **{**base, **kw})
+
+
+D, K, V = ColumnInfo("d", "Date"), ColumnInfo("k", "UInt64"), ColumnInfo("v", "String")
+
+
+def test_columns_the_target_gained_anywhere_are_added_after_their_neighbour() -> None:
+    first = ColumnInfo("f", "UInt8")
+    mid = ColumnInfo("note", "String", "DEFAULT", "'n/a'", "CODEC(ZSTD(1))")
+    last = ColumnInfo("m", "UInt64", "MATERIALIZED", "k * 2")
+    staging = table("stg.s", [D, K, V])
+    target = table("db.t", [first, D, K, mid, V, last])
+    adds, problem = plan_column_catch_up(staging, target)
+    assert problem is None
+    assert [(a.column, a.after) for a in adds] == [(first, None), (mid, "k"), (last, "v")]
+
+
+def test_a_dropped_column_is_refused_naming_table_column_and_next_step() -> None:
+    adds, problem = plan_column_catch_up(table("stg.s", [D, K, V]), table("db.t", [D, K]))
+    assert adds == [] and problem is not None
+    assert "db.t" in problem and " v " in f" {problem.split('column(s) ')[1]}"
+    assert "ADD COLUMN" in problem and "txsink recover" in problem
+
+
+def test_a_retyped_column_or_a_changed_key_is_refused() -> None:
+    _, problem = plan_column_catch_up(
+        table("stg.s", [D, K, V]), table("db.t", [D, ColumnInfo("k", "Int64"), V])
+    )
+    assert problem and "k (UInt64 -> Int64)" in problem
+    _, problem = plan_column_catch_up(
+        table("stg.s", [D, K, V]), table("db.t", [D, K, V], sorting_key="k, d")
+    )
+    assert problem and "sorting key" in problem and "db.t" in problem
+
+
+def test_a_partition_both_staged_and_in_the_target_is_not_moved_twice() -> None:
+    """A server crash inside MOVE PARTITION (destination committed, source not yet
+    removed) leaves the rows in both: the UUIDs in the target say it landed."""
+    rec = record(StagedPart("s1", "p1", 5, uuids=(U1,)), StagedPart("s1", "p2", 3, uuids=(U2,)))
+    view = {"s1": {"p1": 5, "p2": 3}}
+    assert plans.evidence_wanted(rec, view, resumed=False) == ()
+    assert plans.evidence_wanted(rec, view) == (U1, U2)
+    ops = plans.plan_publish(rec, view, frozenset({U1}))
+    assert kinds(ops) == ["uuid", "Publish", "RecordCommitted", "DropStaging"]
+    assert [o.partition_id for o in ops if isinstance(o, plans.Publish)] == ["p2"]
