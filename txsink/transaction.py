@@ -30,6 +30,7 @@ from txsink.clickhouse.warehouse import Warehouse
 from txsink.errors import (
     CommitOutcomeUnknown,
     ConfigError,
+    FencedError,
     RecoveryAlarm,
     RetryableConflict,
     TxSinkError,
@@ -191,6 +192,7 @@ class Transactor:
         if decision.drop:
             self.roll_back(xid, decision.drop)
         if decision.action == "refuse":
+            self._check_fence(epoch)  # a superseded writer hears FencedError first
             if decision.retry:
                 raise RetryableConflict(f"job {self.job}: {decision.reason}")
             raise ConfigError(f"job {self.job}: {decision.reason}")
@@ -249,6 +251,14 @@ class Transactor:
             elif isinstance(op, plans.DropStaging):
                 self.warehouse.drop_staging(op.table)
         return record
+
+    def _check_fence(self, epoch: Epoch) -> None:
+        current = self.registry.current_epoch(self.job)
+        if current is None or current.token != epoch.token:
+            raise FencedError(
+                f"job {self.job}: writer epoch {epoch.number} was superseded by epoch "
+                f"{current.number if current else '?'}; this writer must stop"
+            )
 
     def roll_back(self, xid: str, tables: Sequence[str]) -> list[str]:
         """Drop staging ``tables`` of ``xid`` that no record can ever need; returns them.
