@@ -1,20 +1,27 @@
--- The privileges txsink needs. Replace `analytics` with your target database.
+-- The least privileges txsink needs. `docker-compose.yml` runs this file at first start
+-- for the database `analytics`; elsewhere replace `analytics` with your target database.
+CREATE DATABASE IF NOT EXISTS analytics;
 CREATE ROLE IF NOT EXISTS txsink_writer;
 
--- targets: write, read back counts, receive partitions moved from staging
+-- targets: write (dedup mode), read back counts, receive partitions moved from staging
 GRANT SELECT, INSERT ON analytics.* TO txsink_writer;
 GRANT ALTER MOVE PARTITION, ALTER ATTACH PARTITION ON analytics.* TO txsink_writer;
 
--- staging: the writer owns every table in it
-GRANT CREATE TABLE, DROP TABLE, SELECT, INSERT, ALTER MOVE PARTITION, SYSTEM MERGES
-    ON txsink_staging.* TO txsink_writer;
+-- staging: the writer owns every table in it. ALTER covers what create_staging does to
+-- protect a fresh staging table (REMOVE TTL, MODIFY SETTING) and the column catch-up
+-- before a MOVE (ADD COLUMN) after the target gained a column.
+GRANT CREATE TABLE, DROP TABLE, SELECT, INSERT, ALTER ON txsink_staging.* TO txsink_writer;
 
 -- introspection used for validation, publish bookkeeping and `txsink status/verify`
 GRANT SELECT ON system.parts TO txsink_writer;
 GRANT SELECT ON system.tables TO txsink_writer;
 GRANT SELECT ON system.columns TO txsink_writer;
 GRANT SELECT ON system.merge_tree_settings TO txsink_writer;
+GRANT SELECT ON system.data_skipping_indices TO txsink_writer;
+GRANT SELECT ON system.projections TO txsink_writer;
 
+-- the writer's user; its password comes from the environment of whoever runs txsink
+-- (TXSINK_PASSWORD or --password-file), never from a command line
 CREATE USER IF NOT EXISTS txsink IDENTIFIED WITH sha256_password BY 'change-me'
-    DEFAULT ROLE txsink_writer;
+    SETTINGS PROFILE 'txsink' DEFAULT ROLE txsink_writer;
 GRANT txsink_writer TO txsink;
