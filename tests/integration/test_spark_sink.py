@@ -27,6 +27,21 @@ def write(df, stack, table, job=None, **opts):
     w.mode("append").save()
 
 
+def job_recorded(zk, job):
+    """The job has meta or an xid record other than a roll-back tombstone (ABORTED: the
+    abort of a failed write names the staging it dropped, and nothing else)."""
+    import json
+
+    if zk.exists(f"/txsink/jobs/{job}") is None:
+        return False
+    meta, _ = zk.get(f"/txsink/jobs/{job}")
+    xids = (
+        zk.get_children(f"/txsink/jobs/{job}/xids") if zk.exists(f"/txsink/jobs/{job}/xids") else []
+    )
+    states = [json.loads(zk.get(f"/txsink/jobs/{job}/xids/{x}")[0])["state"] for x in xids]
+    return bool(meta) or any(s != "ABORTED" for s in states)
+
+
 def job_exists(zk, job):
     return zk.exists(f"/txsink/jobs/{job}") is not None
 
@@ -129,7 +144,7 @@ def test_nulls_into_a_non_nullable_column_fail_the_write_and_leave_the_target_un
         write(df, stack, target, job=job)
     assert "name" in str(info.value)
     assert ch.query(f"SELECT count() FROM {target}").result_rows[0][0] == 0
-    assert not job_exists(zk, job)
+    assert not job_recorded(zk, job)
     left = ch.query(
         "SELECT count() FROM system.tables "
         "WHERE database='txsink_staging' AND name LIKE {p:String}",
