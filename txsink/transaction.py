@@ -30,14 +30,13 @@ from txsink.clickhouse.warehouse import Warehouse
 from txsink.errors import (
     CommitOutcomeUnknown,
     ConfigError,
-    FencedError,
     RecoveryAlarm,
     RetryableConflict,
     TxSinkError,
     UnavailableError,
 )
 from txsink.faults import fault_point
-from txsink.keeper.registry import Registry, XidExists
+from txsink.keeper.registry import Registry, XidExists, superseded
 from txsink.protocol import plans
 from txsink.protocol.dedup import xid_key as dedup_xid_key
 from txsink.protocol.ids import parse_staging, staging_prefix
@@ -255,10 +254,7 @@ class Transactor:
     def _check_fence(self, epoch: Epoch) -> None:
         current = self.registry.current_epoch(self.job)
         if current is None or current.token != epoch.token:
-            raise FencedError(
-                f"job {self.job}: writer epoch {epoch.number} was superseded by epoch "
-                f"{current.number if current else '?'}; this writer must stop"
-            )
+            raise superseded(epoch, current)
 
     def roll_back(self, xid: str, tables: Sequence[str]) -> list[str]:
         """Drop staging ``tables`` of ``xid`` that no record can ever need; returns them.

@@ -425,27 +425,24 @@ class ClickHouseWarehouse:
                 "partition id; the manifest is corrupt: run `txsink verify`"
             )
         db, name = split_table(target)
-        try:
+
+        def move(note: str = "") -> None:
             self.client.command(
                 f"ALTER TABLE {fq} MOVE PARTITION ID {quote_literal(partition_id)} "
                 f"TO TABLE {qualified(db, name)}",
                 idempotent=True,
                 table=f"{self.staging_db}.{staging}",
                 what=f"MOVE PARTITION ID {partition_id} of {self.staging_db}.{staging} "
-                f"TO TABLE {target}",
+                f"TO TABLE {target}{note}",
             )
+
+        try:
+            move()
         except TxSinkError as exc:
             if exc.code not in (36, 122):  # BAD_ARGUMENTS / INCOMPATIBLE_COLUMNS: structure
                 raise
             self._catch_up_columns(staging, target, exc)
-            self.client.command(
-                f"ALTER TABLE {fq} MOVE PARTITION ID {quote_literal(partition_id)} "
-                f"TO TABLE {qualified(db, name)}",
-                idempotent=True,
-                table=f"{self.staging_db}.{staging}",
-                what=f"MOVE PARTITION ID {partition_id} of {self.staging_db}.{staging} "
-                f"TO TABLE {target} (after adding the target's new columns to staging)",
-            )
+            move(" (after adding the target's new columns to staging)")
 
     def _catch_up_columns(self, staging: str, target: str, exc: TxSinkError) -> None:
         """The target was altered after the batch was staged: add the columns it gained to

@@ -34,7 +34,7 @@ from typing import Any, NoReturn
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
 
-from txsink.errors import ConfigError, FencedError, RetryableConflict, TxSinkError
+from txsink.errors import ConfigError, RetryableConflict, TxSinkError
 from txsink.keeper.kazoo_conn import KazooConn, decode_node, encode
 from txsink.keeper.ledger import empty_ledger, next_ledger
 from txsink.keeper.manifest_codec import (
@@ -55,6 +55,7 @@ from txsink.keeper.registry import (
     XidExists,
     committed_record,
     over_tombstone,
+    superseded,
     tombstone,
     with_more_aborted,
 )
@@ -149,11 +150,7 @@ class KazooRegistry:
         return next(r for r in results if isinstance(r, Exception))
 
     def _raise_fenced(self, epoch: Epoch) -> NoReturn:
-        cur = self.current_epoch(epoch.job)
-        raise FencedError(
-            f"job {epoch.job}: writer epoch {epoch.number} was superseded by epoch "
-            f"{cur.number if cur else '?'}; this writer must stop"
-        )
+        raise superseded(epoch, self.current_epoch(epoch.job))
 
     def _fence_now(self, epoch: Epoch) -> None:
         """Raise FencedError if ``epoch`` is stale (a read, for checks done outside a txn)."""

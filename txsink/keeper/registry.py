@@ -126,6 +126,14 @@ def committed_record(
     return record.with_state(XidState.COMMITTED, committed_at=committed_at, extra=extra)
 
 
+def superseded(epoch: Epoch, current: Epoch | None) -> FencedError:
+    """The error a writer whose ``epoch`` is no longer ``current`` gets."""
+    return FencedError(
+        f"job {epoch.job}: writer epoch {epoch.number} was superseded by epoch "
+        f"{current.number if current else '?'}; this writer must stop"
+    )
+
+
 def tombstone(job: str, xid: str, tables: Iterable[str], now: float) -> XidRecord:
     """A fresh ABORTED record naming ``tables`` (see :mod:`txsink.protocol.states`)."""
     return XidRecord(
@@ -219,10 +227,7 @@ class MemoryRegistry:
     def _fence(self, epoch: Epoch) -> None:
         cur = self._epochs.get(epoch.job)
         if cur is None or cur.token != epoch.token:
-            raise FencedError(
-                f"job {epoch.job}: writer epoch {epoch.number} was superseded by epoch "
-                f"{cur.number if cur else '?'}; this writer must stop"
-            )
+            raise superseded(epoch, cur)
 
     def heartbeat(self, epoch: Epoch, info: dict[str, Any]) -> None:
         with self._lock:
