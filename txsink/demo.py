@@ -42,6 +42,41 @@ def target_ddl(table: str) -> str:
     )
 
 
+def daily_table(table: str) -> str:
+    """The second table of the two-table job: per batch and day, orders and amount."""
+    return f"{table}_daily"
+
+
+def daily_ddl(table: str) -> str:
+    return (
+        f"CREATE TABLE {table} (batch Int64, day Date, orders Int64, amount Int64) "
+        "ENGINE = MergeTree PARTITION BY toYYYYMM(day) ORDER BY (batch, day)"
+    )
+
+
+def two_table_handler(
+    spark: Any, table: str, options: dict[str, Any]
+) -> Callable[[Any, int], None]:
+    """The foreachBatch function of the two-table job: the rows into ``table`` and their
+    daily counts into :func:`daily_table`, one ``txsink.transaction`` per micro-batch."""
+    import txsink
+
+    common = {k: v for k, v in options.items() if k != "table"}
+
+    def handle(df: Any, batch_id: int) -> None:
+        from pyspark.sql import functions as F
+
+        daily = df.groupBy("day").agg(F.count("*").alias("orders"), F.sum("amount").alias("amount"))
+        daily = daily.select(
+            F.lit(batch_id).cast("bigint").alias("batch"), "day", "orders", "amount"
+        )
+        with txsink.transaction(spark, batch_id, **common) as tx:
+            tx.write(df, table=table)
+            tx.write(daily, table=daily_table(table))
+
+    return handle
+
+
 def make_source(path: str | Path, files: int, rows_per_file: int, seed: int = 7) -> dict[str, int]:
     """Write ``files`` Parquet files of unique ids spread over four monthly partitions."""
     import pyarrow as pa
@@ -89,6 +124,11 @@ def job_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--foreach", action="store_true", help="use foreachBatch(txsink.foreach_batch)"
     )
+    parser.add_argument(
+        "--two-tables",
+        action="store_true",
+        help="foreachBatch with txsink.transaction: the rows and their daily counts, one xid",
+    )
     parser.add_argument("--option", action="append", default=[], help="extra sink option k=v")
     parser.add_argument("--conf", action="append", default=[], help="extra Spark conf k=v")
     args = parser.parse_args(argv)
@@ -127,7 +167,9 @@ def job_main(argv: Sequence[str] | None = None) -> int:
         .parquet(args.src)
     )
     writer = df.writeStream.option("checkpointLocation", args.checkpoint).trigger(availableNow=True)
-    if args.foreach:
+    if args.two_tables:
+        query = writer.foreachBatch(two_table_handler(spark, args.table, options)).start()
+    elif args.foreach:
         query = writer.foreachBatch(txsink.foreach_batch(**options)).start()
     else:
         query = writer.format("clickhouse_tx").options(**options).start()

@@ -51,7 +51,7 @@ from txsink.ops.liveness import (
 from txsink.protocol import plans
 from txsink.protocol.ids import parse_staging, staging_prefix
 from txsink.protocol.states import Epoch, Mode, XidRecord, XidState
-from txsink.transaction import RecoveryReport, Transactor
+from txsink.transactor import RecoveryReport, Transactor
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Pure decisions: given what Keeper and ClickHouse show, which operations to run.
 
 The driver observes, calls one of these functions, and executes the returned operations
-in order (:mod:`txsink.transaction`). Re-observing after a crash and planning again is
+in order (:mod:`txsink.transactor`). Re-observing after a crash and planning again is
 what makes every step idempotent: an operation that already landed is simply not
 planned a second time.
 """
