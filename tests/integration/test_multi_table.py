@@ -16,6 +16,7 @@ import txsink
 from tests.integration.sparkjob import Job, new_job, staging_left
 from txsink.demo import daily_ddl, daily_table, target_ddl
 from txsink.driver import open_registry
+from txsink.faults import EXIT_CODE
 from txsink.protocol.states import XidState
 
 pytestmark = [pytest.mark.spark]
@@ -141,7 +142,7 @@ def test_two_table_stream_crashed_at_every_driver_point_is_exact_in_both_tables(
     ch.command(daily_ddl(daily))
     for point in DRIVER_POINTS:
         crashed = job.run("--two-tables", files_per_trigger=1, fault=point, fault_after=0)
-        assert crashed != 0, f"the job was supposed to die at {point}\n{job.log_tail()}"
+        assert crashed == EXIT_CODE, f"the job was supposed to die at {point}\n{job.log_tail()}"
         _committed_xids_hold_both_tables(ch, job, daily)
     assert job.run("--two-tables", files_per_trigger=1) == 0, job.log_tail()
     count, distinct, amount = ch.query(
