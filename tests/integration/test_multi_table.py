@@ -17,6 +17,7 @@ from tests.integration.sparkjob import Job, new_job, staging_left
 from txsink.demo import daily_ddl, daily_table, target_ddl
 from txsink.driver import open_registry
 from txsink.faults import EXIT_CODE
+from txsink.ops.verify import verify_job
 from txsink.protocol.states import XidState
 
 pytestmark = [pytest.mark.spark]
@@ -162,3 +163,6 @@ def test_two_table_stream_crashed_at_every_driver_point_is_exact_in_both_tables(
     records = job.records()
     assert records and all(r.state is XidState.COMMITTED for r in records)
     assert sorted(r.batch for r in records) == list(range(len(records)))
+    result = verify_job(job.config())  # reconciles each table against its own ledger cut
+    assert result.clean, result.to_json()
+    assert set(result.checked["tables"]) == {job.table, daily}
