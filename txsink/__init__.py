@@ -6,6 +6,11 @@ Public entry points (contract, see docs/options.md)::
     txsink.register(spark)                      # registers format "clickhouse_tx"
     df.writeStream.format("clickhouse_tx").option("url", ...).option("table", ...)...
     df.writeStream.foreachBatch(txsink.foreach_batch(url=..., table=..., keeper=..., job=...))
+
+    def handle(df, batch_id):                   # several tables, one xid
+        with txsink.transaction(spark, batch_id, job=..., url=..., keeper=...) as tx:
+            tx.write(df, table="db.facts")
+            tx.write(df.groupBy("day").count(), table="db.daily")
 """
 
 from __future__ import annotations
@@ -32,4 +37,19 @@ def foreach_batch(**options: Any) -> Any:
     return make_foreach_batch(**options)
 
 
-__all__ = ["__version__", "foreach_batch", "register"]
+def transaction(
+    spark: SparkSession,
+    batch_id: int | None = None,
+    *,
+    txn_version: int | None = None,
+    **options: Any,
+) -> Any:
+    """``with txsink.transaction(spark, batch_id, job=..., url=..., keeper=...) as tx:
+    tx.write(df, table="db.t")``: every table written in the block commits as one xid
+    (``txn_version=`` instead of ``batch_id`` for batch jobs)."""
+    from txsink.spark.multi import transaction as _transaction
+
+    return _transaction(spark, batch_id, txn_version=txn_version, **options)
+
+
+__all__ = ["__version__", "foreach_batch", "register", "transaction"]

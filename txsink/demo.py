@@ -42,6 +42,41 @@ def target_ddl(table: str) -> str:
     )
 
 
+def daily_table(table: str) -> str:
+    """The second table of the two-table job: per batch and day, orders and amount."""
+    return f"{table}_daily"
+
+
+def daily_ddl(table: str) -> str:
+    return (
+        f"CREATE TABLE {table} (batch Int64, day Date, orders Int64, amount Int64) "
+        "ENGINE = MergeTree PARTITION BY toYYYYMM(day) ORDER BY (batch, day)"
+    )
+
+
+def two_table_handler(
+    spark: Any, table: str, options: dict[str, Any]
+) -> Callable[[Any, int], None]:
+    """The foreachBatch function of the two-table job: the rows into ``table`` and their
+    daily counts into :func:`daily_table`, one ``txsink.transaction`` per micro-batch."""
+    import txsink
+
+    common = {k: v for k, v in options.items() if k != "table"}
+
+    def handle(df: Any, batch_id: int) -> None:
+        from pyspark.sql import functions as F
+
+        daily = df.groupBy("day").agg(F.count("*").alias("orders"), F.sum("amount").alias("amount"))
+        daily = daily.select(
+            F.lit(batch_id).cast("bigint").alias("batch"), "day", "orders", "amount"
+        )
+        with txsink.transaction(spark, batch_id, **common) as tx:
+            tx.write(df, table=table)
+            tx.write(daily, table=daily_table(table))
+
+    return handle
+
+
 def make_source(path: str | Path, files: int, rows_per_file: int, seed: int = 7) -> dict[str, int]:
     """Write ``files`` Parquet files of unique ids spread over four monthly partitions."""
     import pyarrow as pa
@@ -89,6 +124,11 @@ def job_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--foreach", action="store_true", help="use foreachBatch(txsink.foreach_batch)"
     )
+    parser.add_argument(
+        "--two-tables",
+        action="store_true",
+        help="foreachBatch with txsink.transaction: the rows and their daily counts, one xid",
+    )
     parser.add_argument("--option", action="append", default=[], help="extra sink option k=v")
     parser.add_argument("--conf", action="append", default=[], help="extra Spark conf k=v")
     args = parser.parse_args(argv)
@@ -127,7 +167,9 @@ def job_main(argv: Sequence[str] | None = None) -> int:
         .parquet(args.src)
     )
     writer = df.writeStream.option("checkpointLocation", args.checkpoint).trigger(availableNow=True)
-    if args.foreach:
+    if args.two_tables:
+        query = writer.foreachBatch(two_table_handler(spark, args.table, options)).start()
+    elif args.foreach:
         query = writer.foreachBatch(txsink.foreach_batch(**options)).start()
     else:
         query = writer.format("clickhouse_tx").options(**options).start()
@@ -264,12 +306,14 @@ class DemoReport:
     runs: list[RunOutcome] = field(default_factory=list)
     verify_clean: bool = False
     verify: dict[str, Any] = field(default_factory=dict)
+    two_tables: dict[str, Any] = field(default_factory=dict)
 
     @property
     def exact(self) -> bool:
         return (
             self.in_target == self.distinct_ids == self.produced
             and self.amount_in_target == self.amount_expected
+            and self.two_tables.get("exact", True)
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -304,6 +348,7 @@ def run_demo(
     kills: int = 2,
     seed: int = 42,
     mode: str = "auto",
+    two_tables: bool = True,
     progress: Callable[[str], None] = lambda _m: None,
 ) -> DemoReport:
     from txsink.clickhouse.client import connect
@@ -387,8 +432,107 @@ def run_demo(
         report.verify_clean = bool(getattr(result, "clean", False))
     except ImportError:
         report.verify = {"error": "txsink.ops.verify is not available"}
+    if two_tables:
+        report.two_tables = run_two_table_demo(client, url, keeper, work, rng, progress)
+        report.verify_clean = report.verify_clean and report.two_tables["verify_clean"]
     client.close()
     return report
+
+
+TWO_TABLE_POINTS = (
+    "driver.between_writes",
+    "driver.before_prepare",
+    "driver.after_prepare",
+    "driver.mid_commit",
+    "driver.after_commit",
+    "driver.after_record",
+)
+
+
+def run_two_table_demo(
+    client: Any,
+    url: str,
+    keeper: str,
+    work: Path,
+    rng: random.Random,
+    progress: Callable[[str], None],
+    *,
+    files: int = 4,
+    rows_per_file: int = 5_000,
+    crashes: int = 2,
+) -> dict[str, Any]:
+    """The two-table job (rows + their daily counts, one ``txsink.transaction`` per
+    batch), crashed at ``crashes`` random driver points, then checked: both tables exact,
+    and every COMMITTED xid published both tables."""
+    from txsink.config import WriterConfig
+    from txsink.driver import open_registry
+    from txsink.ops.verify import verify_job
+
+    job = f"demo2-{int(time.time())}"
+    table = "txsink_demo.orders2"
+    daily = daily_table(table)
+    for name, ddl in ((table, target_ddl(table)), (daily, daily_ddl(daily))):
+        client.command(f"DROP TABLE IF EXISTS {name} SYNC")
+        client.command(ddl)
+    config = WriterConfig.from_options({"url": url, "keeper": keeper, "table": table, "job": job})
+    registry = open_registry(config)
+    for old in registry.list_jobs():
+        if old.startswith("demo2-") and (registry.job_meta(old) or {}).get("target") in (
+            table,
+            daily,
+        ):
+            registry.delete_job(old)
+    source = make_source(work / "source2", files, rows_per_file, 11)
+    args = job_args(
+        work / "source2", work / "checkpoint2", table, job, url, keeper, "--two-tables",
+        files_per_trigger=1,
+    )  # fmt: skip
+    points = rng.sample(TWO_TABLE_POINTS, k=min(crashes, len(TWO_TABLE_POINTS)))
+    runs = []
+    try:
+        for what in [*points, ""]:
+            started = time.time()
+            code = run_job_once(args, fault=what or None, log_path=str(work / "job2.log"))
+            runs.append({"crash": what or "none", "exit_code": code})
+            progress(
+                f"two-table run  crash={what or 'none':22s} exit={code:4d}  "
+                f"({time.time() - started:.0f}s)"
+            )
+        records = registry.list(job)
+    finally:
+        registry.close()
+    count, distinct, amount = client.query_rows(
+        f"SELECT count(), uniqExact(id), sum(amount) FROM {table}"
+    )[0]
+    orders, daily_amount = client.query_rows(f"SELECT sum(orders), sum(amount) FROM {daily}")[0]
+    per_batch = dict(client.query_rows(f"SELECT batch, sum(orders) FROM {daily} GROUP BY batch"))
+    torn = [
+        r.xid
+        for r in records
+        if r.state.value == "COMMITTED"
+        and (set(r.targets) != {table, daily} or per_batch.get(r.batch, 0) != r.table_rows()[table])
+    ]
+    result = verify_job(config)
+    exact = (
+        int(count) == int(distinct) == source["rows"]
+        and int(amount or 0) == source["amount"]
+        and int(orders or 0) == source["rows"]
+        and int(daily_amount or 0) == source["amount"]
+        and not torn
+    )
+    return {
+        "job": job,
+        "tables": [table, daily],
+        "runs": runs,
+        "produced": source["rows"],
+        "rows_in_target": int(count),
+        "distinct_ids": int(distinct),
+        "daily_orders": int(orders or 0),
+        "torn_xids": torn,
+        "exact": exact,
+        "verify_clean": result.clean,
+        "verify": result.to_json(),
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:

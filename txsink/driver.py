@@ -22,7 +22,7 @@ from txsink.credentials import split_url
 from txsink.errors import ConfigError, FencedError
 from txsink.keeper.registry import Registry
 from txsink.protocol.states import Epoch
-from txsink.transaction import Transactor
+from txsink.transactor import Transactor
 
 log = logging.getLogger(__name__)
 
@@ -89,10 +89,18 @@ def open_job(config: WriterConfig) -> JobHandle:
     )
 
 
-def job_meta(config: WriterConfig, mode: str, query_id: str = "") -> dict[str, Any]:
+def job_meta(
+    config: WriterConfig,
+    mode: str,
+    query_id: str = "",
+    targets: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """The job node's data. Keeper nodes are world-readable (even under ``keeper_auth``),
-    so it holds no credential: the url without userinfo, no user, no password."""
-    return {
+    so it holds no credential: the url without userinfo, no user, no password.
+
+    ``targets`` (a :func:`txsink.transaction` job): every table the job writes and its
+    pinned mode; ``target`` stays the job's own table (``config.table``)."""
+    meta = {
         "job": config.job,
         "target": config.table,
         "mode": mode,
@@ -101,6 +109,41 @@ def job_meta(config: WriterConfig, mode: str, query_id: str = "") -> dict[str, A
         "query_id": query_id,
         "created_at": time.time(),
     }
+    if targets:
+        meta["targets"] = dict(sorted(targets.items()))
+    return meta
+
+
+def primary_target(stored: dict[str, Any] | None, tables: Iterable[str]) -> str:
+    """The job's own table for a transaction writing ``tables``: the stored one, else
+    (first commit) the first of ``tables`` in sorted order. Records use it as their
+    ``target``, the ledger keys its partitions bare (:func:`ledger_key`)."""
+    if stored and stored.get("target"):
+        return str(stored["target"])
+    return sorted(tables)[0]
+
+
+def check_tables(job: str, stored: dict[str, Any] | None, tables: Iterable[str]) -> None:
+    """Refuse a transaction whose tables a job cannot take (pure).
+
+    A job keeps the set of tables of its first commit: its ledger, ``verify`` and the
+    pinned modes describe exactly those. A transaction may write any of them (tables it
+    skips get no rows in that xid); a table outside the set is refused, and so is a
+    transaction of several tables under a job that a single-table writer
+    (``format("clickhouse_tx")``, ``foreach_batch``) created."""
+    wanted = sorted(set(tables))
+    if not stored:
+        return
+    known = stored.get("targets")
+    have = sorted(known) if isinstance(known, dict) else [str(stored.get("target", ""))]
+    extra = [t for t in wanted if t not in have]
+    if extra:
+        raise ConfigError(
+            f"job {job} writes {', '.join(have)}; this transaction also writes "
+            f"{', '.join(extra)}. A job keeps the tables of its first commit (its ledger, "
+            f"verify and pinned modes describe exactly those). Nothing was written; write "
+            f"the new table set under a new job name"
+        )
 
 
 def check_job_identity(handle: JobHandle, meta: dict[str, Any]) -> None:
@@ -113,6 +156,15 @@ def check_job_identity(handle: JobHandle, meta: dict[str, Any]) -> None:
     """
     job = handle.config.job
     stored = handle.registry.ensure_job(job, meta)
+    known = stored.get("targets")
+    if isinstance(known, dict) and len(known) > 1 and not meta.get("targets"):
+        raise ConfigError(
+            f"job {job} commits several tables in one transaction ({', '.join(sorted(known))}); "
+            f"a single-table writer must not share its xids. Write with "
+            f"`txsink.transaction(...)`, or use a new job name"
+        )
+    if meta.get("targets"):
+        check_tables(job, stored, meta["targets"])
     if stored.get("target") and stored["target"] != meta["target"]:
         raise ConfigError(
             f"job {job} writes to {stored['target']}, not {meta['target']}; a job keeps one "
@@ -128,7 +180,12 @@ def check_job_identity(handle: JobHandle, meta: dict[str, Any]) -> None:
 
 
 def epoch_for_run(
-    handle: JobHandle, run_id: str, mode: str, keep: Iterable[str] = (), query_id: str = ""
+    handle: JobHandle,
+    run_id: str,
+    mode: str,
+    keep: Iterable[str] = (),
+    query_id: str = "",
+    targets: dict[str, str] | None = None,
 ) -> Epoch:
     """The epoch of ``run_id``: the current one if the run owns the job, else a takeover.
 
@@ -145,7 +202,7 @@ def epoch_for_run(
             f"(epoch {current.number if current else '?'}); this query must stop. Two queries "
             f"must not write with the same job name."
         )
-    meta = job_meta(handle.config, mode, query_id)
+    meta = job_meta(handle.config, mode, query_id, targets)
     check_job_identity(handle, meta)
     registry.put_blob(job, f"runs/{run_id}", {"started_at": time.time()})
     epoch = handle.transactor.begin(run_id, meta=meta, keep=set(keep))

@@ -36,7 +36,7 @@ from txsink.protocol.dedup import (
     xid_key,
 )
 from txsink.protocol.states import Mode, StagedPart
-from txsink.transaction import Transactor
+from txsink.transactor import Transactor
 
 
 def fps(*digests: str, rows: int = 10) -> tuple[BlockFingerprint, ...]:

@@ -12,7 +12,7 @@ from tests.unit.fakes import MemoryWarehouse
 from txsink.keeper.registry import MemoryRegistry
 from txsink.ops import liveness as lv
 from txsink.ops.status import assess, liveness_of
-from txsink.transaction import Transactor
+from txsink.transactor import Transactor
 
 JOB = "cadenced"
 TARGET = "db.t"

@@ -16,7 +16,7 @@ from txsink.keeper.registry import MemoryRegistry
 from txsink.protocol import plans
 from txsink.protocol.ids import batch_xid, staging_name, staging_prefix
 from txsink.protocol.states import Mode, XidRecord, XidState
-from txsink.transaction import Transactor
+from txsink.transactor import Transactor
 
 
 def committed_batches(tx: Transactor, wh: MemoryWarehouse, upto: int) -> None:

@@ -1,6 +1,6 @@
 """Model-based tests of the transaction runner: random batches, crashes and replays.
 
-A scripted "Spark" drives :class:`txsink.transaction.Transactor` against the in-memory
+A scripted "Spark" drives :class:`txsink.transactor.Transactor` against the in-memory
 registry and warehouse. Crashes are raised at random protocol fault points, after which
 a new driver run starts (new epoch, recovery) and Spark replays the first batch whose
 commit did not return. After every run to completion, the target must hold every
@@ -19,7 +19,7 @@ from txsink.faults import POINTS
 from txsink.keeper.registry import MemoryRegistry
 from txsink.protocol.ids import batch_xid, staging_name
 from txsink.protocol.states import StagedPart, XidState
-from txsink.transaction import Transactor
+from txsink.transactor import Transactor
 
 TARGET = "db.events"
 JOB = "orders-eo"

@@ -39,6 +39,12 @@ def register(subs: Any) -> None:
     p.add_argument("--kills", type=int, default=2, help="extra runs ended by kill -9 of the driver")
     p.add_argument("--mode", default="auto", choices=("auto", "attach", "dedup"))
     p.add_argument("--seed", type=int, default=42)
+    p.add_argument(
+        "--skip-two-tables",
+        action="store_true",
+        help="skip the second job: rows and their daily counts committed as one xid "
+        "(txsink.transaction), crashed at two random driver points",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
 
@@ -65,6 +71,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
         kills=args.kills,
         seed=args.seed,
         mode=args.mode,
+        two_tables=not args.skip_two_tables,
         progress=out.progress,
     )
     ok = report.exact and report.verify_clean
@@ -91,6 +98,32 @@ def run(args: argparse.Namespace, out: Output) -> int:
                     ),
                     "verify": "clean" if report.verify_clean else f"NOT CLEAN {report.verify}",
                 }
+            ),
+            *(
+                [
+                    "",
+                    "two-table job (one xid per batch over "
+                    f"{' + '.join(report.two_tables['tables'])}):",
+                    kv_table(
+                        {
+                            "runs": ", ".join(
+                                f"{r['crash']}->{r['exit_code']}" for r in report.two_tables["runs"]
+                            ),
+                            "rows produced / in target / distinct": (
+                                f"{report.two_tables['produced']:,} / "
+                                f"{report.two_tables['rows_in_target']:,} / "
+                                f"{report.two_tables['distinct_ids']:,}"
+                            ),
+                            "daily counts sum": f"{report.two_tables['daily_orders']:,}",
+                            "COMMITTED xids missing a table": (
+                                ", ".join(report.two_tables["torn_xids"]) or "none"
+                            ),
+                            "verify": "clean" if report.two_tables["verify_clean"] else "NOT CLEAN",
+                        }
+                    ),
+                ]
+                if report.two_tables
+                else []
             ),
             "",
             "EXACT: every produced row is in the target exactly once."

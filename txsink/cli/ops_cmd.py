@@ -241,7 +241,8 @@ def _render_status(j: st.JobStatus) -> str:
     )
     head = kv_table(
         {
-            "target": f"{j.target} ({j.mode or '?'} mode)",
+            "target": f"{j.target} ({j.mode or '?'} mode)"
+            + (f"; one xid over {', '.join(j.targets)}" if len(j.targets) > 1 else ""),
             "writer": writer,
             "last commit": f"batch {j.last_batch} at {_when(j.last_commit_at)} "
             f"({_age(j.last_commit_age)})"
@@ -255,10 +256,15 @@ def _render_status(j: st.JobStatus) -> str:
     )
     pending = table(
         [
-            {**p.__dict__, "age_s": p.age_seconds, "staging": len(p.staging_tables)}
+            {
+                **p.__dict__,
+                "age_s": p.age_seconds,
+                "staging": len(p.staging_tables),
+                "tables": ", ".join(f"{t}:{n}" for t, n in p.tables.items()),
+            }
             for p in j.pending
         ],
-        ["xid", "batch", "state", "age_s", "rows", "staging", "epoch"],
+        ["xid", "batch", "state", "age_s", "rows", "staging", "epoch", "tables"],
     )
     staging = table(
         [s.__dict__ for s in j.staging], ["table", "xid", "rows", "bytes", "referenced_by"]
@@ -468,11 +474,12 @@ def _render_verify(r: vf.VerifyResult) -> str:
         f"(seq {c.get('seq_range') or '-'}), {c.get('prepared', 0)} PREPARED, "
         f"{c.get('adhoc_exempt', 0)} ad-hoc exempt",
     ]
-    if "ledger_rows" in c:
+    per_table = c.get("tables") or ({r.target: c} if "ledger_rows" in c else {})
+    for name, t in per_table.items():
         lines.append(
-            f"  reconciliation by {c['reconciled_by']}: ledger {c['ledger_rows']:,} rows "
-            f"({', '.join(c['writers']) or '-'}) vs target {c['target_rows']:,} rows in "
-            f"{c['partitions']} partition(s) [{c.get('engine') or 'missing'}]"
+            f"  reconciliation of {name} by {t['reconciled_by']}: ledger {t['ledger_rows']:,} "
+            f"rows ({', '.join(t['writers']) or '-'}) vs target {t['target_rows']:,} rows in "
+            f"{t['partitions']} partition(s) [{t.get('engine') or 'missing'}]"
         )
     lines.append("  anomalies:" if r.anomalies else "  anomalies: none")
     for a in r.anomalies:

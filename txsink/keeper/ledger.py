@@ -11,7 +11,17 @@ transaction as the COMMITTED record), so it must stay small whatever the job's a
                                      totals count only rows since they came back
      "evicted_partitions": n,        evictions so far (a partition evicted twice counts 2)
      "evicted_rows":  rows,          the rows of every evicted total, folded into one number
-     "evicted_filter": hex}          a Bloom filter of the evicted partition ids
+     "evicted_filter": hex,          a Bloom filter of the evicted partition ids
+     "tables":        {table: rows}, multi-table jobs: exact rows per table (one entry per
+                                     table of the job: bounded by the job's table set)
+     "evicted_tables": {table: rows}} the part of evicted_rows that belongs to tables other
+                                     than the job's own target
+
+Several tables in one job (:func:`txsink.transaction`): partition ids of the job's own
+target are keyed as always; those of its other tables as ``<table>/<partition id>``
+(:func:`txsink.protocol.states.ledger_key`), in the same bounded window, so the ledger
+never mixes two tables' partitions. :func:`table_view` cuts one table's ledger out of it
+for ``txsink verify``.
 
 When a commit brings the window past ``LEDGER_PARTITIONS`` ids, the least recently written
 ones are evicted: their rows move into ``evicted_rows`` and their id into the filter. An id
@@ -71,11 +81,13 @@ def _filter(ledger: Mapping[str, Any]) -> bytearray:
 
 
 def maybe_evicted(ledger: Mapping[str, Any], pid: str) -> bool:
-    """False when ``pid`` was certainly never evicted from this ledger's window."""
+    """False when ``pid`` was certainly never evicted from this ledger's window (``pid``
+    of a :func:`table_view`: looked up under that table's key)."""
     if not int(ledger.get("evicted_partitions", 0)):
         return False
     bloom = _filter(ledger)
-    return all(bloom[b // 8] & (1 << (b % 8)) for b in _bits(pid))
+    key = str(ledger.get("key_prefix", "")) + pid
+    return all(bloom[b // 8] & (1 << (b % 8)) for b in _bits(key))
 
 
 def next_ledger(
@@ -94,7 +106,12 @@ def next_ledger(
         int(ledger.get("evicted_rows", 0)),
     )
     bloom = _filter(ledger)
-    for pid, rows in record.partition_rows().items():
+    tables = {str(k): int(v) for k, v in dict(ledger.get("tables", {})).items()}
+    evicted_tables = {str(k): int(v) for k, v in dict(ledger.get("evicted_tables", {})).items()}
+    if record.multi_table:
+        for table, rows in record.table_rows().items():
+            tables[table] = tables.get(table, 0) + rows
+    for pid, rows in record.ledger_rows().items():
         if pid not in parts:
             if maybe_evicted(ledger, pid):
                 partial.add(pid)
@@ -104,7 +121,11 @@ def next_ledger(
     if len(parts) > keep:
         order = sorted(parts, key=lambda p: (pseq.get(p, 0), p))
         for pid in order[: len(parts) - keep]:
-            evicted_rows += parts.pop(pid)
+            rows = parts.pop(pid)
+            evicted_rows += rows
+            if "/" in pid:
+                table = pid.rsplit("/", 1)[0]
+                evicted_tables[table] = evicted_tables.get(table, 0) + rows
             pseq.pop(pid, None)
             partial.discard(pid)
             evicted += 1
@@ -113,7 +134,7 @@ def next_ledger(
     last = ledger.get("last_batch")
     if record.batch is not None:
         last = record.batch if last is None else max(int(last), record.batch)
-    return {
+    out: dict[str, Any] = {
         "seq": seq,
         "committed": int(ledger.get("committed", 0)) + 1,
         "rows": int(ledger.get("rows", 0)) + record.rows,
@@ -126,6 +147,11 @@ def next_ledger(
         "evicted_rows": evicted_rows,
         "evicted_filter": bloom.hex() if evicted else "",
     }
+    if tables:
+        out["tables"] = tables
+    if evicted_tables:
+        out["evicted_tables"] = evicted_tables
+    return out
 
 
 def exact_partitions(ledger: Mapping[str, Any]) -> dict[str, int]:
@@ -141,3 +167,46 @@ def rest_rows(ledger: Mapping[str, Any]) -> int:
     partial = set(ledger.get("partial", []))
     parts = dict(ledger.get("partitions", {}))
     return int(ledger.get("evicted_rows", 0)) + sum(int(parts[p]) for p in partial if p in parts)
+
+
+def table_view(ledger: Mapping[str, Any], table: str, primary: str) -> dict[str, Any]:
+    """The ledger of one table of a job (``primary``: the job's own target), in the
+    single-table layout :func:`exact_partitions`, :func:`rest_rows` and
+    :func:`maybe_evicted` read: that table's partitions under their bare ids, its rows,
+    and the evicted rows that are its own. A ledger of one table is returned as is."""
+    if table == primary and not ledger.get("tables") and not ledger.get("evicted_tables"):
+        return dict(ledger)
+    prefix = "" if table == primary else f"{table}/"
+
+    def mine(key: str) -> bool:
+        return key.startswith(prefix) and "/" not in key[len(prefix) :]
+
+    parts = {
+        str(k)[len(prefix) :]: int(v)
+        for k, v in dict(ledger.get("partitions", {})).items()
+        if mine(str(k))
+    }
+    evicted_tables = {str(k): int(v) for k, v in dict(ledger.get("evicted_tables", {})).items()}
+    if table == primary:
+        evicted_rows = int(ledger.get("evicted_rows", 0)) - sum(evicted_tables.values())
+    else:
+        evicted_rows = evicted_tables.get(table, 0)
+    tables = dict(ledger.get("tables", {}))
+    view = dict(ledger)
+    view.update(
+        partitions=parts,
+        partition_seq={
+            str(k)[len(prefix) :]: v
+            for k, v in dict(ledger.get("partition_seq", {})).items()
+            if mine(str(k))
+        },
+        partial=[str(p)[len(prefix) :] for p in ledger.get("partial", []) if mine(str(p))],
+        evicted_rows=evicted_rows,
+        rows=int(ledger.get("rows", 0)) - sum(int(n) for t, n in tables.items() if t != primary)
+        if table == primary
+        else int(tables.get(table, 0)),
+        key_prefix=prefix,
+    )
+    view.pop("tables", None)
+    view.pop("evicted_tables", None)
+    return view

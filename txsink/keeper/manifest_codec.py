@@ -103,22 +103,28 @@ def _common_prefix(names: list[str]) -> str:
 
 def encode_manifest(manifest: tuple[StagedPart, ...]) -> dict[str, Any]:
     """The compact form: table names' common prefix once, then runs of consecutive
-    entries of one table as ``[table suffix, [[pid, rows(, blocks(, fingerprint))], ...]]``.
-    Order is kept exactly, so decoding gives an equal manifest."""
+    entries of one staging table as ``[table suffix, [[pid, rows(, blocks(, fingerprint
+    (, uuids)))], ...](, target)]``: ``uuids`` comma-joined (evidence of publish), and
+    ``target`` only for entries of another table than the record's (a multi-table xid;
+    one staging table always belongs to one target). Order is kept exactly, so decoding
+    gives an equal manifest."""
     tables = [p.table for p in manifest]
     prefix = _common_prefix(tables) if len(set(tables)) > 1 else ""
     runs: list[list[Any]] = []
     for p in manifest:
         entry: list[Any] = [p.partition_id, p.rows]
-        if p.blocks or p.fingerprint:
+        if p.blocks or p.fingerprint or p.uuids:
             entry.append(p.blocks)
-        if p.fingerprint:
+        if p.fingerprint or p.uuids:
             entry.append(p.fingerprint)
+        if p.uuids:
+            entry.append(",".join(p.uuids))
         suffix = p.table[len(prefix) :]
-        if runs and runs[-1][0] == suffix:
+        target = runs[-1][2] if runs and len(runs[-1]) > 2 else ""
+        if runs and runs[-1][0] == suffix and target == p.target:
             runs[-1][1].append(entry)
         else:
-            runs.append([suffix, [entry]])
+            runs.append([suffix, [entry], p.target] if p.target else [suffix, [entry]])
     return {"prefix": prefix, "runs": runs, "entries": len(manifest)}
 
 
@@ -126,17 +132,22 @@ def decode_manifest(data: dict[str, Any]) -> list[dict[str, Any]]:
     """Entry objects (``StagedPart.to_json`` form) of a compact manifest."""
     prefix = str(data.get("prefix", ""))
     out: list[dict[str, Any]] = []
-    for suffix, entries in data["runs"]:
+    for run in data["runs"]:
+        suffix, entries = run[0], run[1]
+        target = str(run[2]) if len(run) > 2 else ""
         for e in entries:
-            out.append(
-                {
-                    "table": prefix + suffix,
-                    "partition_id": e[0],
-                    "rows": e[1],
-                    "blocks": e[2] if len(e) > 2 else 0,
-                    "fingerprint": e[3] if len(e) > 3 else "",
-                }
-            )
+            entry = {
+                "table": prefix + suffix,
+                "partition_id": e[0],
+                "rows": e[1],
+                "blocks": e[2] if len(e) > 2 else 0,
+                "fingerprint": e[3] if len(e) > 3 else "",
+            }
+            if len(e) > 4 and e[4]:
+                entry["uuids"] = e[4]
+            if target:
+                entry["target"] = target
+            out.append(entry)
     if len(out) != int(data.get("entries", len(out))):
         raise ValueError(f"holds {len(out)} manifest entries, its header says {data['entries']}")
     return out

@@ -53,6 +53,13 @@ def change_mode(
             f"job {job!r} does not exist in Keeper; its mode is decided at its first commit"
         )
     old = meta.get("mode")
+    if isinstance(meta.get("targets"), dict) and new != "attach":
+        raise ConfigError(
+            f"job {job} writes {', '.join(sorted(meta['targets']))} with txsink.transaction, "
+            f"which takes attach-mode tables only (dedup rows would be visible before the "
+            f"transaction commits). Write the table that needs dedup mode with "
+            f"txsink.foreach_batch under a new job name"
+        )
     if old == new:
         return ModeChange(job, old, new, changed=False)
     owner = registry.owner(job)

@@ -51,7 +51,7 @@ from txsink.ops.liveness import (
 from txsink.protocol import plans
 from txsink.protocol.ids import parse_staging, staging_prefix
 from txsink.protocol.states import Epoch, Mode, XidRecord, XidState
-from txsink.transaction import RecoveryReport, Transactor
+from txsink.transactor import RecoveryReport, Transactor
 
 log = logging.getLogger(__name__)
 
@@ -171,6 +171,7 @@ class PendingXid:
     rows: int
     staging_tables: list[str]
     epoch: int
+    tables: dict[str, int] = field(default_factory=dict)  # rows per target table
 
 
 @dataclass
@@ -205,6 +206,7 @@ class JobStatus:
     pending: list[PendingXid] = field(default_factory=list)
     staging: list[StagingTable] = field(default_factory=list)
     warnings: list[Finding] = field(default_factory=list)
+    targets: list[str] = field(default_factory=list)  # every table (multi-table jobs)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -277,6 +279,7 @@ def assess(
         last_batch=ledger.get("last_batch"),
         last_commit_at=last_at,
         last_commit_age=None if last_at is None else round(max(0.0, now - float(last_at)), 1),
+        targets=sorted(meta["targets"]) if isinstance(meta.get("targets"), dict) else [],
     )
     prepared = [r for r in records if r.state is XidState.PREPARED]
     prepared_tables = {t: r.xid for r in prepared for t in r.staging_tables}
@@ -293,6 +296,7 @@ def assess(
                 r.rows,
                 list(r.staging_tables),
                 r.epoch,
+                r.table_rows(),
             )
         )
     for table, size in sorted(staging_sizes.items()):

@@ -36,7 +36,7 @@ from txsink.errors import ConfigError, TxSinkError
 from txsink.keeper.registry import Registry
 from txsink.protocol.ids import batch_xid, run_tag, staging_name
 from txsink.protocol.states import StagedPart, XidState
-from txsink.transaction import Transactor
+from txsink.transactor import Transactor
 
 log = logging.getLogger(__name__)
 

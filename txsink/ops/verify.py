@@ -23,6 +23,9 @@ by total only. A ledger keeps per-partition totals only for its most recently wr
 partitions (:mod:`txsink.keeper.ledger`); partitions it evicted, or that came back after
 an eviction, cannot be reconciled one by one: they are reconciled together as one
 ``(evicted)`` bucket (with a ``ledger-evicted`` warning naming them), so the total always is.
+A job that commits several tables in one xid (``txsink.transaction``) is reconciled table
+by table: its ledger is cut per table (:func:`txsink.keeper.ledger.table_view`) and each
+PREPARED xid counts as in flight only for the tables its entries name.
 
 Everything below :func:`verify` is pure and unit-tested without services.
 """
@@ -39,7 +42,7 @@ from typing import Any
 
 from txsink.clickhouse.client import split_table
 from txsink.driver import open_registry, open_warehouse
-from txsink.keeper.ledger import LEDGER_PARTITIONS, exact_partitions, maybe_evicted
+from txsink.keeper.ledger import LEDGER_PARTITIONS, exact_partitions, maybe_evicted, table_view
 from txsink.keeper.registry import Registry
 from txsink.protocol.ids import staging_prefix
 from txsink.protocol.states import Mode, XidRecord, XidState
@@ -377,6 +380,7 @@ def verify(
     """Audit one job: history anomalies, stuck PREPARED xids, reconciliation, leftovers."""
     now = time.time() if now is None else now
     meta = registry.job_meta(job) or {}
+    explicit = bool(target)
     target = target or str(meta.get("target", ""))
     result = VerifyResult(job, target)
     records = registry.list(job)
@@ -392,58 +396,18 @@ def verify(
         adhoc_exempt=sum(batch_of(r) is None for r in history),
     )
 
-    # Reconciliation against every job under this root that writes the same target.
-    if target:
-        writers: dict[str, dict[str, Any]] = {}
-        dedup = False
-        inflight: dict[str, int] = {}
-        for name in registry.list_jobs():
-            other = meta if name == job else (registry.job_meta(name) or {})
-            if str(other.get("target", "")) != target:
-                continue
-            writers[name] = registry.ledger(name)
-            dedup |= str(other.get("mode", "")) == Mode.DEDUP.value
-            for r in records if name == job else registry.list(name):
-                dedup |= r.mode is Mode.DEDUP
-                if r.state is XidState.PREPARED:
-                    for pid, rows in r.partition_rows().items():
-                        inflight[pid] = inflight.get(pid, 0) + rows
-        engine = _engine(warehouse, target)
-        target_rows = warehouse.partition_rows(target) if engine else {}
-        ledger_rows, folded = ledger_partition_rows(writers.values(), target_rows)
-        if folded and not dedup:
-            result.warnings.append(evicted_warning(target, writers, folded))
-        target_rows = fold(target_rows, folded) if engine else dict(ledger_rows)
-        inflight = fold(inflight, folded)
-        if not engine:
-            result.anomalies.append(
-                Finding(
-                    "reconciliation",
-                    f"reconciliation: target {target} of job {job} does not exist; the ledger of "
-                    f"{', '.join(sorted(writers)) or job} counts {sum(ledger_rows.values())} rows",
-                )
-            )
-        anomalies, warnings = reconcile(
-            target,
-            ledger_rows,
-            target_rows,
-            inflight,
-            jobs=writers,
-            allow_other_writers=allow_other_writers,
-            engine_merges=bool(_MERGING_ENGINES.match(engine)),
-            by_partition=not dedup,
+    # Reconciliation, per table, against every job under this root that writes it.
+    tables = [target] if target else []
+    if not explicit:
+        tables = job_tables(meta) or tables
+    for table in tables:
+        checked = _reconcile_table(
+            registry, warehouse, job, meta, records, table, result, allow_other_writers
         )
-        result.anomalies += anomalies
-        result.warnings += warnings
-        result.checked.update(
-            writers=sorted(writers),
-            reconciled_by="total" if dedup else "partition",
-            partitions=len(set(ledger_rows) | set(target_rows)),
-            evicted_partitions=len(folded),
-            ledger_rows=sum(ledger_rows.values()),
-            target_rows=sum(target_rows.values()),
-            engine=engine,
-        )
+        if table == target:
+            result.checked.update(checked)
+        if len(tables) > 1:
+            result.checked.setdefault("tables", {})[table] = checked
 
     # Staging of recently committed xids that still exists: publish finished, drop did not.
     newest = history[-recent:] if recent > 0 else []
@@ -467,6 +431,79 @@ def verify(
     return result
 
 
+def job_tables(meta: Mapping[str, Any]) -> list[str]:
+    """Every table a job writes: its ``targets`` (a multi-table job), else its target."""
+    targets = meta.get("targets")
+    if isinstance(targets, dict) and targets:
+        return sorted(str(t) for t in targets)
+    return [str(meta["target"])] if meta.get("target") else []
+
+
+def _reconcile_table(
+    registry: Registry,
+    warehouse: Any,
+    job: str,
+    meta: Mapping[str, Any],
+    records: list[XidRecord],
+    target: str,
+    result: VerifyResult,
+    allow_other_writers: bool,
+) -> dict[str, Any]:
+    """Reconcile ``target`` against the ledgers (cut to that table) of every job writing
+    it; adds findings to ``result`` and returns what was checked."""
+    writers: dict[str, dict[str, Any]] = {}
+    dedup = False
+    inflight: dict[str, int] = {}
+    for name in registry.list_jobs():
+        other = meta if name == job else (registry.job_meta(name) or {})
+        if target not in job_tables(other):
+            continue
+        primary = str(other.get("target", ""))
+        writers[name] = table_view(registry.ledger(name), target, primary)
+        dedup |= str(other.get("mode", "")) == Mode.DEDUP.value
+        for r in records if name == job else registry.list(name):
+            dedup |= r.mode is Mode.DEDUP
+            if r.state is XidState.PREPARED:
+                for pid, rows in r.partition_rows(target).items():
+                    inflight[pid] = inflight.get(pid, 0) + rows
+    engine = _engine(warehouse, target)
+    target_rows = warehouse.partition_rows(target) if engine else {}
+    ledger_rows, folded = ledger_partition_rows(writers.values(), target_rows)
+    if folded and not dedup:
+        result.warnings.append(evicted_warning(target, writers, folded))
+    target_rows = fold(target_rows, folded) if engine else dict(ledger_rows)
+    inflight = fold(inflight, folded)
+    if not engine:
+        result.anomalies.append(
+            Finding(
+                "reconciliation",
+                f"reconciliation: target {target} of job {job} does not exist; the ledger of "
+                f"{', '.join(sorted(writers)) or job} counts {sum(ledger_rows.values())} rows",
+            )
+        )
+    anomalies, warnings = reconcile(
+        target,
+        ledger_rows,
+        target_rows,
+        inflight,
+        jobs=writers,
+        allow_other_writers=allow_other_writers,
+        engine_merges=bool(_MERGING_ENGINES.match(engine)),
+        by_partition=not dedup,
+    )
+    result.anomalies += anomalies
+    result.warnings += warnings
+    return {
+        "writers": sorted(writers),
+        "reconciled_by": "total" if dedup else "partition",
+        "partitions": len(set(ledger_rows) | set(target_rows)),
+        "evicted_partitions": len(folded),
+        "ledger_rows": sum(ledger_rows.values()),
+        "target_rows": sum(target_rows.values()),
+        "engine": engine,
+    }
+
+
 def _engine(warehouse: Any, target: str) -> str:
     db, name = split_table(target)
     rows = warehouse.client.query_rows(
@@ -483,7 +520,10 @@ def verify_job(config: Any, **options: Any) -> VerifyResult:
     try:
         warehouse = open_warehouse(config)
         try:
-            return verify(registry, warehouse, config.job, target=config.table, **options)
+            # a multi-table job is verified table by table (its meta lists them)
+            meta = registry.job_meta(config.job) or {}
+            target = None if meta.get("targets") else config.table
+            return verify(registry, warehouse, config.job, target=target, **options)
         finally:
             warehouse.client.close()
     finally:

@@ -1,7 +1,7 @@
 """Pure decisions: given what Keeper and ClickHouse show, which operations to run.
 
 The driver observes, calls one of these functions, and executes the returned operations
-in order (:mod:`txsink.transaction`). Re-observing after a crash and planning again is
+in order (:mod:`txsink.transactor`). Re-observing after a crash and planning again is
 what makes every step idempotent: an operation that already landed is simply not
 planned a second time.
 """
@@ -67,22 +67,32 @@ class Evidence:
 Operation = Prepare | Publish | RecordCommitted | DropStaging | Alarm | Evidence
 
 
-def evidence_wanted(
+def evidence_by_target(
     record: XidRecord, view: StagingView, *, resumed: bool = True
-) -> tuple[str, ...]:
-    """Part UUIDs worth looking up in the target before :func:`plan_publish`: those of
-    manifest partitions whose staging table exists but holds no rows of them any more,
-    and, when ``resumed`` (the record was PREPARED before this attempt: a MOVE may have
-    run), also those still staged in full: a server crash inside MOVE PARTITION can
+) -> dict[str, tuple[str, ...]]:
+    """Part UUIDs worth looking up before :func:`plan_publish`, per target table (each
+    entry's own target: a multi-table xid looks each table's evidence up in that table).
+
+    Those of manifest partitions whose staging table exists but holds no rows of them any
+    more, and, when ``resumed`` (the record was PREPARED before this attempt: a MOVE may
+    have run), also those still staged in full: a server crash inside MOVE PARTITION can
     leave the rows in both tables (the destination commits first)."""
     if record.mode is Mode.DEDUP or record.state is not XidState.PREPARED:
-        return ()
-    out: list[str] = []
+        return {}
+    out: dict[str, list[str]] = {}
     for part in record.manifest:
         have = view.get(part.table)
         if have is not None and (resumed or not have.get(part.partition_id, 0)):
-            out.extend(part.uuids)
-    return tuple(dict.fromkeys(out))
+            out.setdefault(record.part_target(part), []).extend(part.uuids)
+    return {t: tuple(dict.fromkeys(u)) for t, u in out.items() if u}
+
+
+def evidence_wanted(
+    record: XidRecord, view: StagingView, *, resumed: bool = True
+) -> tuple[str, ...]:
+    """Every UUID of :func:`evidence_by_target`, in one tuple."""
+    wanted = evidence_by_target(record, view, resumed=resumed)
+    return tuple(dict.fromkeys(u for uuids in wanted.values() for u in uuids))
 
 
 def plan_publish(
@@ -114,6 +124,10 @@ def plan_publish(
     An empty partition without UUIDs in a record whose other partitions have some is
     not guessed at, nor is anything else (a staging table missing while PREPARED, a
     partial count, rows the manifest does not list): the plan is a single Alarm.
+
+    Several tables in one xid: every entry is published into its own target
+    (:meth:`XidRecord.part_target`), in manifest order; the record turns COMMITTED only
+    after every entry of every table is published or shown to be.
     """
     if record.mode is Mode.DEDUP:
         # Dedup mode inserted straight into the target; finishing is only the record.
@@ -144,7 +158,8 @@ def plan_publish(
         if rows == part.rows and landed:
             ops.append(Evidence(record.xid, part.table, part.partition_id, "uuid", part.rows))
         elif rows == part.rows:
-            ops.append(Publish(record.xid, part.table, part.partition_id, record.target, rows))
+            target = record.part_target(part)
+            ops.append(Publish(record.xid, part.table, part.partition_id, target, rows))
         elif rows != 0:
             return [
                 Alarm(

@@ -79,6 +79,10 @@ class StagedPart:
     parts of this partition (the largest), which keep their UUIDs through MOVE PARTITION
     into the target. Stored as one comma-joined string, left out when empty: records
     written before this field existed load with ``()``.
+
+    ``target`` (several tables in one xid, :func:`txsink.transaction`): the table this
+    entry is published into; ``""`` means the record's ``target``. Left out of the JSON
+    when empty, so records of one table look as before and old records load unchanged.
     """
 
     table: str
@@ -87,6 +91,7 @@ class StagedPart:
     blocks: int = 0
     fingerprint: str = ""
     uuids: tuple[str, ...] = ()
+    target: str = ""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -98,6 +103,8 @@ class StagedPart:
         }
         if self.uuids:
             out["uuids"] = ",".join(self.uuids)
+        if self.target:
+            out["target"] = self.target
         return out
 
     @staticmethod
@@ -110,6 +117,7 @@ class StagedPart:
             blocks=int(data.get("blocks", 0)),
             fingerprint=str(data.get("fingerprint", "")),
             uuids=tuple(u for u in (raw.split(",") if isinstance(raw, str) else raw) if u),
+            target=str(data.get("target") or ""),
         )
 
 
@@ -131,7 +139,12 @@ def short_uuids(parts: list[tuple[int, str]]) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class XidRecord:
-    """What Keeper holds for one xid. ``version`` is Keeper's node version (not stored)."""
+    """What Keeper holds for one xid. ``version`` is Keeper's node version (not stored).
+
+    ``target`` is the job's (first) table; a manifest entry with its own ``target``
+    belongs to another table of the same transaction. ``extra["tables"]`` lists every
+    table a multi-table transaction wrote (also those that staged no rows).
+    """
 
     job: str
     xid: str
@@ -161,10 +174,46 @@ class XidRecord:
         """Distinct staging tables of the manifest, in manifest order."""
         return tuple(dict.fromkeys(p.table for p in self.manifest))
 
-    def partition_rows(self) -> dict[str, int]:
+    def part_target(self, part: StagedPart) -> str:
+        """The table ``part`` is published into."""
+        return part.target or self.target
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        """Every table of this xid: ``extra["tables"]`` for a multi-table transaction,
+        else the record's target followed by any other entry targets (manifest order)."""
+        listed = [str(t) for t in self.extra.get("tables", ())]
+        return tuple(
+            dict.fromkeys([*listed, self.target, *(self.part_target(p) for p in self.manifest)])
+        )
+
+    @property
+    def multi_table(self) -> bool:
+        return bool(self.extra.get("tables")) or any(p.target for p in self.manifest)
+
+    def partition_rows(self, table: str | None = None) -> dict[str, int]:
+        """Rows per partition id, of every entry or only of those published into ``table``."""
         totals: dict[str, int] = {}
         for p in self.manifest:
-            totals[p.partition_id] = totals.get(p.partition_id, 0) + p.rows
+            if table is None or self.part_target(p) == table:
+                totals[p.partition_id] = totals.get(p.partition_id, 0) + p.rows
+        return totals
+
+    def table_rows(self) -> dict[str, int]:
+        """Rows per target table (every table of :attr:`targets`, zero included)."""
+        totals = dict.fromkeys(self.targets, 0)
+        for p in self.manifest:
+            totals[self.part_target(p)] += p.rows
+        return totals
+
+    def ledger_rows(self) -> dict[str, int]:
+        """Rows per ledger key: the partition id for the record's own target (as always),
+        ``<table>/<partition id>`` for the other tables of a multi-table xid (partition ids
+        never contain a slash), so one table's partitions never mix with another's."""
+        totals: dict[str, int] = {}
+        for p in self.manifest:
+            key = ledger_key(self.target, self.part_target(p), p.partition_id)
+            totals[key] = totals.get(key, 0) + p.rows
         return totals
 
     def with_state(self, state: XidState, **changes: Any) -> XidRecord:
@@ -203,6 +252,12 @@ class XidRecord:
             version=version,
             extra=dict(data.get("extra", {})),
         )
+
+
+def ledger_key(primary: str, table: str, partition_id: str) -> str:
+    """The job ledger's key of ``partition_id`` of ``table`` (``primary``: the job's own
+    target, whose keys stay bare partition ids as in every older ledger)."""
+    return partition_id if table == primary or not table else f"{table}/{partition_id}"
 
 
 @dataclass(frozen=True)

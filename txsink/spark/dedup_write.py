@@ -19,7 +19,7 @@ Used where partitions cannot be moved (see docs/modes.md). One Spark task attemp
 5. writes AFTER once every block is acknowledged and returns a commit message whose parts
    name the target, the Spark partition, rows, blocks and a digest of the partition.
 
-The driver then records the xid PREPARED and COMMITTED (:class:`txsink.transaction.Transactor`
+The driver then records the xid PREPARED and COMMITTED (:class:`txsink.transactor.Transactor`
 with ``Mode.DEDUP``) and deletes ``dedup/<xid>``.
 
 Memory: without ``dedup_order_by`` at most one block (plus the Spark batch being cut) is

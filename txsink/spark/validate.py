@@ -164,7 +164,7 @@ def read_pin(config: WriterConfig) -> tuple[str | None, str]:
 
     registry = open_registry(config)
     try:
-        return pinned_mode(registry.job_meta(config.job)), registry.namespace()
+        return pinned_mode(registry.job_meta(config.job), config.table), registry.namespace()
     finally:
         registry.close()
 
@@ -206,7 +206,12 @@ def _validate(config: WriterConfig, schema: StructType) -> WritePlan:
     )
 
 
-def pinned_mode(meta: dict[str, Any] | None) -> str | None:
-    """The mode a job's Keeper meta pins (None for a job that never committed)."""
-    mode = (meta or {}).get("mode")
+def pinned_mode(meta: dict[str, Any] | None, table: str | None = None) -> str | None:
+    """The mode a job's Keeper meta pins for ``table`` (None for a job that never
+    committed, or a table a multi-table job's ``targets`` do not list)."""
+    targets = (meta or {}).get("targets")
+    if table is not None and isinstance(targets, dict):
+        mode = targets.get(table)
+    else:
+        mode = (meta or {}).get("mode")
     return str(mode) if mode in ("attach", "dedup") else None

@@ -10,10 +10,11 @@ target partition.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -251,39 +252,72 @@ def check_no_new_views(handle: Any, plan: WritePlan, xid: str) -> None:
 
 def commit_batch(plan: WritePlan, messages: list[Any], batch_id: int | None) -> dict[str, Any]:
     """Driver: prepare + publish + record one batch. Returns the commit result as a dict."""
-    from txsink.driver import epoch_for_run, open_job
-
     msgs = [m for m in messages if isinstance(m, TxCommitMessage)]
     xid = plan.xid or batch_xid(int(batch_id or 0))
     batch = plan.batch if plan.xid is not None else batch_id
     mode = batch_mode(plan, msgs, xid)
-    handle = open_job(plan.config)
+    return commit_writes([(plan, msgs)], xid, batch, mode, streaming=plan.streaming)
+
+
+def commit_writes(
+    writes: Sequence[tuple[WritePlan, list[TxCommitMessage]]],
+    xid: str,
+    batch: int | None,
+    mode: Mode,
+    *,
+    streaming: bool,
+    targets: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Driver: prepare ONE xid whose manifest holds the staged parts of every write (each
+    entry with its table), publish it, record it. One write is a single-table batch;
+    ``targets`` (every table and its mode) makes it a :func:`txsink.transaction`, whose
+    record's ``target`` is the job's own table (:func:`txsink.driver.primary_target`)."""
+    from txsink.driver import check_tables, epoch_for_run, open_job, primary_target
+
+    config = writes[0][0].config
+    msgs = [m for _, ms in writes for m in ms]
+    handle = open_job(config)
     try:
-        run_id = (msgs[0].run_id if msgs else "") or plan.run_id
+        if targets:
+            stored = handle.registry.job_meta(config.job)
+            config = dataclasses.replace(config, table=primary_target(stored, targets))
+            handle.config = config
+        run_id = (msgs[0].run_id if msgs else "") or writes[0][0].run_id
         if not run_id:
-            current = handle.registry.current_epoch(plan.config.job)
+            current = handle.registry.current_epoch(config.job)
             run_id = current.owner if current else f"adhoc-{uuid.uuid4().hex}"
         incoming = {t for m in msgs for t in m.staging}
         query_id = next((m.extra.get("query_id", "") for m in msgs if m.extra), "")
         from txsink.metrics import count, record_commit
 
-        owner = handle.registry.current_epoch(plan.config.job)
+        owner = handle.registry.current_epoch(config.job)
         try:
-            epoch = epoch_for_run(handle, run_id, mode.value, keep=incoming, query_id=query_id)
+            epoch = epoch_for_run(
+                handle, run_id, mode.value, keep=incoming, query_id=query_id, targets=targets
+            )
             if owner is None or owner.owner != run_id:
-                count(plan.config, recoveries=1)
-            if mode is Mode.ATTACH and incoming:
-                check_no_new_views(handle, plan, xid)
-            parts = [p for m in msgs for p in m.parts]
+                count(config, recoveries=1)
+            if targets:  # a run checks the job's identity at takeover only: tables per batch
+                check_tables(config.job, handle.registry.job_meta(config.job), targets)
+            for plan, ms in writes:
+                if mode is Mode.ATTACH and any(m.staging for m in ms):
+                    check_no_new_views(handle, plan, xid)
+            parts = [
+                dataclasses.replace(p, target=plan.config.table)
+                for plan, ms in writes
+                for m in ms
+                for p in m.parts
+            ]
+            extra = {"tables": sorted(targets)} if targets else None
             result = handle.transactor.commit_batch(
-                epoch, xid, batch, plan.config.table, parts, mode, streaming=plan.streaming
+                epoch, xid, batch, config.table, parts, mode, extra, streaming=streaming
             )
         except FencedError:
-            count(plan.config, fencing_events=1)
+            count(config, fencing_events=1)
             raise
         if mode is Mode.ATTACH:
             sweep_strays(handle, xid, incoming)
-        record_commit(plan.config, result, sum(m.rows for m in msgs))
+        record_commit(config, result, sum(m.rows for m in msgs))
         return result.__dict__
     finally:
         handle.close()

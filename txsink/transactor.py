@@ -23,7 +23,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from txsink.clickhouse.warehouse import Warehouse
@@ -149,8 +149,13 @@ class Transactor:
         """Prepare and publish one batch whose tasks all succeeded.
 
         ``streaming``: the batch id is a Spark micro-batch id (replays only ever repeat the
-        newest batch), not a ``txn_version``; see :func:`plans.decide_batch`."""
+        newest batch), not a ``txn_version``; see :func:`plans.decide_batch`.
+
+        Several tables in one xid: ``target`` is the job's own table and each part names
+        its table in ``StagedPart.target`` (normalised to ``""`` when it is ``target``, so
+        the manifest stays small); ``extra["tables"]`` lists every table written."""
         started = self.clock()
+        parts = [replace(p, target="") if p.target == target else p for p in parts]
         incoming = XidRecord(
             job=self.job,
             xid=xid,
@@ -212,7 +217,7 @@ class Transactor:
             xid,
             action,
             rows=done.rows,
-            partitions=len(done.partition_rows()),
+            partitions=len(done.ledger_rows()),
             seconds=finished - started,
             timings={"prepare": prepared_at - started, "publish": finished - prepared_at},
         )
@@ -223,8 +228,9 @@ class Transactor:
         ``resumed``: the record existed before this attempt (a MOVE may have run), so the
         target is searched for the part UUIDs of fully staged partitions too."""
         view = self.warehouse.staging_view(record.staging_tables) if record.manifest else {}
-        wanted = plans.evidence_wanted(record, view, resumed=resumed)
-        found = self.warehouse.published_uuids(record.target, wanted) if wanted else frozenset()
+        found: frozenset[str] = frozenset()
+        for table, wanted in plans.evidence_by_target(record, view, resumed=resumed).items():
+            found |= self.warehouse.published_uuids(table, wanted)
         moved = 0
         for op in plans.plan_publish(record, view, found):
             if isinstance(op, plans.Evidence) and op.kind != "uuid":
