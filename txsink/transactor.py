@@ -177,6 +177,8 @@ class Transactor:
             )
 
         decision = decide(existing)
+        if decision.action == "prepare" and mode is Mode.ATTACH:
+            self._refuse_dedup_leftovers(xid)
         if decision.action == "prepare":
             self.fault("driver.before_prepare")
             try:
@@ -228,11 +230,13 @@ class Transactor:
         ``resumed``: the record existed before this attempt (a MOVE may have run), so the
         target is searched for the part UUIDs of fully staged partitions too."""
         view = self.warehouse.staging_view(record.staging_tables) if record.manifest else {}
+        staged = self._staged_uuids(record, view) if resumed else {}
         found: frozenset[str] = frozenset()
-        for table, wanted in plans.evidence_by_target(record, view, resumed=resumed).items():
+        by_target = plans.evidence_by_target(record, view, resumed=resumed, staged=staged)
+        for table, wanted in by_target.items():
             found |= self.warehouse.published_uuids(table, wanted)
         moved = 0
-        for op in plans.plan_publish(record, view, found):
+        for op in plans.plan_publish(record, view, found, staged):
             if isinstance(op, plans.Evidence) and op.kind != "uuid":
                 log.warning(
                     "job %s: xid %s: partition %s of %s has no rows left; counted as "
@@ -256,6 +260,32 @@ class Transactor:
             elif isinstance(op, plans.DropStaging):
                 self.warehouse.drop_staging(op.table)
         return record
+
+    def _staged_uuids(
+        self, record: XidRecord, view: plans.StagingView
+    ) -> dict[tuple[str, str], tuple[str, ...]]:
+        """UUIDs of every part of each manifest partition still staged (a resumed publish:
+        an earlier MOVE may have been cut between parts by a server crash)."""
+        if record.mode is Mode.DEDUP or record.state is not XidState.PREPARED:
+            return {}
+        tables = {p.table for p in record.manifest if (view.get(p.table) or {}).get(p.partition_id)}
+        out: dict[tuple[str, str], tuple[str, ...]] = {}
+        for table in sorted(tables):
+            for pid, (_, uuids) in self.warehouse.staged_partitions(table, every_part=True).items():
+                out[(table, pid)] = uuids
+        return out
+
+    def _refuse_dedup_leftovers(self, xid: str) -> None:
+        """An attach prepare of an xid that has dedup state: some of its rows were
+        inserted straight into the target in dedup mode (the job's mode changed while a
+        dedup task ran). Staging them again would duplicate them."""
+        if self.registry.blob_children(self.job, dedup_xid_key(xid)):
+            raise ConfigError(
+                f"job {self.job}: xid {xid} has dedup-mode state (dedup/{xid}): part of it may "
+                f"already be in the target. Nothing was published. Finish it in dedup mode "
+                f"(`txsink mode --job {self.job} --set dedup`, restart until it commits), then "
+                f"switch back"
+            )
 
     def _check_fence(self, epoch: Epoch) -> None:
         current = self.registry.current_epoch(self.job)

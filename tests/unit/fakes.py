@@ -30,6 +30,12 @@ class MemoryWarehouse:
         self.targets.setdefault(target, {}).setdefault(partition_id, []).extend(rows)
         self.moves += 1
 
+    def staged_partitions(
+        self, table: str, every_part: bool = False
+    ) -> dict[str, tuple[int, tuple[str, ...]]]:
+        """Rows per partition; the twin has no parts, so no part UUIDs (no evidence)."""
+        return {p: (len(ids), ()) for p, ids in self.staging.get(table, {}).items() if ids}
+
     def drop_staging(self, table: str) -> None:
         self.staging.pop(table, None)
 

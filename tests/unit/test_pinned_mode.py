@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
+from tests.unit.fakes import MemoryWarehouse
 from tests.unit.test_compat import info
 from txsink.config import WriterConfig
-from txsink.errors import ConfigError
+from txsink.errors import ConfigError, FencedError
+from txsink.keeper.registry import MemoryRegistry
+from txsink.ops.mode import change_mode
+from txsink.ops.status import Stores
+from txsink.protocol.ids import staging_name
+from txsink.protocol.states import StagedPart, XidRecord
 from txsink.spark.validate import pinned_mode, resolve_mode
 from txsink.spark.writer import TxCommitMessage, WritePlan, batch_mode
+from txsink.transactor import Transactor
 
 BASE = {"url": "http://h:8123", "keeper": "k:2181", "table": "db.t", "job": "j"}
 
@@ -58,3 +67,51 @@ def test_a_batch_whose_tasks_wrote_in_another_mode_is_never_committed() -> None:
     assert batch_mode(plan, [message("dedup"), message("attach", skipped=True)], "b1").value == (
         "dedup"
     )
+
+
+# -- changing the mode: fence first, and never stage a batch dedup mode began ------------
+
+
+class PrepareDuringCheck(MemoryRegistry):
+    """A registry on which a writer prepares right after `txsink mode` read the xids."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writer: Any = None
+        self.outcome: str = ""
+
+    def list(self, job: str) -> list[XidRecord]:
+        seen = super().list(job)
+        if self.writer is not None and not self.outcome:
+            tx, epoch, parts = self.writer
+            try:
+                tx.commit_batch(epoch, "b1", 1, "db.t", parts)
+                self.outcome = "prepared"
+            except FencedError:
+                self.outcome = "fenced"
+        return seen
+
+
+def test_a_prepare_racing_the_mode_change_is_fenced_not_left_in_the_old_mode() -> None:
+    reg, wh = PrepareDuringCheck(), MemoryWarehouse()
+    reg.ensure_job("j", {"target": "db.t", "mode": "attach"})
+    tx = Transactor(reg, wh, "j", fault=lambda _p: None)
+    epoch = tx.begin("run-1")
+    wh.create_staging(staging_name("j", "b1", "0000000a", 0, 0, 0).table, {"p": [1, 2]})
+    parts = [StagedPart(staging_name("j", "b1", "0000000a", 0, 0, 0).table, "p", 2)]
+    reg.writer = (tx, epoch, parts)
+    change_mode(Stores(reg, None), "j", "dedup", stale_after=600, force=True)  # type: ignore[arg-type]
+    assert reg.outcome == "fenced"
+    assert reg.get("j", "b1") is None and wh.target_ids("db.t") == []
+
+
+def test_an_attach_batch_whose_xid_has_dedup_state_is_refused_not_staged_again() -> None:
+    reg, wh = MemoryRegistry(), MemoryWarehouse()
+    tx = Transactor(reg, wh, "j")
+    epoch = tx.begin("run-2")
+    reg.put_blob("j", "dedup/b5/p0", {"status": "BEFORE", "blocks": []})  # a dedup task ran
+    table = staging_name("j", "b5", "0000000b", 0, 0, 0).table
+    wh.create_staging(table, {"p": [1]})
+    with pytest.raises(ConfigError, match="dedup-mode state"):
+        tx.commit_batch(epoch, "b5", 5, "db.t", [StagedPart(table, "p", 1)])
+    assert wh.target_ids("db.t") == [] and reg.get("j", "b5") is None

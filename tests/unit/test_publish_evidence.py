@@ -143,8 +143,26 @@ def test_a_partition_both_staged_and_in_the_target_is_not_moved_twice() -> None:
     removed) leaves the rows in both: the UUIDs in the target say it landed."""
     rec = record(StagedPart("s1", "p1", 5, uuids=(U1,)), StagedPart("s1", "p2", 3, uuids=(U2,)))
     view = {"s1": {"p1": 5, "p2": 3}}
+    staged = {("s1", "p1"): (U1,), ("s1", "p2"): (U2,)}  # every part staging holds now
     assert plans.evidence_wanted(rec, view, resumed=False) == ()
-    assert plans.evidence_wanted(rec, view) == (U1, U2)
-    ops = plans.plan_publish(rec, view, frozenset({U1}))
+    assert plans.evidence_wanted(rec, view, staged=staged) == (U1, U2)
+    ops = plans.plan_publish(rec, view, frozenset({U1}), staged)
     assert kinds(ops) == ["uuid", "Publish", "RecordCommitted", "DropStaging"]
     assert [o.partition_id for o in ops if isinstance(o, plans.Publish)] == ["p2"]
+
+
+def test_a_move_cut_between_parts_by_a_server_crash_is_an_alarm_not_a_guess() -> None:
+    """ClickHouse renames a MOVE's parts into the target one by one: a crash between two
+    renames leaves some parts in the target and all rows still in staging. Neither
+    moving again (duplicates) nor calling it published (loses the rest) is sound."""
+    small = "c" * 16  # a small part the manifest did not record (it keeps the 4 largest)
+    rec = record(StagedPart("s1", "p1", 10, uuids=(U1,)))
+    view = {"s1": {"p1": 10}}
+    staged = {("s1", "p1"): (U1, small)}
+    assert plans.evidence_wanted(rec, view, staged=staged) == (U1, small)
+    ops = plans.plan_publish(rec, view, frozenset({U1}), staged)
+    assert kinds(ops) == ["Alarm"] and "partly in" in ops[0].reason  # type: ignore[union-attr]
+    both = plans.plan_publish(rec, view, frozenset({U1, small}), staged)
+    assert kinds(both) == ["uuid", "RecordCommitted", "DropStaging"]
+    none = plans.plan_publish(rec, view, frozenset(), staged)
+    assert kinds(none) == ["Publish", "RecordCommitted", "DropStaging"]

@@ -49,7 +49,7 @@ from txsink.clickhouse.compat import (
 )
 from txsink.errors import ConfigError, RecoveryAlarm, TxSinkError
 from txsink.protocol.ids import parse_staging
-from txsink.protocol.states import short_uuids
+from txsink.protocol.states import MAX_PART_UUIDS, short_uuids
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,9 @@ STAGING_SETTINGS = {
     "non_replicated_deduplication_window": 0,
     "max_bytes_to_merge_at_max_space_in_pool": 1,
     "max_bytes_to_merge_at_min_space_in_pool": 1,
+    # a target's forced merges by age (inherited by CREATE AS) ignore the size limits
+    "min_age_to_force_merge_seconds": 0,
+    "min_age_to_force_merge_on_partition_only": 0,
 }
 # Per-insert settings of staging inserts: no block deduplication (two identical slices
 # are two slices), no async buffering (26.x enables it by default: rows must be in parts
@@ -118,7 +121,9 @@ class Warehouse(Protocol):
 
     def partition_rows(self, table: str, db: str | None = None) -> dict[str, int]: ...
 
-    def staged_partitions(self, table: str) -> dict[str, tuple[int, tuple[str, ...]]]: ...
+    def staged_partitions(
+        self, table: str, every_part: bool = False
+    ) -> dict[str, tuple[int, tuple[str, ...]]]: ...
 
     def published_uuids(self, target: str, uuids: Iterable[str]) -> frozenset[str]: ...
 
@@ -195,9 +200,13 @@ class ClickHouseWarehouse:
         )
         return {pid: int(n) for pid, n in rows}
 
-    def staged_partitions(self, table: str) -> dict[str, tuple[int, tuple[str, ...]]]:
+    def staged_partitions(
+        self, table: str, every_part: bool = False
+    ) -> dict[str, tuple[int, tuple[str, ...]]]:
         """Rows and evidence ids (short part UUIDs, see
-        :func:`~txsink.protocol.states.short_uuids`) per partition of one staging table."""
+        :func:`~txsink.protocol.states.short_uuids`) per partition of one staging table:
+        those of the largest parts (what a manifest records), or of ``every_part`` (what
+        a resumed publish compares with the target)."""
         self._staging(table, "read")
         rows = self.client.query_rows(
             "SELECT partition_id, rows, toString(uuid) FROM system.parts "
@@ -209,7 +218,11 @@ class ClickHouseWarehouse:
         for pid, n, uuid in rows:
             by_pid.setdefault(str(pid), []).append((int(n), str(uuid)))
         return {
-            pid: (sum(n for n, _ in parts), short_uuids(parts)) for pid, parts in by_pid.items()
+            pid: (
+                sum(n for n, _ in parts),
+                short_uuids(parts, None if every_part else MAX_PART_UUIDS),
+            )
+            for pid, parts in by_pid.items()
         }
 
     def published_uuids(self, target: str, uuids: Iterable[str]) -> frozenset[str]:
@@ -427,10 +440,13 @@ class ClickHouseWarehouse:
         db, name = split_table(target)
 
         def move(note: str = "") -> None:
+            # Not retried blindly: a repeat sent while the first MOVE still runs on the
+            # server could copy the same parts twice. An ambiguous failure surfaces, and
+            # the resumed publish re-observes (staging rows, part UUIDs in the target).
             self.client.command(
                 f"ALTER TABLE {fq} MOVE PARTITION ID {quote_literal(partition_id)} "
                 f"TO TABLE {qualified(db, name)}",
-                idempotent=True,
+                idempotent=False,
                 table=f"{self.staging_db}.{staging}",
                 what=f"MOVE PARTITION ID {partition_id} of {self.staging_db}.{staging} "
                 f"TO TABLE {target}{note}",

@@ -11,7 +11,10 @@ only between batches, so :func:`change_mode` refuses while
 - a dedup batch is half-written (``dedup/<xid>`` state without a COMMITTED record: its
   rows are already in the target, and only a dedup replay can finish it exactly once),
 
-and then takes a new writer epoch, which fences any writer still running in the old mode.
+It takes a new writer epoch *before* it looks, so no prepare or commit of an older writer
+can land after the checks. Executors are not fenced by epochs: a dedup task still running
+could insert rows after the change; that batch's commit is fenced, and its replay in
+attach mode is refused because ``dedup/<xid>`` state exists (:mod:`txsink.transactor`).
 """
 
 from __future__ import annotations
@@ -66,8 +69,13 @@ def change_mode(
     if writer_is_live(owner, time.time(), stale_after) and not force:
         raise ConfigError(
             f"job {job} has a live writer ({(owner or {}).get('owner')}); stop the streaming "
-            f"query first (a batch in flight was written in mode {old}), or pass --force"
+            f"query first (a batch in flight was written in mode {old}); pass --force only "
+            f"once you know it has stopped (e.g. it just failed)"
         )
+    # Fence first, then look: a writer that prepared or wrote dedup state between a
+    # check and the epoch would otherwise slip through (its later writes are fenced).
+    epoch = registry.take_epoch(job, recover_owner())
+    registry.heartbeat(epoch, {"state": "mode-change", "mode": old})
     prepared = [r.xid for r in registry.list(job) if r.state is XidState.PREPARED]
     if prepared:
         raise ConfigError(
@@ -83,7 +91,6 @@ def change_mode(
             f"once. Restart the query in dedup mode until that batch commits, stop it, then "
             f"change the mode"
         )
-    epoch = registry.take_epoch(job, recover_owner())
     registry.heartbeat(epoch, {"state": "mode-changed", "mode": new})
     for xid in open_dedup:  # attach -> dedup: stale state of batches never committed
         registry.delete_blobs(job, dedup_xid_key(xid))

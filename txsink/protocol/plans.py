@@ -67,8 +67,17 @@ class Evidence:
 Operation = Prepare | Publish | RecordCommitted | DropStaging | Alarm | Evidence
 
 
+# Every part UUID of a fully staged manifest partition, as a resumed publish sees staging
+# now: (staging table, partition id) -> evidence ids of all its parts.
+StagedUuids = Mapping[tuple[str, str], tuple[str, ...]]
+
+
 def evidence_by_target(
-    record: XidRecord, view: StagingView, *, resumed: bool = True
+    record: XidRecord,
+    view: StagingView,
+    *,
+    resumed: bool = True,
+    staged: StagedUuids | None = None,
 ) -> dict[str, tuple[str, ...]]:
     """Part UUIDs worth looking up before :func:`plan_publish`, per target table (each
     entry's own target: a multi-table xid looks each table's evidence up in that table).
@@ -76,35 +85,52 @@ def evidence_by_target(
     Those of manifest partitions whose staging table exists but holds no rows of them any
     more, and, when ``resumed`` (the record was PREPARED before this attempt: a MOVE may
     have run), also those still staged in full: a server crash inside MOVE PARTITION can
-    leave the rows in both tables (the destination commits first)."""
+    leave the rows in both tables (the destination commits first). For those, ``staged``
+    (every current part's UUID) is what is looked up, not the manifest's few."""
     if record.mode is Mode.DEDUP or record.state is not XidState.PREPARED:
         return {}
     out: dict[str, list[str]] = {}
     for part in record.manifest:
         have = view.get(part.table)
-        if have is not None and (resumed or not have.get(part.partition_id, 0)):
+        if have is None:
+            continue
+        if not have.get(part.partition_id, 0):
             out.setdefault(record.part_target(part), []).extend(part.uuids)
+        elif resumed:
+            current = (staged or {}).get((part.table, part.partition_id), part.uuids)
+            out.setdefault(record.part_target(part), []).extend(current)
     return {t: tuple(dict.fromkeys(u)) for t, u in out.items() if u}
 
 
 def evidence_wanted(
-    record: XidRecord, view: StagingView, *, resumed: bool = True
+    record: XidRecord,
+    view: StagingView,
+    *,
+    resumed: bool = True,
+    staged: StagedUuids | None = None,
 ) -> tuple[str, ...]:
     """Every UUID of :func:`evidence_by_target`, in one tuple."""
-    wanted = evidence_by_target(record, view, resumed=resumed)
+    wanted = evidence_by_target(record, view, resumed=resumed, staged=staged)
     return tuple(dict.fromkeys(u for uuids in wanted.values() for u in uuids))
 
 
 def plan_publish(
-    record: XidRecord, view: StagingView, published: AbstractSet[str] | None = None
+    record: XidRecord,
+    view: StagingView,
+    published: AbstractSet[str] | None = None,
+    staged: StagedUuids | None = None,
 ) -> list[Operation]:
     """Operations that finish ``record`` given the staging tables as they are now.
 
     A manifest partition whose staging rows equal the manifest's count is published,
-    unless one of its part UUIDs is already in the target (``published``): then a
-    server crash inside an earlier MOVE left the source behind after the destination
-    committed, and moving again would duplicate it (Evidence ``uuid``; the staging copy
-    is dropped with the table). MOVE PARTITION is atomic per (staging table,
+    unless its parts are already in the target. ``staged`` (given when the publish
+    resumes an earlier attempt) holds the UUIDs of *every* part the partition's staging
+    holds now: all of them in the target (``published``) means a server crash inside an
+    earlier MOVE left the source behind after the destination committed, and moving
+    again would duplicate it (Evidence ``uuid``; the staging copy is dropped with the
+    table); none of them means the MOVE did not happen; some but not all is a MOVE the
+    crash cut between parts (ClickHouse renames parts one by one): an Alarm, never a
+    guess in either direction. MOVE PARTITION is atomic per (staging table,
     partition), so one with no rows left
     was published before a crash, *given evidence*:
 
@@ -155,7 +181,20 @@ def plan_publish(
             ]
         rows = have.get(part.partition_id, 0)
         landed = any(u in found for u in part.uuids)
-        if rows == part.rows and landed:
+        current = (staged or {}).get((part.table, part.partition_id), ())
+        there = [u for u in current if u in found]
+        if rows == part.rows and current and there and len(there) < len(current):
+            return [
+                Alarm(
+                    record.xid,
+                    f"partition {part.partition_id} of staging table {part.table} is partly in "
+                    f"{record.part_target(part)} already ({len(there)} of its {len(current)} "
+                    f"parts): a ClickHouse server crash cut a MOVE between parts. Drop the "
+                    f"parts found in the target from the staging table "
+                    f"(docs/operations.md#evidence-of-publish), then `txsink recover`",
+                )
+            ]
+        if rows == part.rows and current and there:
             ops.append(Evidence(record.xid, part.table, part.partition_id, "uuid", part.rows))
         elif rows == part.rows:
             target = record.part_target(part)
@@ -283,8 +322,8 @@ def decide_batch(
                 f"xid {existing.xid} of job {existing.job} was already committed by this same "
                 f"writer run (epoch {epoch}): the batch was saved twice under one job, e.g. two "
                 f"saves in one foreachBatch call. The second save was NOT written. Write every "
-                f"table of a batch inside one `txsink.transaction(...)`, or give each save its "
-                f"own job name",
+                f"table of a batch inside one `txsink.transaction(...)`, or keep this job for "
+                f"the first save and give the second its own job name",
             )
         return BatchDecision("skip_committed", stray, f"xid {existing.xid} already committed")
     return BatchDecision(

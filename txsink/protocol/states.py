@@ -127,14 +127,17 @@ MAX_PART_UUIDS = 4
 UUID_PREFIX_CHARS = 16
 
 
-def short_uuids(parts: list[tuple[int, str]]) -> tuple[str, ...]:
+def short_uuids(
+    parts: list[tuple[int, str]], limit: int | None = MAX_PART_UUIDS
+) -> tuple[str, ...]:
     """The evidence ids of one staged partition from its ``(rows, uuid)`` parts: the
-    largest parts first (they outlive small ones in the target's merge selection)."""
+    largest parts first (they outlive small ones in the target's merge selection); at
+    most ``limit`` of them (None: every part's)."""
     nil = "0" * UUID_PREFIX_CHARS
     ids = [(rows, u.replace("-", "").lower()[:UUID_PREFIX_CHARS]) for rows, u in parts]
     ids = [(r, u) for r, u in ids if len(u) == UUID_PREFIX_CHARS and u != nil]
     ids.sort(key=lambda ru: (-ru[0], ru[1]))
-    return tuple(u for _, u in ids[:MAX_PART_UUIDS])
+    return tuple(u for _, u in (ids if limit is None else ids[:limit]))
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,11 @@ Each call writes the micro-batch DataFrame with the batch data source, using the
 streaming batch id as ``txn_version`` (so the xid is ``b<batchId>``, as with
 ``format("clickhouse_tx")``) and the streaming run id for fencing. A replayed batch is
 therefore a no-op, exactly as in the streaming sink.
+
+A second call for the same job and batch in the same run (two saves in one foreachBatch
+call) is refused before it writes anything, in this process: on a restart, Spark replays
+the batch and its first save is skipped as committed, so the Keeper record alone could
+not tell the second save from a replay, and its rows would be dropped silently.
 """
 
 from __future__ import annotations
@@ -13,7 +18,11 @@ from typing import Any
 
 from txsink.config import WriterConfig
 from txsink.credentials import split_url
+from txsink.errors import ConfigError
 from txsink.spark.datasource import FORMAT, ClickHouseTxDataSource
+
+# (keeper, root, job) -> (run id, batch id) of the last save in this process
+_LAST_BATCH: dict[tuple[str, str, str], tuple[str, int]] = {}
 
 
 def make_foreach_batch(**options: Any) -> Callable[[Any, int], None]:
@@ -27,6 +36,8 @@ def make_foreach_batch(**options: Any) -> Callable[[Any, int], None]:
         if creds.password is not None:
             options["password"] = creds.password
     registered: set[int] = set()
+    config = WriterConfig.from_options(options)
+    job_key = (config.keeper, config.keeper_root, config.job)
 
     def write_batch(df: Any, batch_id: int) -> None:
         spark = df.sparkSession
@@ -38,6 +49,15 @@ def make_foreach_batch(**options: Any) -> Callable[[Any, int], None]:
             run_id = spark.sparkContext.getLocalProperty("spark.jobGroup.id") or ""
         except Exception:  # noqa: BLE001 - Spark Connect sessions have no SparkContext
             run_id = ""
+        if _LAST_BATCH.get(job_key) == (run_id, batch_id):
+            raise ConfigError(
+                f"job {config.job}: batch {batch_id} was already saved in this foreachBatch "
+                f"call (run {run_id or '?'}); a second save under one job would be skipped as "
+                f"a replay. Nothing was written. Write every table of a batch inside one "
+                f"`txsink.transaction(...)`, or keep this job for the first save and give the "
+                f"second its own job name"
+            )
+        _LAST_BATCH[job_key] = (run_id, batch_id)
         opts = {k: str(v) for k, v in options.items()}
         opts["txn_version"] = str(batch_id)
         opts["micro_batch"] = "true"

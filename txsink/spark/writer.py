@@ -133,6 +133,12 @@ def already_committed(plan: WritePlan, xid: str, batch: int | None) -> bool:
     except UnavailableError:
         return False
     if record is not None:
+        if record.state is XidState.PREPARED and record.mode.value != plan.mode:
+            raise ConfigError(
+                f"job {job}: xid {xid} is PREPARED in mode {record.mode.value} but this task "
+                f"writes in mode {plan.mode}; nothing was written. Run `txsink recover --job "
+                f"{job}` to finish it in its own mode, then restart"
+            )
         return record.state is XidState.COMMITTED
     return batch is not None and last is not None and batch <= int(last)
 
