@@ -4,7 +4,8 @@ Checks, in order, each failing with one error that names the object and the reme
 ClickHouse reachable and the target exists; the DataFrame schema fits the target
 (:func:`txsink.clickhouse.compat.check_schema`); the mode is possible on this target
 (MOVE PARTITION blockers, dedup-window requirements); Keeper reachable. Nothing is
-created in Keeper or the target by validation; only the staging database is ensured.
+created in the target by validation; the staging database is ensured, and Keeper's
+``<keeper_root>/namespace`` node (the store's id) on first use.
 
 Nullability: Spark marks most source columns nullable (Parquet, Kafka, JSON), so a
 nullable DataFrame column bound for a non-Nullable ClickHouse column is accepted here
