@@ -31,6 +31,11 @@ OPTIONS: dict[str, tuple[str | None, str]] = {
     "keeper": (None, "Keeper connect string host:port[,host:port][/chroot] (env TXSINK_KEEPER)"),
     "job": (None, "stable writer name; one live writer per job"),
     "mode": ("auto", "auto | attach | dedup"),
+    "visibility": (
+        "partition",
+        "partition | batch: with batch, readers of a table see each batch whole or not at "
+        "all (one ATTACH PARTITION ALL per table; attach mode, non-replicated MergeTree)",
+    ),
     "staging_database": ("txsink_staging", "database that holds staging tables (attach mode)"),
     "keeper_root": ("/txsink", "root node of txsink's Keeper layout"),
     "keeper_auth": (
@@ -67,6 +72,7 @@ OPTIONS: dict[str, tuple[str | None, str]] = {
 SPARK_OWNED = ("path", "checkpointlocation", "queryname")
 SECRET_OPTIONS = ("password", "keeper_auth")
 MODES = ("auto", "attach", "dedup")
+VISIBILITIES = ("partition", "batch")
 COMPRESSIONS = ("lz4", "zstd", "gzip", "none")
 
 
@@ -132,6 +138,7 @@ class WriterConfig:
     metrics_textfile: str
     run_id: str
     micro_batch: bool = False
+    visibility: str = "partition"
 
     def __repr__(self) -> str:
         shown = []
@@ -192,6 +199,11 @@ class WriterConfig:
         mode = raw["mode"].lower()
         if mode not in MODES:
             raise ConfigError(f"option 'mode' must be one of {', '.join(MODES)}, got {mode!r}")
+        visibility = raw["visibility"].lower()
+        if visibility not in VISIBILITIES:
+            raise ConfigError(
+                f"option 'visibility' must be one of {', '.join(VISIBILITIES)}, got {visibility!r}"
+            )
         compress = raw["compress"].lower()
         if compress not in COMPRESSIONS:
             raise ConfigError(
@@ -228,6 +240,7 @@ class WriterConfig:
             metrics_textfile=raw["metrics_textfile"],
             run_id=raw["run_id"],
             micro_batch=_bool("micro_batch", raw["micro_batch"]),
+            visibility=visibility,
         )
 
     def to_options(self) -> dict[str, str]:

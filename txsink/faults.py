@@ -23,6 +23,7 @@ POINTS = (
     "driver.mid_commit",
     "driver.after_commit",
     "driver.after_record",
+    "driver.after_attach",  # visibility=batch: attached, batch staging not yet dropped
 )
 EXIT_CODE = 137
 _counts: dict[str, int] = {}

@@ -37,9 +37,9 @@ from txsink.errors import (
 )
 from txsink.faults import fault_point
 from txsink.keeper.registry import Registry, XidExists, superseded
-from txsink.protocol import plans
+from txsink.protocol import plans, visibility
 from txsink.protocol.dedup import xid_key as dedup_xid_key
-from txsink.protocol.ids import parse_staging, staging_prefix
+from txsink.protocol.ids import batch_staging_name, parse_staging, staging_prefix
 from txsink.protocol.states import Epoch, Mode, StagedPart, XidRecord, XidState
 
 log = logging.getLogger(__name__)
@@ -229,6 +229,8 @@ class Transactor:
 
         ``resumed``: the record existed before this attempt (a MOVE may have run), so the
         target is searched for the part UUIDs of fully staged partitions too."""
+        if visibility.is_batch(record):
+            return self._finish_batch(epoch, record)
         view = self.warehouse.staging_view(record.staging_tables) if record.manifest else {}
         staged = self._staged_uuids(record, view) if resumed else {}
         found: frozenset[str] = frozenset()
@@ -260,6 +262,61 @@ class Transactor:
             elif isinstance(op, plans.DropStaging):
                 self.warehouse.drop_staging(op.table)
         return record
+
+    def batch_tables(self, record: XidRecord) -> dict[str, str]:
+        """Target -> batch staging table of a ``visibility=batch`` record."""
+        return {
+            t: batch_staging_name(self.prefix, record.xid, t) for t in visibility.by_target(record)
+        }
+
+    def _finish_batch(self, epoch: Epoch, record: XidRecord) -> XidRecord:
+        """:meth:`finish` of a ``visibility=batch`` record: consolidate every task's staging
+        of each table into its batch staging, then one ATTACH PARTITION ALL per table
+        (:func:`visibility.plan_batch_publish`, re-planned from a fresh look after the
+        consolidation)."""
+        batch_tables = self.batch_tables(record)
+        for _ in range(3):
+            view = self.warehouse.staging_view([*record.staging_tables, *batch_tables.values()])
+            staged = self._staged_uuids(record, view)
+            batch_uuids: dict[str, tuple[str, ...]] = {}
+            for table in batch_tables.values():
+                if view.get(table) is not None and record.state is XidState.PREPARED:
+                    parts = self.warehouse.staged_partitions(table, every_part=True).values()
+                    batch_uuids[table] = tuple(u for _, uuids in parts for u in uuids)
+            wanted = visibility.batch_evidence_wanted(record, batch_tables, batch_uuids)
+            published = {t: self.warehouse.published_uuids(t, u) for t, u in wanted.items()}
+            ops = visibility.plan_batch_publish(
+                record, batch_tables, view, staged, batch_uuids, published
+            )
+            moved = 0
+            for op in ops:
+                if isinstance(op, plans.Alarm):
+                    raise RecoveryAlarm(
+                        f"job {self.job}: {op.reason}. See docs/modes.md#visibility"
+                    )
+                if isinstance(op, visibility.CreateBatchStaging):
+                    self.warehouse.create_batch_staging(op.table, op.like)
+                elif isinstance(op, visibility.Consolidate):
+                    self.warehouse.consolidate(op.staging, op.partition_id, op.batch_staging)
+                    moved += 1
+                    if moved == 1:
+                        self.fault("driver.mid_commit")
+                elif isinstance(op, visibility.AttachAll):
+                    self.warehouse.attach_all(op.batch_staging, op.target)
+                    self.fault("driver.after_attach")
+                elif isinstance(op, plans.RecordCommitted):
+                    self.fault("driver.after_commit")
+                    record = self._record_committed(epoch, record)
+                    self.fault("driver.after_record")
+                elif isinstance(op, plans.DropStaging):
+                    self.warehouse.drop_staging(op.table)
+            if not ops or not isinstance(ops[-1], visibility.Reobserve):
+                return record
+        raise RecoveryAlarm(
+            f"job {self.job}: xid {record.xid} (visibility=batch): staging kept changing while "
+            f"it was consolidated; see docs/modes.md#visibility, then `txsink recover --job "
+            f"{self.job}`"
+        )
 
     def _staged_uuids(
         self, record: XidRecord, view: plans.StagingView

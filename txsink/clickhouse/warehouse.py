@@ -127,6 +127,12 @@ class Warehouse(Protocol):
 
     def published_uuids(self, target: str, uuids: Iterable[str]) -> frozenset[str]: ...
 
+    def create_batch_staging(self, table: str, like: str) -> None: ...
+
+    def attach_all(self, staging: str, target: str) -> None: ...
+
+    def consolidate(self, staging: str, partition_id: str, batch_staging: str) -> None: ...
+
     def target_info(self, target: str) -> TargetInfo: ...
 
     def dependent_views(self, target: str) -> tuple[str, ...]: ...
@@ -428,6 +434,49 @@ class ClickHouseWarehouse:
     def drop_staging(self, table: str) -> None:
         fq = self._staging(table, "drop")
         self.client.command(f"DROP TABLE IF EXISTS {fq} SYNC", table=f"{self.staging_db}.{table}")
+
+    def create_batch_staging(self, table: str, like: str) -> None:
+        """Create the batch staging ``table`` (``visibility=batch``) as a copy of the task
+        staging table ``like`` (same protections, same structure as the target).
+        Idempotent: an existing table is kept (it may already hold consolidated rows)."""
+        fq = self._staging(table, "create")
+        src = self._staging(like, "copy")
+        self.client.command(
+            f"CREATE TABLE IF NOT EXISTS {fq} AS {src}",
+            idempotent=True,
+            table=f"{self.staging_db}.{table}",
+            what=f"create batch staging {fq} AS {src}",
+        )
+
+    def consolidate(self, staging: str, partition_id: str, batch_staging: str) -> None:
+        """MOVE one task staging partition into the batch staging table (readers of the
+        target see neither). Idempotent like :meth:`move_partition`."""
+        self._staging(batch_staging, "move partitions into")
+        self.move_partition(staging, partition_id, f"{self.staging_db}.{batch_staging}")
+
+    def attach_all(self, staging: str, target: str) -> None:
+        """``ATTACH PARTITION ALL FROM`` the batch staging: every part in one commit.
+
+        Not idempotent (it copies) and never retried blindly: the caller re-observes (part
+        UUIDs in the target) before any second attempt."""
+        fq = self._staging(staging, "attach from")
+        db, name = split_table(target)
+
+        def attach(note: str = "") -> None:
+            self.client.command(
+                f"ALTER TABLE {qualified(db, name)} ATTACH PARTITION ALL FROM {fq}",
+                idempotent=False,
+                table=target,
+                what=f"ATTACH PARTITION ALL FROM {fq} into {target}{note}",
+            )
+
+        try:
+            attach()
+        except TxSinkError as exc:
+            if exc.code not in (36, 122):  # a definite structure refusal: nothing attached
+                raise
+            self._catch_up_columns(staging, target, exc)
+            attach(" (after adding the target's new columns to batch staging)")
 
     def move_partition(self, staging: str, partition_id: str, target: str) -> None:
         """Publish one staged partition. Idempotent: once moved, a repeat moves nothing."""

@@ -12,6 +12,11 @@ is part of the on-disk contract::
     run    = 8 hex: the writer run (Spark query run, or one batch save); Spark task
              attempt ids restart at 0 in a new run, so the run keeps names unique
 
+A *batch staging* table (``visibility=batch``) gathers every task's staging of one xid
+for one target before the single ``ATTACH PARTITION ALL`` that publishes it::
+
+    <prefix>__<xid>__all_<8 hex of sha1(target)>
+
 ``namespace`` is the coordination store's own id (a random id kept at ``<keeper_root>/
 namespace``): two jobs of the same name under different Keeper roots or ensembles that
 share one ClickHouse get different prefixes, so neither's recovery can see, let alone
@@ -27,7 +32,8 @@ from dataclasses import dataclass
 JOB_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 _STAGING_RE = re.compile(
     r"^(?P<prefix>tx_[a-z0-9_]*_[0-9a-f]{8})__(?P<xid>[bu][0-9a-f]+)"
-    r"__r(?P<run>[0-9a-f]{8})_p(?P<part>\d+)_a(?P<attempt>\d+)_t(?P<tid>\d+)$"
+    r"__(?:r(?P<run>[0-9a-f]{8})_p(?P<part>\d+)_a(?P<attempt>\d+)_t(?P<tid>\d+)"
+    r"|all_(?P<tag>[0-9a-f]{8}))$"
 )
 
 
@@ -67,9 +73,17 @@ class StagingName:
     partition: int
     attempt: int
     task_attempt_id: int
+    target_tag: str = ""  # set for a batch staging table (then run etc. are empty)
+
+    @property
+    def batch(self) -> bool:
+        """Whether this is a batch staging table (``visibility=batch``)."""
+        return bool(self.target_tag)
 
     @property
     def table(self) -> str:
+        if self.target_tag:
+            return f"{self.prefix}__{self.xid}__all_{self.target_tag}"
         return (
             f"{self.prefix}__{self.xid}__r{self.run}_p{self.partition}"
             f"_a{self.attempt}_t{self.task_attempt_id}"
@@ -100,9 +114,17 @@ def parse_staging(table: str) -> StagingName | None:
     m = _STAGING_RE.match(table)
     if not m:
         return None
+    if m["tag"]:
+        return StagingName(m["prefix"], m["xid"], "", -1, -1, -1, m["tag"])
     return StagingName(
         m["prefix"], m["xid"], m["run"], int(m["part"]), int(m["attempt"]), int(m["tid"])
     )
+
+
+def batch_staging_name(prefix: str, xid: str, target: str) -> str:
+    """The batch staging table of ``xid`` for ``target`` (``db.table``)."""
+    tag = hashlib.sha1(target.encode()).hexdigest()[:8]  # noqa: S324 - a name, not security
+    return StagingName(prefix, xid, "", -1, -1, -1, tag).table
 
 
 def dedup_token(job: str, xid: str, partition: int, block: int) -> str:

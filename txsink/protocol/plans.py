@@ -346,6 +346,8 @@ def droppable(record: XidRecord | None, tables: Iterable[str]) -> tuple[str, ...
     if record.state is XidState.ABORTED:
         return tuple(t for t in wanted if t in record.aborted_tables)
     mine = set(record.staging_tables)
+    if record.state is XidState.PREPARED:  # its batch staging (visibility=batch) too
+        mine |= {t for t in wanted if (n := parse_staging(t)) and n.batch and n.xid == record.xid}
     return tuple(t for t in wanted if t not in mine)
 
 
@@ -383,6 +385,16 @@ def plan_recovery(
         t for r in records if r.state is XidState.COMMITTED for t in r.staging_tables
     }
     mine = sorted(t for t in staging_tables if (n := parse_staging(t)) and n.prefix == prefix)
+    # batch staging (visibility=batch) is named by its xid, not listed in the manifest
+    by_state = {r.xid: r.state for r in records}
+    for table in mine:
+        name = parse_staging(table)
+        if name is not None and name.batch:
+            state = by_state.get(name.xid)
+            if state is XidState.PREPARED:
+                needed.add(table)
+            elif state is XidState.COMMITTED:
+                committed_tables.add(table)
     roll_back = tuple(t for t in mine if t not in needed and t not in committed_tables)
     leftover = tuple(t for t in mine if t in committed_tables and t not in needed)
     return RecoveryPlan(prepared, roll_back, leftover)

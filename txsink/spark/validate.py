@@ -45,6 +45,7 @@ from txsink.clickhouse.compat import (
 )
 from txsink.config import WriterConfig
 from txsink.errors import ConfigError, SchemaMismatch
+from txsink.protocol.visibility import batch_refusal
 from txsink.spark.dedup_write import view_tables
 from txsink.spark.writer import WritePlan
 
@@ -192,6 +193,9 @@ def _validate(config: WriterConfig, schema: StructType) -> WritePlan:
         if info.dependent_views and (pinned or config.mode) != "attach":
             views = view_tables(warehouse, info)
         mode = resolve_mode(config, info, views, pinned)
+        refusal = batch_refusal(config.table, info.engine, mode)
+        if config.visibility == "batch" and refusal:
+            raise ConfigError(f"job {config.job}: {refusal}. Nothing was written")
         if mode == "attach":
             warehouse.ensure_staging_db()
     finally:

@@ -314,7 +314,9 @@ def commit_writes(
                 for m in ms
                 for p in m.parts
             ]
-            extra = {"tables": sorted(targets)} if targets else None
+            extra: dict[str, Any] = {"tables": sorted(targets)} if targets else {}
+            if config.visibility == "batch" and mode is Mode.ATTACH:
+                extra["visibility"] = "batch"
             result = handle.transactor.commit_batch(
                 epoch, xid, batch, config.table, parts, mode, extra, streaming=streaming
             )

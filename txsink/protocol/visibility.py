@@ -1,0 +1,243 @@
+"""Pure decisions of ``visibility=batch``: a reader sees a batch of a table whole or not at all.
+
+Mechanism (per target table of an xid): every task's staged partitions are first moved
+(``MOVE PARTITION``, invisible to readers) into one *batch staging* table of the xid
+(:func:`txsink.protocol.ids.batch_staging_name`), then published by one
+``ALTER TABLE target ATTACH PARTITION ALL FROM batch_staging``: on non-replicated MergeTree
+ClickHouse commits every cloned part under one lock, so a reader sees all of them or none
+(measured by ``tests/integration/test_visibility.py``). ATTACH copies (hard links), so it is
+not idempotent and leaves the batch staging full; it is dropped right after.
+
+Every step is decided from observations only (:func:`plan_batch_publish`), as in
+:func:`txsink.protocol.plans.plan_publish`, with part UUIDs (kept by MOVE and ATTACH) as the
+evidence of what already happened:
+
+- consolidation (PREPARED, batch staging missing or partly filled): a manifest partition
+  still in its task staging with its full count is moved into the batch staging, unless
+  every one of its parts is there already (a server crash inside MOVE left the source); a
+  partition with no rows left must show one of its recorded UUIDs in the batch staging;
+  the plan then stops (``Reobserve``): the attach is planned from a fresh look;
+- attach (every manifest partition of the table is in the batch staging, counts equal):
+  none of the batch staging's part UUIDs in the target: attach, then drop the batch
+  staging; all of them: an earlier ATTACH landed (drop only); some: an Alarm;
+- batch staging missing and every task staging partition empty with UUIDs: attached and
+  dropped before a crash (the batch staging is only ever dropped after its ATTACH, or
+  after COMMITTED): counted as published (Evidence ``attached``).
+
+The window that remains (docs/modes.md#visibility): a crash between the ATTACH and the
+drop of the batch staging, followed by a merge in the target that replaces the attached
+parts *and* the cleanup of the replaced parts before the roll-forward looks, hides the
+evidence; the roll-forward would attach again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
+
+from txsink.protocol.plans import (
+    Alarm,
+    DropStaging,
+    Evidence,
+    RecordCommitted,
+    StagedUuids,
+    StagingView,
+)
+from txsink.protocol.states import Mode, StagedPart, XidRecord, XidState
+
+VISIBILITIES = ("partition", "batch")
+
+
+@dataclass(frozen=True)
+class CreateBatchStaging:
+    table: str
+    target: str
+    like: str  # a task staging table of the same target to copy the structure from
+
+
+@dataclass(frozen=True)
+class Consolidate:
+    """Move one task staging partition into the batch staging table (invisible)."""
+
+    xid: str
+    staging: str
+    partition_id: str
+    batch_staging: str
+    rows: int
+
+
+@dataclass(frozen=True)
+class AttachAll:
+    """``ALTER TABLE target ATTACH PARTITION ALL FROM batch_staging``: the publish."""
+
+    xid: str
+    batch_staging: str
+    target: str
+    rows: int
+
+
+@dataclass(frozen=True)
+class Reobserve:
+    """Stop here, look at staging again and plan afresh (after consolidation)."""
+
+
+BatchOperation = (
+    CreateBatchStaging
+    | Consolidate
+    | AttachAll
+    | Reobserve
+    | RecordCommitted
+    | DropStaging
+    | Alarm
+    | Evidence
+)
+
+
+def batch_refusal(table: str, engine: str, mode: str) -> str:
+    """Why ``visibility=batch`` cannot be honoured for ``table`` ("" when it can).
+
+    ATTACH PARTITION ALL commits every part under one lock only on non-replicated
+    MergeTree; a replicated table fetches parts replica by replica and a Distributed one
+    has no parts; dedup mode inserts block by block."""
+    if mode != "attach":
+        return (
+            f"visibility=batch needs attach mode, but {table} is written in {mode} mode "
+            f"(rows are visible block by block); use visibility=partition or make the target "
+            f"fit attach mode (docs/modes.md)"
+        )
+    if not engine.endswith("MergeTree") or engine.startswith(("Replicated", "Shared")):
+        return (
+            f"visibility=batch needs a non-replicated MergeTree target, {table} is {engine}: "
+            f"one ATTACH PARTITION ALL is atomic for readers only there; use "
+            f"visibility=partition (docs/modes.md#visibility)"
+        )
+    return ""
+
+
+def is_batch(record: XidRecord) -> bool:
+    return record.mode is Mode.ATTACH and record.extra.get("visibility") == "batch"
+
+
+def by_target(record: XidRecord) -> dict[str, list[StagedPart]]:
+    """Manifest entries per target table, targets in manifest order."""
+    out: dict[str, list[StagedPart]] = {}
+    for part in record.manifest:
+        out.setdefault(record.part_target(part), []).append(part)
+    return out
+
+
+def plan_batch_publish(
+    record: XidRecord,
+    batch_tables: Mapping[str, str],
+    view: StagingView,
+    staged: StagedUuids,
+    batch_uuids: Mapping[str, tuple[str, ...]],
+    published: Mapping[str, AbstractSet[str]],
+) -> list[BatchOperation]:
+    """Operations that finish a ``visibility=batch`` record given what staging shows now.
+
+    ``batch_tables``: target -> its batch staging table name. ``view``: rows per partition
+    of every task staging table *and* batch staging table (None: missing). ``staged``:
+    every part UUID per (staging table, partition) of task staging partitions that still
+    hold rows. ``batch_uuids``: every part UUID of each existing batch staging table.
+    ``published``: per target, which of the looked-up UUIDs its parts show.
+    """
+    if record.state is XidState.COMMITTED:
+        tables = [*record.staging_tables, *batch_tables.values()]
+        done = "published; xid committed"
+        return [DropStaging(t, done) for t in tables if view.get(t) is not None]
+    ops: list[BatchOperation] = []
+    attach: list[BatchOperation] = []
+    for target, parts in by_target(record).items():
+        bst = batch_tables[target]
+        bview = view.get(bst)
+        in_batch = set(batch_uuids.get(bst, ()))
+        moves: list[BatchOperation] = []
+        emptied = 0
+        for part in parts:
+            have = view.get(part.table)
+            if have is None:
+                return [_alarm(record, f"staging table {part.table} is missing")]
+            rows = have.get(part.partition_id, 0)
+            current = staged.get((part.table, part.partition_id), ())
+            moved = [u for u in current if u in in_batch]
+            where = f"partition {part.partition_id} of {part.table}"
+            if rows == part.rows and moved and len(moved) == len(current):
+                continue  # a server crash inside MOVE left the source; dropped with the table
+            if rows == part.rows and moved:
+                return [_alarm(record, f"{where} is partly in batch staging {bst}")]
+            if rows == part.rows:
+                moves.append(Consolidate(record.xid, part.table, part.partition_id, bst, rows))
+            elif rows != 0:
+                return [_alarm(record, f"{where}: {rows} rows staged, the manifest says "
+                               f"{part.rows}")]  # fmt: skip
+            elif not part.uuids:
+                return [_alarm(record, f"{where} has no rows left and no part UUIDs recorded")]
+            elif bview is not None and not any(u in in_batch for u in part.uuids):
+                return [_alarm(record, f"{where} is neither staged nor in batch staging {bst}")]
+            else:
+                emptied += 1
+        if bview is None and emptied and moves:
+            return [_alarm(record, f"batch staging {bst} is missing while part of the batch "
+                           f"for {target} was moved out of task staging")]  # fmt: skip
+        if moves:
+            like = next(m.staging for m in moves if isinstance(m, Consolidate))
+            ops += [CreateBatchStaging(bst, target, like)] if bview is None else []
+            ops += moves
+            continue
+        if bview is None:
+            # every task partition empty, batch staging gone: attached, then dropped (the
+            # batch staging is never dropped before its ATTACH while the xid is PREPARED)
+            attach += [
+                Evidence(record.xid, p.table, p.partition_id, "attached", p.rows) for p in parts
+            ]
+            continue
+        wanted: dict[str, int] = {}
+        for part in parts:
+            wanted[part.partition_id] = wanted.get(part.partition_id, 0) + part.rows
+        got = {p: n for p, n in bview.items() if n}
+        if got != wanted:
+            return [_alarm(record, f"batch staging {bst} holds {got} rows per partition, the "
+                           f"manifest says {wanted} for {target}")]  # fmt: skip
+        there = in_batch & set(published.get(target, ()))
+        if there and there != in_batch:
+            cut = f"{len(there)} of the {len(in_batch)} parts of batch staging {bst}"
+            return [_alarm(record, f"{cut} are in {target} already: an ATTACH cut between parts")]
+        total = sum(wanted.values())
+        if not there:
+            attach.append(AttachAll(record.xid, bst, target, total))
+        else:
+            attach.append(Evidence(record.xid, bst, "all", "uuid", total))
+        attach.append(DropStaging(bst, f"attached by xid {record.xid}"))
+    if ops:
+        return [*ops, Reobserve()]
+    return [
+        *attach,
+        RecordCommitted(record.xid),
+        *(DropStaging(t, f"published by xid {record.xid}") for t in record.staging_tables),
+    ]
+
+
+def batch_evidence_wanted(
+    record: XidRecord,
+    batch_tables: Mapping[str, str],
+    batch_uuids: Mapping[str, tuple[str, ...]],
+) -> dict[str, tuple[str, ...]]:
+    """Per target, the UUIDs to look up in it: every part of its batch staging table."""
+    out: dict[str, tuple[str, ...]] = {}
+    if record.state is not XidState.PREPARED:
+        return out
+    for target in by_target(record):
+        uuids = batch_uuids.get(batch_tables[target], ())
+        if uuids:
+            out[target] = uuids
+    return out
+
+
+def _alarm(record: XidRecord, what: str) -> Alarm:
+    return Alarm(
+        record.xid,
+        f"xid {record.xid} (visibility=batch): {what}; nothing is guessed, nothing was "
+        f"published for it automatically",
+    )
