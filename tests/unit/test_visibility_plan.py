@@ -1,0 +1,80 @@
+"""plan_batch_publish decides every step of visibility=batch from observations alone."""
+
+from __future__ import annotations
+
+from txsink.protocol import visibility as v
+from txsink.protocol.ids import batch_staging_name, parse_staging, staging_prefix
+from txsink.protocol.plans import Alarm, Evidence, RecordCommitted, droppable, plan_recovery
+from txsink.protocol.states import Mode, StagedPart, XidRecord, XidState
+
+PREFIX = staging_prefix("j")
+S1, S2 = f"{PREFIX}__b1__r0000000a_p0_a0_t1", f"{PREFIX}__b1__r0000000a_p1_a0_t2"
+B = batch_staging_name(PREFIX, "b1", "db.t")
+TABLES = {"db.t": B}
+
+
+def record(state: XidState = XidState.PREPARED) -> XidRecord:
+    parts = (StagedPart(S1, "0", 5, uuids=("aa",)), StagedPart(S2, "1", 7, uuids=("bb",)))
+    return XidRecord(
+        job="j", xid="b1", batch=1, state=state, epoch=1, mode=Mode.ATTACH, target="db.t",
+        manifest=parts, created_at=0.0, extra={"visibility": "batch"},
+    )  # fmt: skip
+
+
+def test_batch_staging_names_parse_back_as_the_jobs_staging_of_the_xid() -> None:
+    name = parse_staging(B)
+    assert name is not None and name.batch and name.xid == "b1" and name.table == B
+
+
+def test_fresh_batch_is_consolidated_first_then_replanned() -> None:
+    view = {S1: {"0": 5}, S2: {"1": 7}, B: None}
+    staged = {(S1, "0"): ("aa",), (S2, "1"): ("bb",)}
+    ops = v.plan_batch_publish(record(), TABLES, view, staged, {}, {})
+    assert isinstance(ops[0], v.CreateBatchStaging)
+    assert [type(o) for o in ops[1:]] == [v.Consolidate, v.Consolidate, v.Reobserve]
+
+
+def test_consolidated_batch_not_in_target_is_attached_once_then_committed() -> None:
+    view = {S1: {}, S2: {}, B: {"0": 5, "1": 7}}
+    ops = v.plan_batch_publish(record(), TABLES, view, {}, {B: ("aa", "bb")}, {"db.t": set()})
+    assert isinstance(ops[0], v.AttachAll)
+    assert isinstance(ops[2], RecordCommitted)
+
+
+def test_an_attach_that_landed_before_a_crash_is_not_attached_again() -> None:
+    view = {S1: {}, S2: {}, B: {"0": 5, "1": 7}}
+    published = {"db.t": {"aa", "bb"}}
+    ops = v.plan_batch_publish(record(), TABLES, view, {}, {B: ("aa", "bb")}, published)
+    assert not any(isinstance(o, v.AttachAll) for o in ops)
+    assert isinstance(ops[0], Evidence)
+
+
+def test_an_attach_cut_between_parts_or_vanished_rows_is_an_alarm() -> None:
+    view = {S1: {}, S2: {}, B: {"0": 5, "1": 7}}
+    ops = v.plan_batch_publish(record(), TABLES, view, {}, {B: ("aa", "bb")}, {"db.t": {"aa"}})
+    assert isinstance(ops[0], Alarm)
+    view = {S1: {}, S2: {}, B: {}}
+    assert isinstance(v.plan_batch_publish(record(), TABLES, view, {}, {}, {})[0], Alarm)
+
+
+def test_partly_consolidated_batch_moves_only_what_is_left() -> None:
+    view = {S1: {}, S2: {"1": 7}, B: {"0": 5}}
+    staged = {(S2, "1"): ("bb",)}
+    ops = v.plan_batch_publish(record(), TABLES, view, staged, {B: ("aa",)}, {})
+    assert [type(o) for o in ops] == [v.Consolidate, v.Reobserve]
+
+
+def test_recovery_keeps_the_batch_staging_of_a_prepared_xid_only() -> None:
+    prepared = plan_recovery("j", [record()], [S1, S2, B])
+    assert B not in prepared.roll_back and S1 not in prepared.roll_back
+    committed = plan_recovery("j", [record(XidState.COMMITTED)], [B])
+    assert committed.drop_committed == (B,)
+    assert plan_recovery("j", [], [B]).roll_back == (B,)
+    assert droppable(record(), [B]) == ()
+
+
+def test_batch_visibility_is_refused_on_replicated_distributed_and_dedup() -> None:
+    assert "non-replicated" in v.batch_refusal("db.t", "ReplicatedMergeTree", "attach")
+    assert "non-replicated" in v.batch_refusal("db.t", "Distributed", "attach")
+    assert "attach mode" in v.batch_refusal("db.t", "MergeTree", "dedup")
+    assert v.batch_refusal("db.t", "ReplacingMergeTree", "attach") == ""
