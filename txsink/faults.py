@@ -23,8 +23,11 @@ POINTS = (
     "driver.mid_commit",
     "driver.after_commit",
     "driver.after_record",
-    "driver.after_attach",  # visibility=batch: attached, batch staging not yet dropped
 )
+# Points only some paths reach (a job that does not use the feature never hits them):
+# between two tx.write calls of txsink.transaction, and after the one ATTACH PARTITION
+# ALL of visibility=batch (attached, batch staging not yet dropped).
+FEATURE_POINTS = ("driver.between_writes", "driver.after_attach")
 EXIT_CODE = 137
 _counts: dict[str, int] = {}
 
