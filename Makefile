@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python >= 3.11 is required)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,bench]'
+	$(PY) -m pip install -q -e '.[dev,bench,connect]'
 	touch $(STAMP)
 
 setup: $(STAMP) zookeeper ## Create .venv, install txsink with dev extras, install ZooKeeper if missing

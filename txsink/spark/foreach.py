@@ -4,10 +4,18 @@ Each call writes the micro-batch DataFrame with the batch data source, using the
 streaming batch id as ``txn_version`` (so the xid is ``b<batchId>``, as with
 ``format("clickhouse_tx")``) and the streaming run id for fencing. A replayed batch is
 therefore a no-op, exactly as in the streaming sink.
+
+Under Spark Connect the function runs in a Python worker of the Connect server, on a
+session without a SparkContext, and the save it issues runs on another thread than the
+micro-batch, so Spark's run id is out of reach. The callable then draws its own run id
+once, on its first batch: Spark Connect unpickles the function afresh for every start of
+the query, so the id is stable across the batches of one run and new for every restart,
+which is what fencing needs (a run id per save would make every batch a takeover).
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -27,17 +35,19 @@ def make_foreach_batch(**options: Any) -> Callable[[Any, int], None]:
         if creds.password is not None:
             options["password"] = creds.password
     registered: set[int] = set()
+    own_run: list[str] = []  # Spark Connect: this run's id, drawn on the first batch
 
     def write_batch(df: Any, batch_id: int) -> None:
         spark = df.sparkSession
         if id(spark) not in registered:
             spark.dataSource.register(ClickHouseTxDataSource)
             registered.add(id(spark))
-        run_id = ""
         try:
             run_id = spark.sparkContext.getLocalProperty("spark.jobGroup.id") or ""
         except Exception:  # noqa: BLE001 - Spark Connect sessions have no SparkContext
-            run_id = ""
+            if not own_run:
+                own_run.append(f"connect-{uuid.uuid4().hex}")
+            run_id = own_run[0]
         opts = {k: str(v) for k, v in options.items()}
         opts["txn_version"] = str(batch_id)
         opts["micro_batch"] = "true"
