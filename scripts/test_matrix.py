@@ -3,7 +3,7 @@
 For each Python version (default 3.11, 3.12, 3.13) this builds nothing from the source
 tree at test time: it
 
-1. builds one wheel (``python -m build --wheel``) from the repository,
+1. builds one wheel (``python -m build --wheel``) from a copy of the repository's sources,
 2. creates a fresh venv with that version's interpreter (``pythonX.Y`` on PATH, else
    ``$PYENV_ROOT/versions/X.Y.*``; a missing version is skipped with a message),
 3. installs ``<wheel>[dev,connect]`` into it,
@@ -135,11 +135,18 @@ def pytest_summary(last_line: str) -> str:
 
 
 def build_wheel(work: Path) -> Path:
-    dist = work / "dist"
+    """Build from a copy of the sources, so the work tree gets no build/ or egg-info."""
+    src, dist = work / "src", work / "dist"
+    if src.exists():
+        shutil.rmtree(src)
+    src.mkdir()
+    shutil.copytree(REPO / "txsink", src / "txsink", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, src / name)
     code, last = run_logged(
-        [sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(REPO)],
+        [sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(src)],
         work / "build.log",
-        cwd=REPO,
+        cwd=src,
         timeout=INSTALL_TIMEOUT,
     )
     wheels = sorted(dist.glob("txsink-*.whl"))
