@@ -9,7 +9,7 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
 .DEFAULT_GOAL := help
-.PHONY: help setup zookeeper test test-unit test-integration test-realserver lint typecheck demo bench clean embedded-up embedded-down
+.PHONY: help setup zookeeper test test-matrix test-unit test-integration test-realserver lint typecheck demo bench clean embedded-up embedded-down
 
 help: ## List the targets with what they do
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-18s %s\n", $$1, $$2}'
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python >= 3.11 is required)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,bench]'
+	$(PY) -m pip install -q -e '.[dev,bench,connect]'
 	touch $(STAMP)
 
 setup: $(STAMP) zookeeper ## Create .venv, install txsink with dev extras, install ZooKeeper if missing
@@ -30,7 +30,7 @@ zookeeper: ## Install Debian's zookeeper package when it is missing (needs root 
 	  test -f $(ZK_JAR) || { echo "error: zookeeper package did not install $(ZK_JAR)"; exit 1; }; fi
 	@command -v java >/dev/null || { echo "error: java not found: ZooKeeper needs Java 17 (apt-get install openjdk-17-jre-headless)"; exit 1; }
 
-LINT_PATHS := txsink tests $(wildcard benchmarks)
+LINT_PATHS := txsink tests scripts $(wildcard benchmarks)
 
 lint: setup ## ruff check + ruff format --check
 	$(VENV)/bin/ruff check $(LINT_PATHS)
@@ -51,6 +51,9 @@ test-realserver: setup ## Tests against a real ClickHouse (TXSINK_REAL_URL / TXS
 test: setup ## Everything CI runs: lint, typecheck, unit and integration tests
 	$(MAKE) --no-print-directory lint typecheck
 	$(PY) -m pytest tests -q
+
+test-matrix: setup ## Slow, not in `test`: build the wheel, install it into fresh venvs for Python 3.11/3.12/3.13, run unit + end-to-end tests in each
+	$(PY) scripts/test_matrix.py
 
 demo: setup ## Run the main job: streaming into ClickHouse with injected crashes, then verify
 	$(VENV)/bin/txsink demo

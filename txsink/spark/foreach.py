@@ -9,10 +9,18 @@ A second call for the same job and batch in the same run (two saves in one forea
 call) is refused before it writes anything, in this process: on a restart, Spark replays
 the batch and its first save is skipped as committed, so the Keeper record alone could
 not tell the second save from a replay, and its rows would be dropped silently.
+
+Under Spark Connect the function runs in a Python worker of the Connect server, on a
+session without a SparkContext, and the save it issues runs on another thread than the
+micro-batch, so Spark's run id is out of reach. The callable then draws its own run id
+once, on its first batch: Spark Connect unpickles the function afresh for every start of
+the query, so the id is stable across the batches of one run and new for every restart,
+which is what fencing needs (a run id per save would make every batch a takeover).
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -38,17 +46,19 @@ def make_foreach_batch(**options: Any) -> Callable[[Any, int], None]:
     registered: set[int] = set()
     config = WriterConfig.from_options(options)
     job_key = (config.keeper, config.keeper_root, config.job)
+    own_run: list[str] = []  # Spark Connect: this run's id, drawn on the first batch
 
     def write_batch(df: Any, batch_id: int) -> None:
         spark = df.sparkSession
         if id(spark) not in registered:
             spark.dataSource.register(ClickHouseTxDataSource)
             registered.add(id(spark))
-        run_id = ""
         try:
             run_id = spark.sparkContext.getLocalProperty("spark.jobGroup.id") or ""
         except Exception:  # noqa: BLE001 - Spark Connect sessions have no SparkContext
-            run_id = ""
+            if not own_run:
+                own_run.append(f"connect-{uuid.uuid4().hex}")
+            run_id = own_run[0]
         if _LAST_BATCH.get(job_key) == (run_id, batch_id):
             raise ConfigError(
                 f"job {config.job}: batch {batch_id} was already saved in this foreachBatch "
