@@ -237,8 +237,18 @@ class Transactor:
         by_target = plans.evidence_by_target(record, view, resumed=resumed, staged=staged)
         for table, wanted in by_target.items():
             found |= self.warehouse.published_uuids(table, wanted)
+        ops = plans.plan_publish(record, view, found, staged)
+        hint = "Nothing was published for it automatically; see docs/operations.md#lost-staging"
+        return self._execute(epoch, record, ops, hint)
+
+    def _execute(
+        self, epoch: Epoch, record: XidRecord, ops: Sequence[Any], alarm_hint: str
+    ) -> XidRecord:
+        """Carry out a publish plan (:func:`plans.plan_publish` or
+        :func:`visibility.plan_batch_publish`) in order, with the fault points between
+        its steps; an Alarm stops it before anything else runs."""
         moved = 0
-        for op in plans.plan_publish(record, view, found, staged):
+        for op in ops:
             if isinstance(op, plans.Evidence) and op.kind != "uuid":
                 log.warning(
                     "job %s: xid %s: partition %s of %s has no rows left; counted as "
@@ -246,15 +256,20 @@ class Transactor:
                     self.job, record.xid, op.partition_id, op.staging, op.kind,
                 )  # fmt: skip
             if isinstance(op, plans.Alarm):
-                raise RecoveryAlarm(
-                    f"job {self.job}: {op.reason}. Nothing was published for it automatically; "
-                    f"see docs/operations.md#lost-staging"
-                )
-            if isinstance(op, plans.Publish):
-                self.warehouse.move_partition(op.staging, op.partition_id, op.target)
+                raise RecoveryAlarm(f"job {self.job}: {op.reason}. {alarm_hint}")
+            if isinstance(op, (plans.Publish, visibility.Consolidate)):
+                if isinstance(op, plans.Publish):
+                    self.warehouse.move_partition(op.staging, op.partition_id, op.target)
+                else:
+                    self.warehouse.consolidate(op.staging, op.partition_id, op.batch_staging)
                 moved += 1
                 if moved == 1:
                     self.fault("driver.mid_commit")
+            elif isinstance(op, visibility.CreateBatchStaging):
+                self.warehouse.create_batch_staging(op.table, op.like)
+            elif isinstance(op, visibility.AttachAll):
+                self.warehouse.attach_all(op.batch_staging, op.target)
+                self.fault("driver.after_attach")
             elif isinstance(op, plans.RecordCommitted):
                 self.fault("driver.after_commit")
                 record = self._record_committed(epoch, record)
@@ -288,28 +303,7 @@ class Transactor:
             ops = visibility.plan_batch_publish(
                 record, batch_tables, view, staged, batch_uuids, published
             )
-            moved = 0
-            for op in ops:
-                if isinstance(op, plans.Alarm):
-                    raise RecoveryAlarm(
-                        f"job {self.job}: {op.reason}. See docs/modes.md#visibility"
-                    )
-                if isinstance(op, visibility.CreateBatchStaging):
-                    self.warehouse.create_batch_staging(op.table, op.like)
-                elif isinstance(op, visibility.Consolidate):
-                    self.warehouse.consolidate(op.staging, op.partition_id, op.batch_staging)
-                    moved += 1
-                    if moved == 1:
-                        self.fault("driver.mid_commit")
-                elif isinstance(op, visibility.AttachAll):
-                    self.warehouse.attach_all(op.batch_staging, op.target)
-                    self.fault("driver.after_attach")
-                elif isinstance(op, plans.RecordCommitted):
-                    self.fault("driver.after_commit")
-                    record = self._record_committed(epoch, record)
-                    self.fault("driver.after_record")
-                elif isinstance(op, plans.DropStaging):
-                    self.warehouse.drop_staging(op.table)
+            record = self._execute(epoch, record, ops, "See docs/modes.md#visibility")
             if not ops or not isinstance(ops[-1], visibility.Reobserve):
                 return record
         raise RecoveryAlarm(
