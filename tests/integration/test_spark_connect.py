@@ -195,12 +195,18 @@ def remote_spark(connect_server: ConnectServer) -> Iterator[Any]:
     """A Spark Connect client session (no SparkContext) with txsink registered."""
     from pyspark.sql import SparkSession
 
+    # Creating a remote session sets SPARK_CONNECT_MODE_ENABLED (and SPARK_REMOTE) in
+    # os.environ; every Spark process later tests start would inherit it and try to be a
+    # Connect client. Put the environment back as it was.
+    saved = dict(os.environ)
     session = SparkSession.builder.remote(connect_server.remote).create()
     txsink.register(session)
     try:
         yield session
     finally:
         session.stop()
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def _runs(zk: Any, job: str) -> list[str]:
