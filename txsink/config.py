@@ -44,6 +44,11 @@ OPTIONS: dict[str, tuple[str | None, str]] = {
         "open ACL); never shown or stored",
     ),
     "keeper_timeout": ("15", "Keeper connect/session timeout, seconds"),
+    "keeper_retry_s": (
+        "30",
+        "how long a Keeper step is re-run while ZooKeeper is unreachable or the session is "
+        "re-established (leader election, restart, expiry), seconds; 0 = fail at once",
+    ),
     "block_rows": ("1000000", "rows per insert block sent to ClickHouse"),
     "block_bytes": ("268435456", "bytes per insert block (whichever limit is hit first)"),
     "compress": ("lz4", "HTTP insert compression: lz4 | zstd | gzip | none"),
@@ -96,6 +101,17 @@ def _float(key: str, raw: str) -> float:
     return value
 
 
+def _seconds(key: str, raw: str) -> float:
+    """A duration that may be 0 (off)."""
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"option {key!r} must be a number of seconds, got {raw!r}") from None
+    if value < 0:
+        raise ConfigError(f"option {key!r} must be >= 0, got {value}")
+    return value
+
+
 def _bool(key: str, raw: str) -> bool:
     low = raw.strip().lower()
     if low in ("true", "1", "yes", "on"):
@@ -121,6 +137,7 @@ class WriterConfig:
     keeper_root: str
     keeper_auth: str
     keeper_timeout: float
+    keeper_retry_s: float
     block_rows: int
     block_bytes: int
     compress: str
@@ -223,6 +240,7 @@ class WriterConfig:
             keeper_root="/" + raw["keeper_root"].strip("/"),
             keeper_auth=raw["keeper_auth"],
             keeper_timeout=_float("keeper_timeout", raw["keeper_timeout"]),
+            keeper_retry_s=_seconds("keeper_retry_s", raw["keeper_retry_s"]),
             block_rows=_int("block_rows", raw["block_rows"], 1),
             block_bytes=_int("block_bytes", raw["block_bytes"], 1024),
             compress=compress,

@@ -31,7 +31,11 @@ def open_registry(config: WriterConfig) -> Registry:
     from txsink.keeper.kazoo_registry import KazooRegistry
 
     return KazooRegistry.from_options(
-        config.keeper, config.keeper_root, config.keeper_auth or None, config.keeper_timeout
+        config.keeper,
+        config.keeper_root,
+        config.keeper_auth or None,
+        config.keeper_timeout,
+        config.keeper_retry_s,
     )
 
 

@@ -16,6 +16,11 @@ Invariants:
   :class:`TxSinkError`; nothing kazoo-specific escapes.
 - With ``auth="user:password"`` every node created here gets an ACL that gives that digest
   identity ALL and everyone else READ.
+- :meth:`KazooConn.retrying` re-runs a whole registry step while Keeper is unavailable
+  (connection lost, session expired, request unanswered), with exponential back-off, for
+  at most ``retry_s`` seconds from the first failure; then the UnavailableError
+  propagates. Only steps that are safe to re-run from the start are wrapped: each one
+  re-reads what it needs, so a re-run after a lost reply finds what landed.
 - :meth:`KazooConn.close` stops only a client this object started.
 - The digest ``auth`` never reaches a message or a log line: error texts pass
   :func:`txsink.credentials.scrub`, and :class:`RedactAuthFilter` on kazoo's logger
@@ -26,10 +31,13 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
+import tenacity
 from kazoo.client import KazooClient
 from kazoo.exceptions import (
     ConnectionDropped,
@@ -52,6 +60,10 @@ from txsink.credentials import MASK, scrub, secrets_of
 from txsink.errors import ConfigError, TxSinkError, UnavailableError
 
 NEXT_STEP = "is ZooKeeper running? `txsink embedded status`"
+DEFAULT_RETRY_S = 30.0
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     KazooConnectionLoss,
@@ -128,9 +140,14 @@ class KazooConn:
         auth: str | None,
         timeout: float,
         client: KazooClient | None,
+        retry_s: float = DEFAULT_RETRY_S,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.keeper = keeper
         self.timeout = timeout
+        self.retry_s = retry_s
+        self._sleep = sleep
+        self._depth = threading.local()  # steps under way in this thread
         self._secrets = secrets_of(auth)
         self.acl: list[Any] | None = None
         if auth is not None:
@@ -222,6 +239,44 @@ class KazooConn:
                 f"Keeper at {self.keeper} did not answer {what} within {self.timeout:g}s; "
                 f"the outcome is unknown: re-run the step, it is idempotent; {NEXT_STEP}"
             ) from exc
+
+    def retrying(self, what: str, step: Callable[[], T]) -> T:
+        """Run ``step``; while it raises :class:`UnavailableError` run it again, backing
+        off from 0.1 s to 2 s, until ``retry_s`` seconds have passed since the first try.
+
+        Why: kazoo reconnects by itself (a ZooKeeper restart, a leader election, a new
+        session after an expiry take seconds), but every request in flight meanwhile
+        fails; without this a two-second outage fails the Spark batch. Nested calls (a
+        step that calls another step) retry only at the outermost level."""
+        if getattr(self._depth, "n", 0) or self.retry_s <= 0:
+            return step()
+
+        def before_sleep(state: tenacity.RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            log.warning(
+                "Keeper unavailable during %s (attempt %d, %.1fs so far), retrying: %s",
+                what,
+                state.attempt_number,
+                state.seconds_since_start or 0.0,
+                exc,
+            )
+
+        def guarded() -> T:
+            self._depth.n = 1
+            try:
+                return step()
+            finally:
+                self._depth.n = 0
+
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(UnavailableError),
+            stop=tenacity.stop_after_delay(self.retry_s),
+            wait=tenacity.wait_exponential_jitter(multiplier=0.1, max=2.0, jitter=0.1),
+            sleep=self._sleep,
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+        return retrying(guarded)
 
     def _timeout_exception(self) -> type[BaseException]:
         if self.client is None:

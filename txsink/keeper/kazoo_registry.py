@@ -14,8 +14,12 @@ Invariants:
 - ``commit`` compare-and-sets the xid node (on ``record.version``) and the ledger node in
   the same transaction, so the ledger counts every committed xid exactly once.
 - A lost connection or an expired session during an operation is
-  :class:`UnavailableError`, never a silent success: the caller re-runs the (idempotent)
-  step, which then finds what actually landed (``XidExists``, a COMMITTED record).
+  :class:`UnavailableError`, never a silent success. Every public operation is a
+  :func:`_step`: it is re-run from the start (it re-reads what it needs) for up to
+  ``retry_s`` seconds, so an outage of a few seconds costs a pause, not a failed batch;
+  a re-run after a lost reply finds what actually landed (``XidExists`` for a prepare, a
+  moved version for a compare-and-set). Past ``retry_s`` the UnavailableError reaches
+  the caller, which treats the outcome as unknown.
 - With ``auth="user:password"`` job nodes get an ACL that gives that digest identity ALL
   and everyone else READ, so other identities can watch a job but not alter it.
 """
@@ -24,18 +28,19 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import functools
 import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import replace
-from typing import Any, NoReturn
+from typing import Any, Concatenate, NoReturn, ParamSpec, TypeVar
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
 
 from txsink.errors import ConfigError, RetryableConflict, TxSinkError
-from txsink.keeper.kazoo_conn import KazooConn, decode_node, encode
+from txsink.keeper.kazoo_conn import DEFAULT_RETRY_S, KazooConn, decode_node, encode
 from txsink.keeper.ledger import empty_ledger, next_ledger
 from txsink.keeper.manifest_codec import (
     CHUNKS_DIR,
@@ -76,6 +81,26 @@ SMALL_MANIFEST = 200
 MAX_CAS_ROUNDS = 50
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _step(
+    method: Callable[Concatenate[KazooRegistry, P], R],
+) -> Callable[Concatenate[KazooRegistry, P], R]:
+    """Mark a registry operation as re-runnable while Keeper is unavailable.
+
+    Only for operations that are safe to run again from the start after an unknown
+    outcome: reads, and writes that re-read and compare before they act (creates that
+    find the node, compare-and-sets that find the version moved)."""
+
+    @functools.wraps(method)
+    def run(registry: KazooRegistry, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return registry._conn.retrying(method.__name__, lambda: method(registry, *args, **kwargs))
+
+    return run
+
+
 def _check_name(kind: str, name: str) -> str:
     if not name or "/" in name or name in {".", ".."} or name.strip() != name:
         raise ConfigError(f"invalid {kind} name {name!r}: must be non-empty, without '/'")
@@ -94,6 +119,8 @@ class KazooRegistry:
         timeout: float = DEFAULT_TIMEOUT,
         client: KazooClient | None = None,
         clock: Callable[[], float] = time.time,
+        retry_s: float = DEFAULT_RETRY_S,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         if not root.startswith("/") or (root.endswith("/") and root != "/"):
             raise ConfigError(f"Keeper root {root!r} must be an absolute path like /txsink")
@@ -102,21 +129,31 @@ class KazooRegistry:
         self._root = root.rstrip("/")
         self._clock = clock
         self._namespace_id = ""
-        self._conn = KazooConn(keeper, auth=auth, timeout=timeout, client=client)
+        self._conn = KazooConn(
+            keeper, auth=auth, timeout=timeout, client=client, retry_s=retry_s, sleep=sleep
+        )
         try:
-            with self._conn.mapped(f"create {self._jobs_root()}"):
-                # Open ACL on purpose: other identities must be able to add their own jobs.
-                self._conn.wait(self._client.ensure_path_async(self._jobs_root()))
+            self._conn.retrying("create jobs root", self._ensure_root)
         except TxSinkError:
             self.close()
             raise
 
+    def _ensure_root(self) -> None:
+        with self._conn.mapped(f"create {self._jobs_root()}"):
+            # Open ACL on purpose: other identities must be able to add their own jobs.
+            self._conn.wait(self._client.ensure_path_async(self._jobs_root()))
+
     @classmethod
     def from_options(
-        cls, keeper: str, root: str = DEFAULT_ROOT, auth: str | None = None, timeout: float = 10.0
+        cls,
+        keeper: str,
+        root: str = DEFAULT_ROOT,
+        auth: str | None = None,
+        timeout: float = 10.0,
+        retry_s: float = DEFAULT_RETRY_S,
     ) -> KazooRegistry:
-        """The registry named by the ``keeper``/root/auth/timeout options of a job."""
-        return cls(keeper, root, auth=auth, timeout=timeout)
+        """The registry named by the ``keeper``/root/auth/timeout/retry options of a job."""
+        return cls(keeper, root, auth=auth, timeout=timeout, retry_s=retry_s)
 
     @property
     def _client(self) -> Any:
@@ -160,6 +197,7 @@ class KazooRegistry:
 
     # -- jobs --------------------------------------------------------------------------
 
+    @_step
     def ensure_job(self, job: str, meta: dict[str, Any]) -> dict[str, Any]:
         path = self._job(job)
         check_request(f"ensure job {path}", [(path, len(encode(meta)))], self._acl_entries())
@@ -186,18 +224,21 @@ class KazooRegistry:
                     continue
         raise RetryableConflict(f"job {job}: meta at {path} keeps changing; retry")
 
+    @_step
     def job_meta(self, job: str) -> dict[str, Any] | None:
         path = self._job(job)
         with self._conn.mapped(f"read {path}"):
             found = self._conn.read(path)
         return None if found is None else found[0]
 
+    @_step
     def set_job_meta(self, job: str, meta: dict[str, Any]) -> None:
         """Replace an existing job's meta (operator actions such as `txsink mode`)."""
         path = self._job(job)
         with self._conn.mapped(f"write {path}"):
             self._conn.wait(self._client.set_async(path, encode(meta)))
 
+    @_step
     def blob_children(self, job: str, key: str) -> builtins.list[str]:
         """Names directly under blob ``key`` (e.g. xids with dedup state under ``dedup``)."""
         path = self._blob_path(job, key)
@@ -207,6 +248,7 @@ class KazooRegistry:
             except NoNodeError:
                 return []
 
+    @_step
     def list_jobs(self) -> list[str]:
         with self._conn.mapped(f"list {self._jobs_root()}"):
             names = self._conn.wait(self._client.get_children_async(self._jobs_root()))
@@ -220,6 +262,7 @@ class KazooRegistry:
 
     # -- epochs and owner -----------------------------------------------------------------
 
+    @_step
     def take_epoch(self, job: str, owner: str) -> Epoch:
         path = self._epoch_path(job)
         with self._conn.mapped(f"take epoch {path}"):
@@ -256,6 +299,7 @@ class KazooRegistry:
                 return Epoch(job, number, new_stat.version, owner)
         raise RetryableConflict(f"job {job}: epoch node {path} keeps changing; retry")
 
+    @_step
     def current_epoch(self, job: str) -> Epoch | None:
         path = self._epoch_path(job)
         with self._conn.mapped(f"read {path}"):
@@ -265,6 +309,7 @@ class KazooRegistry:
         data, stat = found
         return Epoch(job, int(data["epoch"]), stat.version, str(data.get("owner", "")))
 
+    @_step
     def heartbeat(self, epoch: Epoch, info: dict[str, Any]) -> None:
         path = f"{self._job(epoch.job)}/owner"
         epoch_path = self._epoch_path(epoch.job)
@@ -300,6 +345,7 @@ class KazooRegistry:
                 # The owner node appeared or vanished since exists(): go again.
         raise RetryableConflict(f"job {epoch.job}: owner node {path} keeps changing; retry")
 
+    @_step
     def owner(self, job: str) -> dict[str, Any] | None:
         path = f"{self._job(job)}/owner"
         with self._conn.mapped(f"read {path}"):
@@ -351,12 +397,14 @@ class KazooRegistry:
             return self._unpack(job, xid, node, stat, chunks), node, stat
         raise RetryableConflict(f"xid {xid} of job {job} keeps changing while read; retry")
 
+    @_step
     def get(self, job: str, xid: str) -> XidRecord | None:
         path = self._xid_path(job, xid)
         with self._conn.mapped(f"read {path}"):
             found = self._read_record(job, xid)
         return None if found is None else found[0]
 
+    @_step
     def list(self, job: str) -> list[XidRecord]:
         """Every record of the job, in creation order. All node reads are in flight at
         once (then all chunk reads), so hundreds of xids cost a few round trips."""
@@ -391,6 +439,7 @@ class KazooRegistry:
         # Creation order, like MemoryRegistry's insertion-ordered dict.
         return [rec for _, rec in sorted(found, key=lambda pair: pair[0])]
 
+    @_step
     def manifest_chunks(self, job: str) -> builtins.list[str]:
         """Names of the job's chunk nodes (``<xid>.<nonce>.<i>``), live and orphaned."""
         parent = f"{self._job(job)}/{CHUNKS_DIR}"
@@ -435,6 +484,7 @@ class KazooRegistry:
     def _acl_entries(self) -> int:
         return len(self._conn.acl or [None])
 
+    @_step
     def prepare(self, epoch: Epoch, record: XidRecord) -> XidRecord:
         """Chunks first (if the manifest does not fit inline), then ONE fenced multi-op:
         check the epoch, check every chunk still exists, create the small xid node. The
@@ -511,6 +561,7 @@ class KazooRegistry:
             raise XidExists(current)
         return stat.version, over_tombstone(record, current)
 
+    @_step
     def abort(self, job: str, xid: str, tables: Iterable[str], now: float) -> XidRecord:
         """Tombstone ``tables`` of ``xid`` (ABORTED) unless a prepare got there first.
 
@@ -544,6 +595,7 @@ class KazooRegistry:
                 return replace(more, version=new_stat.version)
         raise RetryableConflict(f"xid {xid} of job {job} keeps changing; retry the roll-back")
 
+    @_step
     def namespace(self) -> str:
         """This store's id (``<root>/namespace``), created on first use; cached."""
         if self._namespace_id:
@@ -561,6 +613,7 @@ class KazooRegistry:
                     continue
         raise RetryableConflict(f"Keeper node {path} keeps changing; retry")
 
+    @_step
     def commit(self, epoch: Epoch, record: XidRecord, committed_at: float) -> XidRecord:
         """One fenced multi-op: compare-and-set the xid node (the small record; its chunks
         never change) and the ledger."""
@@ -614,6 +667,7 @@ class KazooRegistry:
                 # Only the ledger moved (another committer of this job): re-read, go again.
         raise RetryableConflict(f"job {epoch.job}: ledger {ledger_path} keeps changing; retry")
 
+    @_step
     def ledger(self, job: str) -> dict[str, Any]:
         path = f"{self._job(job)}/ledger"
         with self._conn.mapped(f"read {path}"):
@@ -622,6 +676,7 @@ class KazooRegistry:
             return empty_ledger()
         return {**empty_ledger(), **found[0]}
 
+    @_step
     def delete(self, epoch: Epoch, xids: builtins.list[str]) -> None:
         """Delete records (fenced, in bounded multi-ops), then sweep every chunk node no
         record references: the deleted records' chunks and orphans of failed prepares."""
@@ -699,12 +754,14 @@ class KazooRegistry:
 
     # -- blobs -----------------------------------------------------------------------------
 
+    @_step
     def get_blob(self, job: str, key: str) -> dict[str, Any] | None:
         path = self._blob_path(job, key)
         with self._conn.mapped(f"read {path}"):
             found = self._conn.read(path)
         return None if found is None else found[0]
 
+    @_step
     def put_blob(self, job: str, key: str, value: dict[str, Any]) -> None:
         path = self._blob_path(job, key)
         check_request(f"write {path}", [(path, len(encode(value)))], self._acl_entries())
@@ -722,6 +779,7 @@ class KazooRegistry:
                     continue
         raise RetryableConflict(f"job {job}: blob {path} keeps changing; retry")
 
+    @_step
     def get_blob_versioned(self, job: str, key: str) -> tuple[dict[str, Any], int] | None:
         """The blob and its Keeper node version, or None (absent or an empty parent node)."""
         path = self._blob_path(job, key)
@@ -729,6 +787,7 @@ class KazooRegistry:
             found = self._conn.read_json(path)
         return None if found is None else (found[0], int(found[1].version))
 
+    @_step
     def cas_blob(self, job: str, key: str, value: dict[str, Any], expected_version: int) -> int:
         """Write the blob only if its node is at ``expected_version`` (``CREATE``: absent);
         the new version, or :class:`BlobConflict` with nothing written.
@@ -760,6 +819,7 @@ class KazooRegistry:
                 raise conflict from None
             return int(stat.version)
 
+    @_step
     def delete_blobs(self, job: str, key: str) -> None:
         """Remove blob ``key`` and its subtree (unfenced: only dedup state of COMMITTED xids)."""
         path = self._blob_path(job, key)
@@ -768,6 +828,7 @@ class KazooRegistry:
                 self._client.delete(path, recursive=True)
         self._conn.known_paths = {p for p in self._conn.known_paths if not p.startswith(path)}
 
+    @_step
     def delete_job(self, job: str) -> None:
         """Remove a job's whole subtree (unfenced: scratch jobs of `txsink tune`)."""
         path = self._job(job)
