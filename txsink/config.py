@@ -58,6 +58,12 @@ OPTIONS: dict[str, tuple[str | None, str]] = {
     "ca_cert": ("", "path of a CA bundle for https URLs"),
     "retry_attempts": ("5", "attempts for transient ClickHouse errors"),
     "retry_max_wait": ("30", "longest back-off between attempts, seconds"),
+    "publish_retry_s": (
+        "60",
+        "how long a commit re-observes and resumes publishing after a ClickHouse failure "
+        "whose outcome is unknown (lost reply, reset, server restart), seconds; 0 = fail at "
+        "once (the xid stays PREPARED for the next commit or `txsink recover`)",
+    ),
     "txn_version": (
         "",
         "batch writes: a version number; a rerun with the same or a lower one is a no-op",
@@ -147,6 +153,7 @@ class WriterConfig:
     ca_cert: str
     retry_attempts: int
     retry_max_wait: float
+    publish_retry_s: float
     txn_version: int | None
     retention: int
     dedup_order_by: tuple[str, ...]
@@ -250,6 +257,7 @@ class WriterConfig:
             ca_cert=raw["ca_cert"],
             retry_attempts=_int("retry_attempts", raw["retry_attempts"], 1),
             retry_max_wait=_float("retry_max_wait", raw["retry_max_wait"]),
+            publish_retry_s=_seconds("publish_retry_s", raw["publish_retry_s"]),
             txn_version=_int("txn_version", raw["txn_version"]) if raw["txn_version"] else None,
             retention=_int("retention", raw["retention"], 1),
             dedup_order_by=tuple(c.strip() for c in raw["dedup_order_by"].split(",") if c.strip()),

@@ -89,7 +89,13 @@ def open_job(config: WriterConfig) -> JobHandle:
         config,
         registry,
         warehouse,
-        Transactor(registry, warehouse, config.job, retention=config.retention),
+        Transactor(
+            registry,
+            warehouse,
+            config.job,
+            retention=config.retention,
+            publish_retry_s=config.publish_retry_s,
+        ),
     )
 
 

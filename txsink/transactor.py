@@ -13,7 +13,12 @@ Invariants:
   (recovery, abort, a replay's strays) is preceded by an ABORTED tombstone on the xid node
   (:meth:`Transactor.roll_back`): a prepare that lands later can never adopt a dropped
   table, whatever reads were stale and whoever was paused;
-- a failure whose outcome is unknown raises CommitOutcomeUnknown, never an abort.
+- a failure whose outcome is unknown raises CommitOutcomeUnknown, never an abort;
+- a ClickHouse failure during publish whose outcome is unknown (a lost reply, a reset
+  connection, a restarted server) is re-observed, never repeated blindly: the publish
+  waits until the server answers and no statement on the xid's staging still runs
+  (:meth:`Warehouse.settle`), then plans again from what it sees, for up to
+  ``publish_retry_s`` seconds (:meth:`Transactor.publish`).
 """
 
 from __future__ import annotations
@@ -86,6 +91,8 @@ class Transactor:
         retention: int = 1000,
         clock: Callable[[], float] = time.time,
         fault: Callable[[str], None] = fault_point,
+        publish_retry_s: float = 60.0,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.registry = registry
         self.warehouse = warehouse
@@ -93,6 +100,8 @@ class Transactor:
         self.retention = retention
         self.clock = clock
         self.fault = fault
+        self.publish_retry_s = publish_retry_s
+        self.sleep = sleep
         self._namespace = ""
 
     @property
@@ -211,7 +220,7 @@ class Transactor:
             assert existing is not None
             log.warning("job %s: %s", self.job, decision.reason)
             record = existing
-        done = self.finish(epoch, record, resumed=decision.action != "prepare")
+        done = self.publish(epoch, record, resumed=decision.action != "prepare")
         action = "committed" if decision.action == "prepare" else "rolled_forward"
         finished = self.clock()
         self._after_commit(epoch, done)
@@ -223,6 +232,49 @@ class Transactor:
             seconds=finished - started,
             timings={"prepare": prepared_at - started, "publish": finished - prepared_at},
         )
+
+    def publish(self, epoch: Epoch, record: XidRecord, *, resumed: bool = True) -> XidRecord:
+        """:meth:`finish`, re-observed after ClickHouse failures whose outcome is unknown.
+
+        A MOVE (or ATTACH) whose reply was lost may have landed, may still be running on
+        the server, or may have been cut by a server crash; repeating it blindly could
+        publish rows twice. So after such a failure: wait until the server answers and
+        no statement on this xid's staging is running any more, then run the whole
+        publish plan again as a resumed one (part UUIDs decide what landed). Busy
+        answers (nothing happened) are re-planned the same way. Gives up after
+        ``publish_retry_s`` seconds with the last error: the xid stays PREPARED and the
+        next commit or ``txsink recover`` finishes it."""
+        deadline = time.monotonic() + self.publish_retry_s
+        pause = 0.2
+        while True:
+            try:
+                return self.finish(epoch, record, resumed=resumed)
+            except (UnavailableError, RetryableConflict) as exc:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                log.warning(
+                    "job %s: xid %s: publishing failed with an unknown outcome (%s); "
+                    "re-observing before going on",
+                    self.job, record.xid, exc,
+                )  # fmt: skip
+                self.sleep(min(pause, left))
+                pause = min(pause * 2, 5.0)
+                common = f"{self.prefix}__{record.xid}__"  # every staging name of the xid
+                odd = {t for t in record.staging_tables if not t.startswith(common)}
+                self._settle(sorted({common} | odd), deadline)
+                resumed = True
+
+    def _settle(self, names: Sequence[str], deadline: float) -> None:
+        """Wait (until ``deadline``) for the server to answer with none of ``names`` in a
+        running statement; a failure here just leaves it to the next attempt."""
+        while time.monotonic() < deadline:
+            try:
+                if self.warehouse.settle(names):
+                    return
+            except (UnavailableError, RetryableConflict) as exc:
+                log.info("job %s: ClickHouse not answering yet: %s", self.job, exc)
+            self.sleep(0.5)
 
     def finish(self, epoch: Epoch, record: XidRecord, *, resumed: bool = True) -> XidRecord:
         """Run the publish plan of a PREPARED (or COMMITTED) record to its end.
@@ -446,7 +498,7 @@ class Transactor:
             return report
         for record in plan.roll_forward:
             try:
-                self.finish(epoch, record)
+                self.publish(epoch, record)
                 log.warning("job %s: rolled xid %s forward", self.job, record.xid)
                 if record.mode is Mode.DEDUP:
                     self.forget_dedup_state(record.xid)

@@ -44,3 +44,7 @@ class MemoryWarehouse:
 
     def target_ids(self, target: str) -> list[int]:
         return sorted(i for ids in self.targets.get(target, {}).values() for i in ids)
+
+    def settle(self, names: Sequence[str]) -> bool:
+        """Nothing runs in the background of the twin."""
+        return True

@@ -131,6 +131,8 @@ class Warehouse(Protocol):
 
     def attach_all(self, staging: str, target: str) -> None: ...
 
+    def settle(self, names: Iterable[str]) -> bool: ...
+
     def consolidate(self, staging: str, partition_id: str, batch_staging: str) -> None: ...
 
     def target_info(self, target: str) -> TargetInfo: ...
@@ -477,6 +479,23 @@ class ClickHouseWarehouse:
                 raise
             self._catch_up_columns(staging, target, exc)
             attach(" (after adding the target's new columns to batch staging)")
+
+    def settle(self, names: Iterable[str]) -> bool:
+        """True when the server answers and runs no statement whose text contains any of
+        ``names`` (staging tables or a common prefix of them; other than this probe): a
+        MOVE whose reply was lost has then ended, one way or the other, and what it left
+        can be observed. A client that goes away does not stop a running ALTER on the
+        server, so this is how a resumed publish knows it is alone."""
+        names = sorted({n for n in names if n})[:200]  # multiSearchAny takes < 256 needles
+        if not names:
+            return bool(self.client.ping())
+        rows = self.client.query_rows(
+            "SELECT count() FROM system.processes "
+            "WHERE query_id != queryID() AND multiSearchAny(query, {names:Array(String)})",
+            parameters={"names": names},
+            what="look for statements still running on staging",
+        )
+        return int(rows[0][0]) == 0
 
     def move_partition(self, staging: str, partition_id: str, target: str) -> None:
         """Publish one staged partition. Idempotent: once moved, a repeat moves nothing."""

@@ -1,0 +1,80 @@
+"""A ClickHouse failure with an unknown outcome during publish is re-observed, never
+repeated blindly (issue 16): the commit waits until the server is quiet, plans again from
+what it sees, and ends with every row exactly once, or gives up leaving the xid PREPARED."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from tests.unit.fakes import MemoryWarehouse
+from tests.unit.test_transaction_model import JOB, TARGET, stage_batch
+from txsink.errors import RetryableConflict, UnavailableError
+from txsink.keeper.registry import MemoryRegistry
+from txsink.protocol.states import XidState
+from txsink.transactor import Transactor
+
+
+class LossyWarehouse(MemoryWarehouse):
+    """The first ``lost`` MOVEs land but their replies are lost; the first ``busy`` ones
+    are refused before anything happens; ``settle`` is busy ``running`` times first."""
+
+    def __init__(self, lost: int = 0, busy: int = 0, running: int = 0) -> None:
+        super().__init__()
+        self.lost, self.busy, self.running = lost, busy, running
+        self.settled: list[tuple[str, ...]] = []
+
+    def move_partition(self, staging: str, partition_id: str, target: str) -> None:
+        if self.busy:
+            self.busy -= 1
+            raise RetryableConflict("code 252: too many parts")
+        super().move_partition(staging, partition_id, target)
+        if self.lost:
+            self.lost -= 1
+            raise UnavailableError("connection reset by peer")
+
+    def settle(self, names: Sequence[str]) -> bool:
+        self.settled.append(tuple(names))
+        if self.running:
+            self.running -= 1
+            return False
+        return True
+
+
+def commit_one(wh: MemoryWarehouse, **kwargs: float) -> tuple[Transactor, MemoryRegistry]:
+    reg = MemoryRegistry()
+    tx = Transactor(reg, wh, JOB, sleep=lambda s: None, **kwargs)
+    epoch = tx.begin("run-1")
+    parts = stage_batch(wh, epoch.number, 0, [(1, "a"), (2, "a"), (3, "b")], 2, 0)
+    result = tx.commit_batch(epoch, "b0", 0, TARGET, parts, streaming=True)
+    assert result.action == "committed"
+    return tx, reg
+
+
+def test_a_move_whose_reply_was_lost_is_not_moved_again_and_the_batch_commits() -> None:
+    wh = LossyWarehouse(lost=2, running=1)
+    tx, reg = commit_one(wh)
+    assert wh.target_ids(TARGET) == [1, 2, 3]
+    assert reg.get(JOB, "b0").state is XidState.COMMITTED  # type: ignore[union-attr]
+    assert wh.settled and all(n[0].startswith(tx.prefix + "__b0__") for n in wh.settled)
+    assert wh.staging == {}  # staging dropped after COMMITTED
+
+
+def test_a_busy_server_is_waited_out_within_the_commit() -> None:
+    wh = LossyWarehouse(busy=3)
+    commit_one(wh)
+    assert wh.target_ids(TARGET) == [1, 2, 3]
+
+
+def test_without_publish_retries_the_xid_stays_prepared_and_recovery_finishes_it() -> None:
+    wh = LossyWarehouse(lost=1)
+    reg = MemoryRegistry()
+    tx = Transactor(reg, wh, JOB, publish_retry_s=0, sleep=lambda s: None)
+    epoch = tx.begin("run-1")
+    parts = stage_batch(wh, epoch.number, 0, [(1, "a"), (2, "b")], 1, 0)
+    with pytest.raises(UnavailableError):
+        tx.commit_batch(epoch, "b0", 0, TARGET, parts, streaming=True)
+    assert reg.get(JOB, "b0").state is XidState.PREPARED  # type: ignore[union-attr]
+    Transactor(reg, wh, JOB).begin("run-2")
+    assert wh.target_ids(TARGET) == [1, 2]
