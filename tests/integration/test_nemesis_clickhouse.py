@@ -1,0 +1,140 @@
+"""ClickHouse fails under a commit: the endpoint killed with SIGKILL and restarted on the
+same data directory while a commit publishes, a server crash inside MOVE PARTITION that
+left the rows in both tables, a statement still running after its client went away.
+Real engine behind the real HTTP endpoint, real ZooKeeper, the real Transactor.
+
+The invariant: whatever ClickHouse does, each row is in the target exactly once, and
+nothing is moved again before the server is seen to be quiet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from tests.integration.conftest import client_for
+from tests.integration.test_nemesis_keeper import at, open_handle
+from tests.integration.test_rollback_races import SCHEMA, counts, prepared_record
+from tests.nemesis.services import Services
+from txsink.driver import JobHandle
+from txsink.protocol.ids import staging_name
+from txsink.protocol.states import StagedPart, XidState
+
+
+@pytest.fixture
+def ch(nemesis: Services) -> Iterator[Any]:
+    client = client_for(nemesis.info)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def target(ch: Any) -> Iterator[str]:
+    db = f"n_{uuid.uuid4().hex[:10]}"
+    ch.command(f"CREATE DATABASE {db}")
+    ch.command(
+        f"CREATE TABLE {db}.t (id Int64, p UInt8) ENGINE = MergeTree PARTITION BY p ORDER BY id"
+    )
+    yield f"{db}.t"
+    with contextlib.suppress(Exception):  # the endpoint may have been killed by the test
+        ch.command(f"DROP DATABASE IF EXISTS {db} SYNC")
+
+
+def stage_parts(handle: JobHandle, xid: str, ids: range, blocks: int = 1) -> list[StagedPart]:
+    """One task's staging holding ``ids`` over two partitions, in ``blocks`` inserts (one
+    part per block and partition), with the part UUIDs a task message carries."""
+    cfg = handle.config
+    name = staging_name(cfg.job, xid, "0000000a", 0, 0, ids.start, handle.transactor.namespace)
+    handle.warehouse.create_staging(cfg.table, name.table)
+    step = max(1, len(ids) // blocks)
+    for start in range(ids.start, ids.stop, step):
+        chunk = range(start, min(start + step, ids.stop))
+        block = pa.record_batch({"id": list(chunk), "p": [i % 2 for i in chunk]}, schema=SCHEMA)
+        handle.warehouse.insert_blocks(name.table, [block], block_rows=1 << 20, block_bytes=1 << 26)
+    staged = handle.warehouse.staged_partitions(name.table)
+    return [StagedPart(name.table, pid, n, uuids=u) for pid, (n, u) in sorted(staged.items())]
+
+
+def test_settle_waits_for_a_statement_still_running_on_the_staging(
+    nemesis: Services, ch: Any, target: str
+) -> None:
+    handle = open_handle(nemesis, target)
+    try:
+        name = f"{handle.transactor.prefix}__b9__marker"
+        other = client_for(nemesis.info)
+        slow = threading.Thread(
+            target=lambda: other.query(f"SELECT sleep(2) /* {name} */"), daemon=True
+        )
+        slow.start()
+        time.sleep(0.5)
+        assert handle.warehouse.settle([name]) is False  # the statement still runs
+        slow.join(10)
+        other.close()
+        assert handle.warehouse.settle([name]) is True
+        assert handle.warehouse.settle(["no_such_table_anywhere"]) is True
+    finally:
+        handle.close()
+
+
+def test_a_server_crash_inside_move_that_left_rows_in_both_tables_publishes_nothing_twice(
+    nemesis: Services, ch: Any, target: str
+) -> None:
+    """ClickHouse's MOVE commits the destination, then removes the source: a crash in
+    between leaves each row in the target and in staging. ``ATTACH PARTITION ... FROM``
+    makes exactly that state (the copied parts keep their UUIDs); the roll-forward must
+    read the UUIDs in the target as "landed" and move nothing again."""
+    handle = open_handle(nemesis, target)
+    try:
+        tx = handle.transactor
+        epoch = tx.begin("run-1")
+        parts = stage_parts(handle, "b1", range(0, 1000), blocks=4)
+        handle.registry.prepare(epoch, prepared_record(handle, epoch, "b1", parts))
+        staging = f"{handle.warehouse.staging_db}.{parts[0].table}"
+        for part in parts:  # the crash: destination committed, source still there
+            ch.command(
+                f"ALTER TABLE {target} ATTACH PARTITION ID '{part.partition_id}' FROM {staging}"
+            )
+        assert counts(ch, target) == (1000, 1000)
+        tx.begin("run-2")  # the restart's recovery rolls the PREPARED xid forward
+        assert counts(ch, target) == (1000, 1000)
+        assert handle.registry.get(handle.config.job, "b1").state is XidState.COMMITTED
+        assert handle.warehouse.list_staging(tx.prefix) == []
+    finally:
+        handle.close()
+
+
+def test_the_endpoint_killed_and_restarted_while_a_commit_publishes_ends_exact(
+    nemesis: Services, ch: Any, target: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="txsink.transactor")
+    handle = open_handle(nemesis, target, retry_attempts="2")
+    try:
+        tx = handle.transactor
+        epoch = tx.begin("run-1")
+        parts = stage_parts(handle, "b1", range(0, 600), blocks=3)
+        restarts: list[threading.Thread] = []
+        # After the first partition moved: the second MOVE meets a dead server, then one
+        # that has restarted; the publish re-observes and finishes within the commit.
+        tx.fault = at(
+            "driver.mid_commit", lambda: restarts.append(nemesis.outage("clickhouse", 1.0))
+        )
+        result = tx.commit_batch(epoch, "b1", 1, target, parts, streaming=True)
+        restarts[0].join(90)
+        assert result.action == "committed"
+        assert "re-observing" in caplog.text  # the publish really met the dead server
+        fresh = client_for(nemesis.info)
+        try:
+            assert counts(fresh, target) == (600, 600)
+        finally:
+            fresh.close()
+        assert handle.registry.get(handle.config.job, "b1").state is XidState.COMMITTED
+    finally:
+        handle.close()
