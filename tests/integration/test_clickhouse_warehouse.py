@@ -145,6 +145,26 @@ def test_replacing_staging_keeps_every_sent_row(
     assert stats.rows == sum(view.values()) == 100
 
 
+def test_a_target_with_low_part_limits_does_not_wedge_a_task_that_stages_many_blocks(
+    wh: ClickHouseWarehouse, ch: Any, fresh_db: str
+) -> None:
+    """Staging never merges, so it keeps a part per block: the target's back-pressure
+    limits (inherited by CREATE AS) would refuse the task's later blocks with
+    TOO_MANY_PARTS on every retry. Staging lifts them; the MOVE is not an insert."""
+    target = f"{fresh_db}.tgt"
+    ch.command(
+        f"CREATE TABLE {target} ({COLS}) ENGINE = MergeTree ORDER BY k "
+        "SETTINGS parts_to_delay_insert = 2, parts_to_throw_insert = 3"
+    )
+    name = stg(3)
+    wh.create_staging(target, name)
+    stats = wh.insert_blocks(name, iter([rows_batch(100)]), block_rows=10, block_bytes=1 << 30)
+    assert stats.blocks == 10
+    assert wh.staging_view([name])[name] == {"all": 100}
+    wh.move_partition(name, "all", target)
+    assert count(ch, target) == 100
+
+
 def test_create_staging_replaces_a_leftover_table_of_the_same_name(
     wh: ClickHouseWarehouse, ch: Any, fresh_db: str
 ) -> None:

@@ -241,6 +241,34 @@ def test_type_mismatch_on_insert_is_a_server_error(ch: Client, fresh_db: str) ->
     assert ch.command("SELECT 1") == 1  # the endpoint still serves
 
 
+def test_an_insert_the_table_refuses_is_an_error_not_a_silent_zero_row_success(
+    ch: Client, fresh_db: str
+) -> None:
+    """chdb's streaming insert reports TOO_MANY_PARTS as success with 0 rows written; the
+    endpoint must answer the error (code 252, which writers retry) or the rows are lost."""
+    ch.command(
+        f"CREATE TABLE {fresh_db}.busy (a UInt64) ENGINE = MergeTree ORDER BY a SETTINGS "
+        "parts_to_delay_insert = 1, parts_to_throw_insert = 2, "
+        "max_bytes_to_merge_at_max_space_in_pool = 1, max_bytes_to_merge_at_min_space_in_pool = 1"
+    )
+    for i in range(2):
+        ch.insert_arrow(f"{fresh_db}.busy", pa.table({"a": pa.array([i], pa.uint64())}))
+    with pytest.raises(DatabaseError, match="Code: 252"):
+        ch.insert_arrow(f"{fresh_db}.busy", pa.table({"a": pa.array([9], pa.uint64())}))
+    with pytest.raises(DatabaseError, match="Code: 252"):
+        ch.insert(f"{fresh_db}.busy", [[9]])  # Native
+    assert ch.command(f"SELECT count() FROM {fresh_db}.busy") == 2
+    # a deduplicated repeat is a 0-row success and must stay one
+    ch.command(f"ALTER TABLE {fresh_db}.busy MODIFY SETTING parts_to_throw_insert = 100")
+    ch.command(
+        f"ALTER TABLE {fresh_db}.busy MODIFY SETTING non_replicated_deduplication_window = 10"
+    )
+    block = pa.table({"a": pa.array([5], pa.uint64())})
+    for _ in range(2):
+        ch.insert_arrow(f"{fresh_db}.busy", block, settings={"insert_deduplication_token": "t"})
+    assert ch.command(f"SELECT count() FROM {fresh_db}.busy") == 3
+
+
 def test_insert_deduplication_token_dedups_a_repeated_insert(ch: Client, fresh_db: str) -> None:
     ch.command(
         f"CREATE TABLE {fresh_db}.d (a UInt64) ENGINE = MergeTree ORDER BY a "

@@ -72,6 +72,14 @@ STAGING_SETTINGS = {
     # a target's forced merges by age (inherited by CREATE AS) ignore the size limits
     "min_age_to_force_merge_seconds": 0,
     "min_age_to_force_merge_on_partition_only": 0,
+    # staging never merges, so it holds one part per block and partition: the target's
+    # back-pressure limits (inherited by CREATE AS, made for a table that merges) would
+    # delay, then refuse, every later insert of the task, on every retry (a wedge)
+    "parts_to_delay_insert": 1_000_000_000,
+    "parts_to_throw_insert": 1_000_000_000,
+    "max_parts_in_total": 1_000_000_000,
+    "inactive_parts_to_delay_insert": 0,
+    "inactive_parts_to_throw_insert": 0,
 }
 # Per-insert settings of staging inserts: no block deduplication (two identical slices
 # are two slices), no async buffering (26.x enables it by default: rows must be in parts

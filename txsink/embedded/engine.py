@@ -18,6 +18,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -241,18 +242,26 @@ class Engine:
             raise engine_error(exc) from exc
 
     def insert(self, ec: EngineConn, sql: str, fmt: str, first: bytes, body: Body) -> Any:
-        """Stream an INSERT's data: ``first`` then the rest of ``body``, into chdb."""
+        """Stream an INSERT's data: ``first`` then the rest of ``body``, into chdb.
+
+        chdb's streaming insert reports some refusals of the table's sink as a success
+        with 0 rows written (seen with TOO_MANY_PARTS, which ClickHouse raises before
+        the data is read): a client would believe its rows landed. So the statement
+        carries a marker, its query id is looked up while it runs, and a 0-row result
+        is checked against ``system.errors`` for an error of that query id."""
+        marker = f"txsink-insert-{uuid.uuid4().hex}"
         with self._global:
             try:
-                inserter = ec.conn.send_insert(sql, fmt)
+                inserter = ec.conn.send_insert(f"{sql} /* {marker} */", fmt)
             except Exception as exc:  # bad table, bad format, ...
                 raise engine_error(exc) from exc
             try:
+                query_id = self._running_query_id(marker)
                 if first:
                     ec.conn._conn.insert_append(inserter._c_inserter, first)
                 for chunk in body.chunks():
                     ec.conn._conn.insert_append(inserter._c_inserter, chunk)
-                return inserter.finish()
+                result = inserter.finish()
             except BaseException as exc:
                 inserter._finished = False
                 with contextlib.suppress(Exception):  # cancelling a failed insert may fail too
@@ -262,3 +271,42 @@ class Engine:
                 if isinstance(exc, Exception):
                     raise engine_error(exc) from exc
                 raise
+        if result.rows_written == 0 and query_id:
+            swallowed = self._error_of(query_id)
+            if swallowed is not None:
+                raise swallowed
+        return result
+
+    def _running_query_id(self, marker: str) -> str:
+        """The query id of the running statement whose text contains ``marker``."""
+        ec = self._acquire()
+        try:
+            with self._global:
+                found = ec.conn.query(
+                    "SELECT query_id FROM system.processes WHERE position(query, {m:String}) > 0 "
+                    "AND query_id != queryID()",
+                    "TabSeparated",
+                    params={"m": marker},
+                )
+            return bytes(found.bytes()).decode().strip().split("\n")[0]
+        finally:
+            self._release(ec)
+
+    def _error_of(self, query_id: str) -> HttpError | None:
+        """The error ``system.errors`` records for ``query_id``, if any."""
+        ec = self._acquire()
+        try:
+            with self._global:
+                found = ec.conn.query(
+                    "SELECT code, last_error_message FROM system.errors "
+                    "WHERE query_id = {q:String} ORDER BY last_error_time DESC LIMIT 1",
+                    "TabSeparatedRaw",
+                    params={"q": query_id},
+                )
+            text = bytes(found.bytes()).decode().strip()
+        finally:
+            self._release(ec)
+        if not text:
+            return None
+        code, _, message = text.partition("\t")
+        return HttpError(int(code), f"Code: {code}. DB::Exception: {message}")

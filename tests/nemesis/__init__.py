@@ -1,0 +1,1 @@
+"""Fault injection for nemesis tests: a TCP proxy whose faults switch while traffic flows."""
