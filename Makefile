@@ -9,7 +9,7 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
 .DEFAULT_GOAL := help
-.PHONY: help setup zookeeper test test-matrix test-unit test-integration test-realserver lint typecheck demo bench clean embedded-up embedded-down
+.PHONY: help setup zookeeper test test-matrix test-unit test-integration test-realserver lint typecheck demo bench chaos clean embedded-up embedded-down
 
 help: ## List the targets with what they do
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-18s %s\n", $$1, $$2}'
@@ -57,6 +57,11 @@ test-matrix: setup ## Slow, not in `test`: build the wheel, install it into fres
 
 demo: setup ## Run the main job: streaming into ClickHouse with injected crashes, then verify
 	$(VENV)/bin/txsink demo
+
+CHAOS_MINUTES ?= 15
+CHAOS_SEED ?=
+chaos: setup ## Not in `test`: stream for CHAOS_MINUTES (15) while random faults (seed CHAOS_SEED) hit ClickHouse, ZooKeeper, network, job; verdict table
+	$(PY) -m tests.nemesis.chaos --minutes $(CHAOS_MINUTES) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED)) --json .txsink/chaos.json
 
 bench: setup ## Run benchmarks/ and write docs/benchmarks.md + benchmarks/results.json
 	$(PY) benchmarks/run.py

@@ -635,6 +635,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         embedded.down(work / "stack")
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps([v.to_json() for v in verdicts], indent=2))
     ok = all(v.exact for v in verdicts)
     print(f"chaos: {'PASS' if ok else 'FAIL'} seed={seed} (work directory {work})")
