@@ -35,13 +35,13 @@ ATTACH = [
 ]
 DEDUP = [
     "executor-worker-kill",
+    "zookeeper-connection-reset",
     "lost-reply-insert",
     "lost-reply-keeper-dedup-state",
     "lost-reply-keeper-commit",
     "too-many-parts",
     "clickhouse-kill",
     "zookeeper-kill",
-    "zookeeper-connection-reset",
 ]
 
 

@@ -213,7 +213,9 @@ def _outage(name: str) -> Any:
 
 def _reset(proxy_of: Callable[[Arena], fp.FaultProxy]) -> Any:
     def fault(arena: Arena, rng: random.Random, wait: float) -> tuple[bool, str]:
-        n = proxy_of(arena).reset_all()
+        deadline = time.monotonic() + wait
+        while (n := proxy_of(arena).reset_all()) == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)  # nothing open right now: reset the next connection
         return n > 0, f"{n} connections reset"
 
     return fault
