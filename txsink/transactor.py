@@ -23,6 +23,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -238,15 +239,29 @@ class Transactor:
 
         A MOVE (or ATTACH) whose reply was lost may have landed, may still be running on
         the server, or may have been cut by a server crash; repeating it blindly could
-        publish rows twice. So after such a failure: wait until the server answers and
-        no statement on this xid's staging is running any more, then run the whole
-        publish plan again as a resumed one (part UUIDs decide what landed). Busy
-        answers (nothing happened) are re-planned the same way. Gives up after
-        ``publish_retry_s`` seconds with the last error: the xid stays PREPARED and the
-        next commit or ``txsink recover`` finishes it."""
+        publish rows twice. So a resumed publish (the record existed before: an earlier
+        attempt, a crashed writer, a superseded one may have a statement in flight) and
+        every re-run after such a failure first waits until the server answers and no
+        statement on this xid's staging is running (:meth:`Warehouse.settle`), checks
+        that this writer still holds the job, re-reads the record, and only then runs
+        the whole plan again as a resumed one (part UUIDs decide what landed). Busy
+        answers (nothing happened) are re-planned the same way. If the server is not
+        seen quiet within ``publish_retry_s`` seconds, the last error is raised and
+        nothing more is sent: the xid stays as it is and the next commit or ``txsink
+        recover`` finishes it."""
         deadline = time.monotonic() + self.publish_retry_s
         pause = 0.2
+        failure: TxSinkError | None = None
         while True:
+            if resumed and not self._settle(epoch, record, deadline):
+                raise failure or UnavailableError(
+                    f"job {self.job}: xid {record.xid}: statements on its staging are still "
+                    f"running on ClickHouse after {self.publish_retry_s:g}s; nothing was "
+                    f"published again. `txsink recover --job {self.job}` finishes it"
+                )
+            if failure is not None:
+                self._check_fence(epoch)  # a writer that lost the job must not go on
+                record = self.registry.get(self.job, record.xid) or record
             try:
                 return self.finish(epoch, record, resumed=resumed)
             except (UnavailableError, RetryableConflict) as exc:
@@ -258,23 +273,33 @@ class Transactor:
                     "re-observing before going on",
                     self.job, record.xid, exc,
                 )  # fmt: skip
+                failure, resumed = exc, True
                 self.sleep(min(pause, left))
                 pause = min(pause * 2, 5.0)
-                common = f"{self.prefix}__{record.xid}__"  # every staging name of the xid
-                odd = {t for t in record.staging_tables if not t.startswith(common)}
-                self._settle(sorted({common} | odd), deadline)
-                resumed = True
 
-    def _settle(self, names: Sequence[str], deadline: float) -> None:
-        """Wait (until ``deadline``) for the server to answer with none of ``names`` in a
-        running statement; a failure here just leaves it to the next attempt."""
-        while time.monotonic() < deadline:
+    def _settle(self, epoch: Epoch, record: XidRecord, deadline: float) -> bool:
+        """Whether ClickHouse answered, before ``deadline``, with no statement running on
+        the staging of ``record`` (every staging name of an xid starts with one prefix).
+        Heartbeats while it waits, so the writer does not read as dead."""
+        common = f"{self.prefix}__{record.xid}__"
+        odd = sorted({t for t in record.staging_tables if not t.startswith(common)})
+        needles = [common, *odd] if len(odd) < 100 else [common, f"{self.prefix}__"]
+        beat = 0.0
+        while True:
             try:
-                if self.warehouse.settle(names):
-                    return
-            except (UnavailableError, RetryableConflict) as exc:
-                log.info("job %s: ClickHouse not answering yet: %s", self.job, exc)
-            self.sleep(0.5)
+                if self.warehouse.settle(needles):
+                    return True
+                log.info("job %s: xid %s: a statement on its staging still runs", self.job,
+                         record.xid)  # fmt: skip
+            except TxSinkError as exc:  # not answering yet (or not letting us look)
+                log.info("job %s: ClickHouse not settled yet: %s", self.job, exc)
+            if time.monotonic() >= deadline:
+                return False
+            if time.monotonic() - beat > 5.0:
+                beat = time.monotonic()
+                with contextlib.suppress(TxSinkError):
+                    self.registry.heartbeat(epoch, {"state": "publishing", "xid": record.xid})
+            self.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
 
     def finish(self, epoch: Epoch, record: XidRecord, *, resumed: bool = True) -> XidRecord:
         """Run the publish plan of a PREPARED (or COMMITTED) record to its end.

@@ -10,7 +10,7 @@ import pytest
 
 from tests.unit.fakes import MemoryWarehouse
 from tests.unit.test_transaction_model import JOB, TARGET, stage_batch
-from txsink.errors import RetryableConflict, UnavailableError
+from txsink.errors import FencedError, RetryableConflict, UnavailableError
 from txsink.keeper.registry import MemoryRegistry
 from txsink.protocol.states import XidState
 from txsink.transactor import Transactor
@@ -78,3 +78,63 @@ def test_without_publish_retries_the_xid_stays_prepared_and_recovery_finishes_it
     assert reg.get(JOB, "b0").state is XidState.PREPARED  # type: ignore[union-attr]
     Transactor(reg, wh, JOB).begin("run-2")
     assert wh.target_ids(TARGET) == [1, 2]
+
+
+def test_a_server_never_seen_quiet_gets_no_second_move_and_the_xid_stays_prepared() -> None:
+    wh = LossyWarehouse(lost=1, running=10**9)  # the first MOVE's statement "never ends"
+    reg = MemoryRegistry()
+    tx = Transactor(reg, wh, JOB, publish_retry_s=0.2, sleep=lambda s: None)
+    epoch = tx.begin("run-1")
+    parts = stage_batch(wh, epoch.number, 0, [(1, "a"), (2, "b")], 1, 0)
+    with pytest.raises(UnavailableError):
+        tx.commit_batch(epoch, "b0", 0, TARGET, parts, streaming=True)
+    assert wh.moves == 1  # nothing sent while the first statement may still run
+    assert reg.get(JOB, "b0").state is XidState.PREPARED  # type: ignore[union-attr]
+
+
+class FlakyDrop(LossyWarehouse):
+    """The DROP of the second staging table fails once after the xid is COMMITTED."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.drops = 0
+
+    def drop_staging(self, table: str) -> None:
+        self.drops += 1
+        if self.drops == 2:
+            raise UnavailableError("connection reset during DROP")
+        super().drop_staging(table)
+
+
+def test_a_rerun_after_the_record_was_committed_drops_leftovers_and_raises_no_alarm() -> None:
+    wh = FlakyDrop()
+    reg = MemoryRegistry()
+    tx = Transactor(reg, wh, JOB, sleep=lambda s: None)
+    epoch = tx.begin("run-1")
+    parts = stage_batch(wh, epoch.number, 0, [(1, "a"), (2, "b")], 2, 0)  # two tables
+    assert tx.commit_batch(epoch, "b0", 0, TARGET, parts, streaming=True).action == "committed"
+    assert wh.target_ids(TARGET) == [1, 2] and wh.staging == {}
+
+
+class TakenOver(LossyWarehouse):
+    """A lost MOVE reply, and meanwhile `txsink recover` takes the job."""
+
+    def __init__(self, reg: MemoryRegistry) -> None:
+        super().__init__(lost=1)
+        self.reg = reg
+
+    def settle(self, names: Sequence[str]) -> bool:
+        if not self.settled:
+            self.reg.take_epoch(JOB, "txsink-recover")
+        return super().settle(names)
+
+
+def test_a_writer_that_lost_the_job_while_re_observing_moves_nothing_more() -> None:
+    reg = MemoryRegistry()
+    wh = TakenOver(reg)
+    tx = Transactor(reg, wh, JOB, sleep=lambda s: None)
+    epoch = tx.begin("run-1")
+    parts = stage_batch(wh, epoch.number, 0, [(1, "a"), (2, "b")], 1, 0)
+    with pytest.raises(FencedError):
+        tx.commit_batch(epoch, "b0", 0, TARGET, parts, streaming=True)
+    assert wh.moves == 1

@@ -494,7 +494,9 @@ class ClickHouseWarehouse:
         MOVE whose reply was lost has then ended, one way or the other, and what it left
         can be observed. A client that goes away does not stop a running ALTER on the
         server, so this is how a resumed publish knows it is alone."""
-        names = sorted({n for n in names if n})[:200]  # multiSearchAny takes < 256 needles
+        names = sorted({n for n in names if n})
+        if len(names) > 200:  # multiSearchAny takes fewer than 256 needles
+            raise ConfigError(f"settle: {len(names)} names; pass a common prefix instead")
         if not names:
             return bool(self.client.ping())
         rows = self.client.query_rows(

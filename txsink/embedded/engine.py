@@ -79,7 +79,8 @@ class Engine:
         self._sessions: dict[str, Session] = {}
         self._sessions_lock = threading.Lock()
         serialize = os.environ.get("TXSINK_EMBEDDED_SERIALIZE", "") not in ("", "0")
-        self._global = threading.Lock() if serialize else contextlib.nullcontext()
+        # re-entrant: an insert holds it while it probes system.processes
+        self._global = threading.RLock() if serialize else contextlib.nullcontext()
         first = self._new_conn()
         version, tz = self._query_text(first, "SELECT version(), timezone()").split("\t")
         self.version = version.strip()
