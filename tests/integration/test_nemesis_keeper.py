@@ -104,8 +104,9 @@ def test_without_keeper_retries_the_same_outage_fails_the_commit_and_recovery_is
         epoch = tx.begin("run-1")
         parts = stage(handle, "b1", "0000000a", range(0, 200))
         restarts: list[Any] = []
+        # longer than keeper_timeout (5 s): a single attempt cannot wait it out
         tx.fault = at(
-            "driver.after_commit", lambda: restarts.append(nemesis.outage("zookeeper", 2.0))
+            "driver.after_commit", lambda: restarts.append(nemesis.outage("zookeeper", 8.0))
         )
         with pytest.raises(CommitOutcomeUnknown):
             tx.commit_batch(epoch, "b1", 1, target, parts, streaming=True)

@@ -55,7 +55,7 @@ def test_a_stream_under_the_nemesis_ends_exact_and_every_fault_happened(
             arena,
             chaos.scripted(faults),
             random.Random(16),
-            files_per_round=10,
+            files_per_round=8,
             pause=(0.5, 1.5),
         )
     finally:

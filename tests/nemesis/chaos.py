@@ -391,6 +391,7 @@ class Verdict:
     view_ok: bool
     batches: int
     job_runs: int
+    restarts: int
     faults: list[Injected]
     max_recover_s: float
     seconds: float
@@ -426,7 +427,8 @@ class Verdict:
         lines += [
             "",
             f"{'batches committed':32s} {self.batches:8d}",
-            f"{'job runs (1 + restarts)':32s} {self.job_runs:8d}",
+            f"{'job runs (all rounds)':32s} {self.job_runs:8d}",
+            f"{'runs that died (restarted)':32s} {self.restarts:8d}",
             f"{'rows produced':32s} {self.produced:8d}",
             f"{'rows in target':32s} {self.in_target:8d}",
             f"{'duplicates':32s} {self.duplicates:8d}",
@@ -448,7 +450,7 @@ class Nemesis(threading.Thread):
         rng: random.Random,
         *,
         pause: tuple[float, float] = (1.0, 3.0),
-        wait: float = 30.0,
+        wait: float = 90.0,  # a loaded machine takes a while to start Spark
     ) -> None:
         super().__init__(name="nemesis", daemon=True)
         self.arena, self.schedule, self.rng = arena, schedule, rng
@@ -510,7 +512,7 @@ def play(
     applies ``schedule``'s faults; then count. ``rounds(n)`` says whether round ``n`` runs."""
     started = time.time()
     nemesis = Nemesis(arena, schedule, rng, pause=pause)
-    runs = 0
+    runs = died = 0
     round_no = 0
     nemesis.start()
     try:
@@ -522,6 +524,7 @@ def play(
                 log.warning("nemesis: job run %d ended with %d", runs, code)
                 if code == 0:
                     break
+                died += 1
             round_no += 1
     finally:
         nemesis.stopping.set()
@@ -533,11 +536,17 @@ def play(
         runs += 1
         if run_job(arena, timeout=600) == 0:
             break
-    return count(arena, nemesis.done, runs, seed, time.time() - started)
+        died += 1
+    return count(arena, nemesis.done, runs, died, seed, time.time() - started)
 
 
 def count(
-    arena: Arena, faults: list[Injected], runs: int, seed: int | None, seconds: float
+    arena: Arena,
+    faults: list[Injected],
+    runs: int,
+    died: int,
+    seed: int | None,
+    seconds: float,
 ) -> Verdict:
     client = arena.client()
     registry = arena.registry()
@@ -575,6 +584,7 @@ def count(
         view_ok=view_ok,
         batches=len(commits),
         job_runs=runs,
+        restarts=died,
         faults=faults,
         max_recover_s=round(max(recover, default=0.0), 1),
         seconds=round(seconds, 1),
