@@ -10,8 +10,8 @@ tree at test time: it
 4. copies ``tests/`` (with ``docs/`` and ``pyproject.toml``, which tests and pytest's
    configuration read) into a directory that holds no ``txsink/``, checks that ``import
    txsink`` resolves inside the venv, and runs there, without ``PYTHONPATH``:
-   the unit tests, one end-to-end streaming test (a driver crashed after PREPARE and
-   restarted, from ``test_spark_crashes.py``) and the Spark Connect test,
+   the unit tests, one end-to-end streaming test (a ``foreach_batch`` driver crashed
+   after PREPARE and restarted, from ``test_spark_crashes.py``) and the Spark Connect test,
 
 then prints one row per version. Exit status 1 if any step failed (skips are not failures).
 Logs of every step are kept under ``--work`` (default: a temporary directory, kept when a
@@ -38,7 +38,7 @@ STEPS: dict[str, list[str]] = {
     "e2e streaming": [
         "tests/integration/test_spark_crashes.py",
         "-k",
-        "test_crash_at_fault_point_then_restart and after_prepare",
+        "test_foreach_batch_helper_crashed_after_prepare_is_exact",
     ],
     "spark connect": ["tests/integration/test_spark_connect.py"],
 }
