@@ -125,17 +125,3 @@ def fresh_db(ch: Client) -> Iterator[str]:
         yield name
     finally:
         ch.command(f"DROP DATABASE IF EXISTS {name} SYNC")
-
-
-@pytest.fixture(scope="module")
-def nemesis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A stack of its own for tests that kill and restart its services (so the shared
-    ``stack`` of every other test is never disturbed)."""
-    from tests.nemesis.services import Services
-
-    root = tmp_path_factory.mktemp("nemesis-stack")
-    services = Services(embedded.up(root, free_port(), free_port(), timeout=90))
-    try:
-        yield services
-    finally:
-        embedded.down(root)

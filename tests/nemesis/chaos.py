@@ -9,7 +9,7 @@ driver in its own process, restarted like a supervisor would when it dies) while
 nemesis thread applies faults one after another, then checks
 ``count() == uniqExact(id) == produced`` (and the view's totals in dedup mode).
 
-- The integration tests (``tests/integration/test_nemesis_stream.py``, in ``make test``)
+- The integration tests (``tests/integration/nemesis/test_stream_faults.py``, in ``make test``)
   play a fixed list of faults and assert that every one of them really happened.
 - ``make chaos`` (``python -m tests.nemesis.chaos --minutes 15 --seed S``) draws faults at
   random from :data:`FAULTS` with a seed for as long as asked and prints the verdict table.
@@ -509,14 +509,16 @@ def play(
     pause: tuple[float, float] = (1.0, 3.0),
 ) -> Verdict:
     """Run rounds (grow the source, run the job until it finishes it) while the nemesis
-    applies ``schedule``'s faults; then count. ``rounds(n)`` says whether round ``n`` runs."""
+    applies ``schedule``'s faults; then count. ``rounds(n)`` says whether round ``n`` runs;
+    rounds go on anyway while the schedule has faults left, so each one meets a stream."""
     started = time.time()
     nemesis = Nemesis(arena, schedule, rng, pause=pause)
     runs = died = 0
     round_no = 0
     nemesis.start()
     try:
-        while rounds(round_no) and runs < max_runs:
+        # a round more while the nemesis still has faults to play (or one under way)
+        while (rounds(round_no) or nemesis.is_alive()) and runs < max_runs:
             arena.grow(files_per_round)
             while runs < max_runs:
                 runs += 1

@@ -2,7 +2,7 @@
 endpoint or ZooKeeper (SIGKILL, same data directory, same port) and expire a Keeper
 session on purpose.
 
-Used by the nemesis tests (``tests/integration/test_nemesis_*.py``) and by ``make chaos``
+Used by the nemesis tests (``tests/integration/nemesis/``) and by ``make chaos``
 (``tests/nemesis/chaos.py``). Every action is logged on ``txsink.nemesis`` so a failing
 run says which fault came when.
 """

@@ -9,43 +9,21 @@ nothing is moved again before the server is seen to be quiet.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
 import pytest
 
 from tests.integration.conftest import client_for
-from tests.integration.test_nemesis_keeper import at, open_handle
+from tests.integration.nemesis.test_keeper_faults import at, open_handle
 from tests.integration.test_rollback_races import SCHEMA, counts, prepared_record
 from tests.nemesis.services import Services
 from txsink.driver import JobHandle
 from txsink.protocol.ids import staging_name
 from txsink.protocol.states import StagedPart, XidState
-
-
-@pytest.fixture
-def ch(nemesis: Services) -> Iterator[Any]:
-    client = client_for(nemesis.info)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def target(ch: Any) -> Iterator[str]:
-    db = f"n_{uuid.uuid4().hex[:10]}"
-    ch.command(f"CREATE DATABASE {db}")
-    ch.command(
-        f"CREATE TABLE {db}.t (id Int64, p UInt8) ENGINE = MergeTree PARTITION BY p ORDER BY id"
-    )
-    yield f"{db}.t"
-    with contextlib.suppress(Exception):  # the endpoint may have been killed by the test
-        ch.command(f"DROP DATABASE IF EXISTS {db} SYNC")
 
 
 def stage_parts(handle: JobHandle, xid: str, ids: range, blocks: int = 1) -> list[StagedPart]:

@@ -9,36 +9,17 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from tests.integration.conftest import client_for
 from tests.integration.test_rollback_races import counts, stage
 from tests.nemesis.services import Services, expire_session
 from txsink.config import WriterConfig
 from txsink.driver import JobHandle, open_job
 from txsink.errors import CommitOutcomeUnknown
 from txsink.protocol.states import XidState
-
-
-@pytest.fixture
-def ch(nemesis: Services) -> Iterator[Any]:
-    client = client_for(nemesis.info)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def target(ch: Any) -> Iterator[str]:
-    db = f"n_{uuid.uuid4().hex[:10]}"
-    ch.command(f"CREATE DATABASE {db}")
-    ch.command(
-        f"CREATE TABLE {db}.t (id Int64, p UInt8) ENGINE = MergeTree PARTITION BY p ORDER BY id"
-    )
-    yield f"{db}.t"
-    ch.command(f"DROP DATABASE IF EXISTS {db} SYNC")
 
 
 def open_handle(nemesis: Services, target: str, **options: str) -> JobHandle:

@@ -1,0 +1,3 @@
+"""Nemesis tests: ClickHouse, ZooKeeper and the network fail under a writer.
+
+See docs/reliability.md."""
