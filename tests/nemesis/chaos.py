@@ -270,14 +270,10 @@ def _rejected(client: Any) -> int:
 
 
 def _descendants(root: int) -> list[int]:
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(stat.rsplit(")", 1)[-1].split()[1])
+    """Every process below ``root`` (the job's driver): its JVM, pyspark daemons, workers."""
+    parents = {
+        int(e.name): _parent(int(e.name)) for e in Path("/proc").iterdir() if e.name.isdigit()
+    }
     found, frontier = [], [root]
     while frontier:
         pid = frontier.pop()
