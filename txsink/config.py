@@ -97,24 +97,14 @@ def _int(key: str, raw: str, minimum: int = 0) -> int:
     return value
 
 
-def _float(key: str, raw: str) -> float:
+def _float(key: str, raw: str, *, zero_ok: bool = False) -> float:
+    """A number of seconds, > 0 (or >= 0 with ``zero_ok``: 0 turns the thing off)."""
     try:
         value = float(raw)
     except ValueError:
         raise ConfigError(f"option {key!r} must be a number of seconds, got {raw!r}") from None
-    if value <= 0:
-        raise ConfigError(f"option {key!r} must be > 0, got {value}")
-    return value
-
-
-def _seconds(key: str, raw: str) -> float:
-    """A duration that may be 0 (off)."""
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"option {key!r} must be a number of seconds, got {raw!r}") from None
-    if value < 0:
-        raise ConfigError(f"option {key!r} must be >= 0, got {value}")
+    if value < 0 or (value == 0 and not zero_ok):
+        raise ConfigError(f"option {key!r} must be {'>=' if zero_ok else '>'} 0, got {value}")
     return value
 
 
@@ -247,7 +237,7 @@ class WriterConfig:
             keeper_root="/" + raw["keeper_root"].strip("/"),
             keeper_auth=raw["keeper_auth"],
             keeper_timeout=_float("keeper_timeout", raw["keeper_timeout"]),
-            keeper_retry_s=_seconds("keeper_retry_s", raw["keeper_retry_s"]),
+            keeper_retry_s=_float("keeper_retry_s", raw["keeper_retry_s"], zero_ok=True),
             block_rows=_int("block_rows", raw["block_rows"], 1),
             block_bytes=_int("block_bytes", raw["block_bytes"], 1024),
             compress=compress,
@@ -257,7 +247,7 @@ class WriterConfig:
             ca_cert=raw["ca_cert"],
             retry_attempts=_int("retry_attempts", raw["retry_attempts"], 1),
             retry_max_wait=_float("retry_max_wait", raw["retry_max_wait"]),
-            publish_retry_s=_seconds("publish_retry_s", raw["publish_retry_s"]),
+            publish_retry_s=_float("publish_retry_s", raw["publish_retry_s"], zero_ok=True),
             txn_version=_int("txn_version", raw["txn_version"]) if raw["txn_version"] else None,
             retention=_int("retention", raw["retention"], 1),
             dedup_order_by=tuple(c.strip() for c in raw["dedup_order_by"].split(",") if c.strip()),
