@@ -44,6 +44,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 MODULES = {
     "throughput": "throughput",
     "commit": "commit_overhead",
+    "latency": "micro_batch",
     "recovery": "recovery",
     "sweep": "trigger_sweep",
     "memory": "memory",

@@ -11,9 +11,13 @@ superseded can never take the job back (``runs/<run id>`` remembers it).
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import logging
+import os
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,6 +101,150 @@ def open_job(config: WriterConfig) -> JobHandle:
             publish_retry_s=config.publish_retry_s,
         ),
     )
+
+
+# ------------------------------------------------------------------ reuse of connections
+# Spark reuses its Python workers between tasks and between micro-batches: executors, the
+# driver-side worker that plans a write and the one that runs commits. A Keeper session
+# (~10 ms) and a ClickHouse handshake (~20-50 ms) opened for one task or commit can serve
+# the next, which is most of the fixed cost of a small micro-batch. Rules:
+# - a borrowed object is the borrower's alone until it is given back;
+# - one whose user raised is closed, never lent again (its state is unknown);
+# - a Keeper session is lent only while connected (kazoo reconnects by itself; a
+#   session that is down is closed and a new one opened, with the usual errors);
+# - a forked child starts with an empty pool: it must not touch its parent's sockets.
+# Correctness never depends on a session's identity: fencing is by epoch tokens in the
+# data, not by ephemeral nodes.
+
+_MAX_IDLE = 4  # idle objects kept per connection identity
+
+
+class _Pool:
+    def __init__(self) -> None:
+        self.idle: dict[tuple[Any, ...], list[Any]] = {}
+        self.lock = threading.Lock()
+
+    def reset(self) -> None:
+        """In a forked child: forget the parent's objects (never used, never closed here;
+        the lock may have been held by a thread the child does not have)."""
+        self.idle = {}
+        self.lock = threading.Lock()
+
+
+_pool = _Pool()
+os.register_at_fork(after_in_child=_pool.reset)
+
+
+def _close_quietly(obj: Any) -> None:
+    close = getattr(obj, "close", None)
+    if close is not None:
+        with contextlib.suppress(Exception):
+            close()
+
+
+@atexit.register
+def close_pooled() -> None:
+    """Close every idle pooled connection (also at interpreter exit)."""
+    with _pool.lock:
+        doomed = [obj for objs in _pool.idle.values() for obj in objs]
+        _pool.idle.clear()
+    for obj in doomed:
+        _close_quietly(obj)
+
+
+def _registry_key(config: WriterConfig) -> tuple[Any, ...]:
+    return (
+        "keeper",
+        config.keeper,
+        config.keeper_root,
+        config.keeper_auth,
+        config.keeper_timeout,
+        config.keeper_retry_s,
+    )
+
+
+def _client_key(config: WriterConfig) -> tuple[Any, ...]:
+    return (
+        "clickhouse",
+        config.url,
+        config.user,
+        config.password,
+        config.connect_timeout,
+        config.send_receive_timeout,
+        config.verify,
+        config.ca_cert,
+        config.compress,
+        config.retry_attempts,
+        config.retry_max_wait,
+    )
+
+
+@contextlib.contextmanager
+def _borrowed(
+    key: tuple[Any, ...], usable: Callable[[Any], bool], opener: Callable[[], Any]
+) -> Iterator[Any]:
+    found = None
+    stale: list[Any] = []
+    with _pool.lock:
+        idle = _pool.idle.get(key, [])
+        while idle:
+            candidate = idle.pop()
+            if usable(candidate):
+                found = candidate
+                break
+            stale.append(candidate)
+    for obj in stale:
+        _close_quietly(obj)
+    obj = found if found is not None else opener()
+    try:
+        yield obj
+    except BaseException:
+        _close_quietly(obj)
+        raise
+    with _pool.lock:
+        idle = _pool.idle.setdefault(key, [])
+        if len(idle) < _MAX_IDLE:
+            idle.append(obj)
+            return
+    _close_quietly(obj)
+
+
+def borrowed_registry(config: WriterConfig) -> contextlib.AbstractContextManager[Registry]:
+    """A Keeper registry for ``config`` from this process's pool (or a new one)."""
+
+    def usable(registry: Any) -> bool:
+        return bool(getattr(registry, "reusable", lambda: False)())
+
+    return _borrowed(_registry_key(config), usable, lambda: open_registry(config))
+
+
+def borrowed_warehouse(config: WriterConfig) -> contextlib.AbstractContextManager[Any]:
+    """A ClickHouse warehouse for ``config`` whose client comes from this process's pool."""
+
+    @contextlib.contextmanager
+    def lend() -> Iterator[Any]:
+        with _borrowed(_client_key(config), lambda _: True, lambda: open_client(config)) as c:
+            yield open_warehouse(config, c)
+
+    return lend()
+
+
+@contextlib.contextmanager
+def borrowed_job(config: WriterConfig) -> Iterator[JobHandle]:
+    """:func:`open_job` on pooled connections; nothing to close."""
+    with borrowed_registry(config) as registry, borrowed_warehouse(config) as warehouse:
+        yield JobHandle(
+            config,
+            registry,
+            warehouse,
+            Transactor(
+                registry,
+                warehouse,
+                config.job,
+                retention=config.retention,
+                publish_retry_s=config.publish_retry_s,
+            ),
+        )
 
 
 def job_meta(

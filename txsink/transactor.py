@@ -80,6 +80,46 @@ def default_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+@dataclass(frozen=True)
+class _Moves:
+    """Consecutive :class:`plans.Publish` steps of one staging table into one target: one
+    ``ALTER TABLE staging MOVE PARTITION ..., MOVE PARTITION ...`` round trip. Each
+    command stays atomic per (staging table, partition), as one by one; a failure part-way
+    leaves moved and unmoved partitions, which a resumed publish tells apart as always."""
+
+    staging: str
+    target: str
+    partition_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _Drops:
+    """Consecutive :class:`plans.DropStaging` steps: one ``DROP TABLE a, b, ...``."""
+
+    tables: tuple[str, ...]
+
+
+def _grouped(ops: Sequence[Any]) -> list[Any]:
+    """``ops`` with runs of moves out of one staging table, and runs of drops, merged
+    into one statement each; the order of everything else is kept."""
+    out: list[Any] = []
+    for op in ops:
+        last = out[-1] if out else None
+        if isinstance(op, plans.Publish):
+            if isinstance(last, _Moves) and (last.staging, last.target) == (op.staging, op.target):
+                out[-1] = replace(last, partition_ids=(*last.partition_ids, op.partition_id))
+            else:
+                out.append(_Moves(op.staging, op.target, (op.partition_id,)))
+        elif isinstance(op, plans.DropStaging):
+            if isinstance(last, _Drops):
+                out[-1] = _Drops((*last.tables, op.table))
+            else:
+                out.append(_Drops((op.table,)))
+        else:
+            out.append(op)
+    return out
+
+
 class Transactor:
     """Runs prepare / publish / record / recover for one job."""
 
@@ -325,7 +365,16 @@ class Transactor:
         :func:`visibility.plan_batch_publish`) in order, with the fault points between
         its steps; an Alarm stops it before anything else runs."""
         moved = 0
-        for op in ops:
+        for op in _grouped(ops):
+            if isinstance(op, _Moves):
+                self.warehouse.move_partitions(op.staging, op.partition_ids, op.target)
+                moved += 1
+                if moved == 1:
+                    self.fault("driver.mid_commit")
+                continue
+            if isinstance(op, _Drops):
+                self.warehouse.drop_stagings(op.tables)
+                continue
             if isinstance(op, plans.Evidence) and op.kind != "uuid":
                 log.warning(
                     "job %s: xid %s: partition %s of %s has no rows left; counted as "

@@ -30,6 +30,14 @@ class MemoryWarehouse:
         self.targets.setdefault(target, {}).setdefault(partition_id, []).extend(rows)
         self.moves += 1
 
+    def move_partitions(self, staging: str, partition_ids: Sequence[str], target: str) -> None:
+        for partition_id in partition_ids:
+            self.move_partition(staging, partition_id, target)
+
+    def drop_stagings(self, tables: Sequence[str]) -> None:
+        for table in tables:
+            self.drop_staging(table)
+
     def staged_partitions(
         self, table: str, every_part: bool = False
     ) -> dict[str, tuple[int, tuple[str, ...]]]:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -105,7 +105,11 @@ class Warehouse(Protocol):
 
     def move_partition(self, staging: str, partition_id: str, target: str) -> None: ...
 
+    def move_partitions(self, staging: str, partition_ids: Sequence[str], target: str) -> None: ...
+
     def drop_staging(self, table: str) -> None: ...
+
+    def drop_stagings(self, tables: Sequence[str]) -> None: ...
 
     def list_staging(self, prefix: str) -> list[str]: ...
 
@@ -278,15 +282,33 @@ class ClickHouseWarehouse:
         )
         return {name: {"rows": int(r), "bytes": int(b)} for name, r, b in rows}
 
-    def target_info(self, target: str) -> TargetInfo:
-        """Everything compat checks need about ``db.table``; ConfigError if it is missing."""
+    def target_info(self, target: str, *, views: bool = True) -> TargetInfo:
+        """Everything compat checks need about ``db.table``; ConfigError if it is missing.
+
+        One round trip (scalar subqueries over the system tables): it runs for every
+        staging table a task creates. ``views=False`` skips the scan of materialized views
+        (a staging table has none)."""
         db, name = split_table(target)
+        sub = "WHERE database = {db:String} AND table = {t:String}"
+        mvs = (
+            "(SELECT groupArray((database, name, if(as_select != '', as_select, "
+            "create_table_query))) FROM system.tables WHERE engine = 'MaterializedView')"
+            if views
+            else "[]"
+        )
         rows = self.client.query_rows(
             "SELECT engine, engine_full, partition_key, sorting_key, primary_key, "
             "sampling_key, storage_policy, dependencies_database, dependencies_table, "
-            "create_table_query FROM system.tables "
-            "WHERE database = {db:String} AND name = {t:String}",
-            parameters={"db": db, "t": name},
+            "create_table_query, "
+            "(SELECT groupArray((position, name, type, default_kind, default_expression, "
+            f"compression_codec)) FROM system.columns {sub}), "
+            "(SELECT groupArray((name, type_full, toString(granularity), expr)) "
+            f"FROM system.data_skipping_indices {sub}), "
+            f"(SELECT groupArray((name, query)) FROM system.projections {sub}), "
+            "(SELECT groupArray((name, value)) FROM system.merge_tree_settings "
+            f"WHERE name IN {{names:Array(String)}}), {mvs} "
+            "FROM system.tables WHERE database = {db:String} AND name = {t:String}",
+            parameters={"db": db, "t": name, "names": list(MERGE_TREE_SETTING_KEYS)},
             what=f"inspect {target}",
             table=target,
         )
@@ -296,48 +318,22 @@ class ClickHouseWarehouse:
                 f"fix the table option",
                 code=60,
             )
-        engine, engine_full, pkey, skey, prkey, sampling, policy, dep_dbs, dep_tables, ddl = rows[0]
-        columns = tuple(
-            ColumnInfo(n, t, k, e, c)
-            for n, t, k, e, c in self.client.query_rows(
-                "SELECT name, type, default_kind, default_expression, compression_codec "
-                "FROM system.columns "
-                "WHERE database = {db:String} AND table = {t:String} ORDER BY position",
-                parameters={"db": db, "t": name},
-                what=f"read columns of {target}",
-            )
-        )
-        views = {f"{d}.{t}" for d, t in zip(dep_dbs, dep_tables, strict=False)}
-        views |= self._views_reading(db, name)
-        indices = tuple(
-            f"{n} TYPE {tf} GRANULARITY {g} ON {e}"
-            for n, tf, g, e in self.client.query_rows(
-                "SELECT name, type_full, granularity, expr FROM system.data_skipping_indices "
-                "WHERE database = {db:String} AND table = {t:String} ORDER BY name",
-                parameters={"db": db, "t": name},
-                what=f"read skip indices of {target}",
-            )
-        )
-        projections = tuple(
-            f"{n}: {q}"
-            for n, q in self.client.query_rows(
-                "SELECT name, query FROM system.projections "
-                "WHERE database = {db:String} AND table = {t:String} ORDER BY name",
-                parameters={"db": db, "t": name},
-                what=f"read projections of {target}",
-            )
-        )
+        (
+            engine, engine_full, pkey, skey, prkey, sampling, policy, dep_dbs, dep_tables, ddl,
+            cols, idx, projs, defaults, views_found,
+        ) = rows[0]  # fmt: skip
+        columns = tuple(ColumnInfo(n, t, k, e, c) for _, n, t, k, e, c in sorted(cols))
+        found = {f"{d}.{t}" for d, t in zip(dep_dbs, dep_tables, strict=False)}
+        found |= {
+            f"{vdb}.{vname}"
+            for vdb, vname, select in views_found
+            if reads_from(str(select), str(vdb), db, name)
+        }
+        indices = tuple(f"{n} TYPE {tf} GRANULARITY {g} ON {e}" for n, tf, g, e in sorted(idx))
+        projections = tuple(f"{n}: {q}" for n, q in sorted(projs))
         settings: dict[str, str] = {}
         if str(engine).endswith("MergeTree"):
-            settings.update(
-                (k, str(v))
-                for k, v in self.client.query_rows(
-                    "SELECT name, value FROM system.merge_tree_settings "
-                    "WHERE name IN {names:Array(String)}",
-                    parameters={"names": list(MERGE_TREE_SETTING_KEYS)},
-                    what="read merge_tree_settings defaults",
-                )
-            )
+            settings.update((k, str(v)) for k, v in defaults)
             settings.update(parse_settings_clause(str(engine_full)))
         return TargetInfo(
             database=db,
@@ -350,7 +346,7 @@ class ClickHouseWarehouse:
             sampling_key=str(sampling),
             storage_policy=str(policy),
             columns=columns,
-            dependent_views=tuple(sorted(views)),
+            dependent_views=tuple(sorted(found)),
             settings=settings,
             skip_indices=indices,
             projections=projections,
@@ -359,30 +355,27 @@ class ClickHouseWarehouse:
         )
 
     def dependent_views(self, target: str) -> tuple[str, ...]:
-        """Materialized views fed by ``db.table`` now (the commit's re-check of attach mode)."""
+        """Materialized views fed by ``db.table`` now (the commit's re-check of attach
+        mode), by ``dependencies_table`` and by a scan of every view's SELECT (older
+        servers fill the former inconsistently); one round trip."""
         db, name = split_table(target)
         rows = self.client.query_rows(
-            "SELECT dependencies_database, dependencies_table FROM system.tables "
-            "WHERE database = {db:String} AND name = {t:String}",
+            "SELECT 1, dependencies_database, dependencies_table, '' FROM system.tables "
+            "WHERE database = {db:String} AND name = {t:String} "
+            "UNION ALL "
+            "SELECT 2, [database], [name], if(as_select != '', as_select, create_table_query) "
+            "FROM system.tables WHERE engine = 'MaterializedView'",
             parameters={"db": db, "t": name},
             what=f"read views of {target}",
             table=target,
         )
-        views = {f"{d}.{t}" for dbs, ts in rows for d, t in zip(dbs, ts, strict=False)}
-        return tuple(sorted(views | self._views_reading(db, name)))
-
-    def _views_reading(self, db: str, name: str) -> set[str]:
-        """Materialized views whose SELECT reads FROM ``db.name`` (belt to the
-        ``dependencies_table`` braces, which older servers fill inconsistently)."""
-        found: set[str] = set()
-        for vdb, vname, select in self.client.query_rows(
-            "SELECT database, name, if(as_select != '', as_select, create_table_query) "
-            "FROM system.tables WHERE engine = 'MaterializedView'",
-            what="list materialized views",
-        ):
-            if reads_from(str(select), str(vdb), db, name):
-                found.add(f"{vdb}.{vname}")
-        return found
+        views: set[str] = set()
+        for kind, dbs, names, select in rows:
+            if kind == 1:
+                views |= {f"{d}.{t}" for d, t in zip(dbs, names, strict=False)}
+            elif reads_from(str(select), str(dbs[0]), db, name):
+                views.add(f"{dbs[0]}.{names[0]}")
+        return tuple(sorted(views))
 
     # ------------------------------------------------------------------ staging lifecycle
 
@@ -395,21 +388,38 @@ class ClickHouseWarehouse:
     def create_staging(self, target: str, table: str, expected: TargetInfo | None = None) -> None:
         """(Re)create ``staging_db.table`` as an exact structural copy of ``target``.
 
-        A table of the same name is garbage from an earlier try of the same task attempt
-        id (never reused within an epoch), so it is dropped first. ``expected`` is the
-        target as the driver saw it (saves one round of system-table queries per task);
-        on a mismatch the target is read again before giving up, in case it was altered.
+        ``CREATE TABLE ... AS target SETTINGS <STAGING_SETTINGS>`` (the settings override
+        the target's own), then one read of the copy to check it can be moved and really
+        carries those settings (an ALTER adds them otherwise), and an ALTER removing
+        inherited TTLs if there are any: two or three round trips per task. A table of
+        the same name is garbage from an earlier try of the same task attempt id (never
+        reused within an epoch): it is dropped and the table created again. ``expected``
+        is the target as the driver saw it (saves one round of system-table queries per
+        task); on a mismatch the target is read again before giving up, in case it was
+        altered.
         """
         fq = self._staging(table, "create")
         db, name = split_table(target)
-        self.client.command(f"DROP TABLE IF EXISTS {fq} SYNC", table=f"{self.staging_db}.{table}")
-        self.client.command(
-            f"CREATE TABLE {fq} AS {qualified(db, name)}",
-            idempotent=False,  # a blind repeat after a lost reply fails "already exists"
-            table=target,
-            what=f"create staging {self.staging_db}.{table} AS {target}",
-        )
-        staged = self.target_info(f"{self.staging_db}.{table}")
+        settings = ", ".join(f"{k} = {v}" for k, v in STAGING_SETTINGS.items())
+
+        def create() -> None:
+            self.client.command(
+                f"CREATE TABLE {fq} AS {qualified(db, name)} SETTINGS {settings}",
+                idempotent=False,  # a blind repeat after a lost reply fails "already exists"
+                table=target,
+                what=f"create staging {self.staging_db}.{table} AS {target}",
+            )
+
+        try:
+            create()
+        except TxSinkError as exc:
+            if exc.code != 57:  # TABLE_ALREADY_EXISTS
+                raise
+            self.client.command(
+                f"DROP TABLE IF EXISTS {fq} SYNC", table=f"{self.staging_db}.{table}"
+            )
+            create()
+        staged = self.target_info(f"{self.staging_db}.{table}", views=False)
         wanted = expected or self.target_info(target)
         problem = check_move_compat(staged, wanted)
         if problem and expected is not None:
@@ -426,14 +436,19 @@ class ClickHouseWarehouse:
         A TTL inherited from the target would delete old rows (late or backfilled data)
         in a TTL merge before publish; a column TTL would reset their values. Removing
         both from staging does not stop MOVE PARTITION into the target (checked on
-        26.9), which applies its own TTL after the move. Everything here is table
-        metadata, so it survives a server restart.
+        26.9), which applies its own TTL after the move. The settings normally came
+        with the CREATE; they are added here if the server did not keep them. Everything
+        here is table metadata, so it survives a server restart.
         """
         clauses = ["REMOVE TTL"] if staged.table_ttl else []
         clauses += [f"MODIFY COLUMN {quote_ident(c)} REMOVE TTL" for c in staged.ttl_columns]
-        clauses.append(
-            "MODIFY SETTING " + ", ".join(f"{k} = {v}" for k, v in STAGING_SETTINGS.items())
-        )
+        have = parse_settings_clause(staged.engine_full)
+        if any(have.get(k) != str(v) for k, v in STAGING_SETTINGS.items()):
+            clauses.append(
+                "MODIFY SETTING " + ", ".join(f"{k} = {v}" for k, v in STAGING_SETTINGS.items())
+            )
+        if not clauses:
+            return
         self.client.command(
             f"ALTER TABLE {fq} {', '.join(clauses)}",
             idempotent=True,
@@ -442,8 +457,16 @@ class ClickHouseWarehouse:
         )
 
     def drop_staging(self, table: str) -> None:
-        fq = self._staging(table, "drop")
-        self.client.command(f"DROP TABLE IF EXISTS {fq} SYNC", table=f"{self.staging_db}.{table}")
+        self.drop_stagings([table])
+
+    def drop_stagings(self, tables: Sequence[str]) -> None:
+        """Drop staging tables, all in one ``DROP TABLE IF EXISTS a, b, ... SYNC``."""
+        names = [self._staging(t, "drop") for t in tables]
+        if names:
+            self.client.command(
+                f"DROP TABLE IF EXISTS {', '.join(names)} SYNC",
+                table=f"{self.staging_db}.{tables[0]}",
+            )
 
     def create_batch_staging(self, table: str, like: str) -> None:
         """Create the batch staging ``table`` (``visibility=batch``) as a copy of the task
@@ -509,24 +532,38 @@ class ClickHouseWarehouse:
 
     def move_partition(self, staging: str, partition_id: str, target: str) -> None:
         """Publish one staged partition. Idempotent: once moved, a repeat moves nothing."""
+        self.move_partitions(staging, [partition_id], target)
+
+    def move_partitions(self, staging: str, partition_ids: Sequence[str], target: str) -> None:
+        """Publish staged partitions of one staging table, in one ALTER with one MOVE
+        command per partition (one round trip however many partitions: each command is
+        atomic per partition, not the statement). Idempotent: a partition already moved
+        moves nothing, so a repeat moves only what is left."""
         fq = self._staging(staging, "move partitions out of")
-        if not _PARTITION_ID_RE.match(partition_id):
-            raise ConfigError(
-                f"partition id {partition_id!r} of staging {staging} is not a ClickHouse "
-                "partition id; the manifest is corrupt: run `txsink verify`"
-            )
+        for partition_id in partition_ids:
+            if not _PARTITION_ID_RE.match(partition_id):
+                raise ConfigError(
+                    f"partition id {partition_id!r} of staging {staging} is not a ClickHouse "
+                    "partition id; the manifest is corrupt: run `txsink verify`"
+                )
+        if not partition_ids:
+            return
         db, name = split_table(target)
+        dest = qualified(db, name)
+        commands = ", ".join(
+            f"MOVE PARTITION ID {quote_literal(p)} TO TABLE {dest}" for p in partition_ids
+        )
+        shown = partition_ids[0] if len(partition_ids) == 1 else f"s {', '.join(partition_ids)}"
 
         def move(note: str = "") -> None:
             # Not retried blindly: a repeat sent while the first MOVE still runs on the
             # server could copy the same parts twice. An ambiguous failure surfaces, and
             # the resumed publish re-observes (staging rows, part UUIDs in the target).
             self.client.command(
-                f"ALTER TABLE {fq} MOVE PARTITION ID {quote_literal(partition_id)} "
-                f"TO TABLE {qualified(db, name)}",
+                f"ALTER TABLE {fq} {commands}",
                 idempotent=False,
                 table=f"{self.staging_db}.{staging}",
-                what=f"MOVE PARTITION ID {partition_id} of {self.staging_db}.{staging} "
+                what=f"MOVE PARTITION ID{shown} of {self.staging_db}.{staging} "
                 f"TO TABLE {target}{note}",
             )
 

@@ -288,6 +288,15 @@ class KazooConn:
         # Bounded: a request queued while kazoo reconnects would otherwise wait forever.
         return async_result.get(timeout=self.timeout)
 
+    def reusable(self) -> bool:
+        """Whether the session can serve another borrower (:mod:`txsink.driver`'s pool):
+        open, connected now. Paths remembered as existing are forgotten: another process
+        may have deleted them since."""
+        if self._closed or self.client is None or not self.client.connected:
+            return False
+        self.known_paths.clear()
+        return True
+
     def close(self) -> None:
         """Stop the session if this object started it (a reused client stays open)."""
         if self._closed:

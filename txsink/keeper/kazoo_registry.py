@@ -837,6 +837,10 @@ class KazooRegistry:
                 self._client.delete(path, recursive=True)
         self._conn.known_paths = {p for p in self._conn.known_paths if not p.startswith(path)}
 
+    def reusable(self) -> bool:
+        """Whether this registry's session can be lent out again (see KazooConn)."""
+        return self._conn.reusable()
+
     def close(self) -> None:
         """Stop the session if this registry started it (a reused client stays open)."""
         self._conn.close()

@@ -26,6 +26,7 @@ mode, new views: :mod:`txsink.spark.writer`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -148,12 +149,16 @@ def check_pinned(
 
 def validate(config: WriterConfig, schema: StructType) -> WritePlan:
     """The write plan; the target inspection is cached, the job's pinned mode never is
-    (an operator's `txsink mode` must take effect at the next batch)."""
-    key = (config, schema.json())
+    (an operator's `txsink mode` must take effect at the next batch).
+
+    The cache ignores what changes from one save to the next without changing the
+    target (``txn_version`` and ``run_id``: ``foreach_batch`` sets both per batch); the
+    plan returned always carries the caller's own config."""
+    key = (dataclasses.replace(config, txn_version=None, run_id=""), schema.json())
     hit = _cache.get(key)
     fresh = hit is not None and time.monotonic() - hit[0] < CACHE_SECONDS
     if hit is not None and fresh and read_pin(config)[0] in (None, hit[1].mode):
-        return hit[1]
+        return dataclasses.replace(hit[1], config=config)
     plan = _validate(config, schema)
     _cache[key] = (time.monotonic(), plan)
     return plan
@@ -162,20 +167,16 @@ def validate(config: WriterConfig, schema: StructType) -> WritePlan:
 def read_pin(config: WriterConfig) -> tuple[str | None, str]:
     """(the job's pinned mode or None, the Keeper store's namespace); also proves Keeper
     reachable (UnavailableError names it otherwise)."""
-    from txsink.driver import open_registry
+    from txsink.driver import borrowed_registry
 
-    registry = open_registry(config)
-    try:
+    with borrowed_registry(config) as registry:
         return pinned_mode(registry.job_meta(config.job), config.table), registry.namespace()
-    finally:
-        registry.close()
 
 
 def _validate(config: WriterConfig, schema: StructType) -> WritePlan:
-    from txsink.driver import open_warehouse
+    from txsink.driver import borrowed_warehouse
 
-    warehouse: Any = open_warehouse(config)
-    try:
+    with borrowed_warehouse(config) as warehouse:
         info = warehouse.target_info(config.table)
         strict = not_nullable(info.columns)
         fields = [
@@ -198,10 +199,6 @@ def _validate(config: WriterConfig, schema: StructType) -> WritePlan:
             raise ConfigError(f"job {config.job}: {refusal}. Nothing was written")
         if mode == "attach":
             warehouse.ensure_staging_db()
-    finally:
-        close = getattr(getattr(warehouse, "client", None), "close", None)
-        if close:
-            close()
     return WritePlan(
         config,
         mode,

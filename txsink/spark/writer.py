@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import WriterCommitMessage
 
@@ -25,6 +25,9 @@ from txsink.errors import ConfigError, FencedError, SchemaMismatch, TxSinkError,
 from txsink.faults import fault_point
 from txsink.protocol.ids import batch_xid, parse_staging, run_tag, staging_name
 from txsink.protocol.states import Mode, StagedPart, XidState
+
+if TYPE_CHECKING:
+    from txsink.driver import JobHandle
 
 log = logging.getLogger(__name__)
 
@@ -118,18 +121,15 @@ def already_committed(plan: WritePlan, xid: str, batch: int | None) -> bool:
         # driver and is committed only after every task finished, so no task can find it
         # committed; skipping the check saves a Keeper session per task
         return False
-    from txsink.driver import open_registry
+    from txsink.driver import borrowed_registry
 
     job = plan.config.job
     last = None
     try:
-        registry = open_registry(plan.config)
-        try:
+        with borrowed_registry(plan.config) as registry:
             record = registry.get(job, xid)
             if record is None and batch is not None:
                 last = registry.ledger(job).get("last_batch")
-        finally:
-            registry.close()
     except UnavailableError:
         return False
     if record is not None:
@@ -166,13 +166,27 @@ def write_partition(plan: WritePlan, batches: Iterator[Any]) -> TxCommitMessage:
             plan, batches, run_id, xid, batch, ctx, started
         )
         return message
-    from txsink.driver import open_warehouse
-
-    warehouse = open_warehouse(plan.config)
-    cfg = plan.config
     first = next(batches, None)
     if first is None:
         return TxCommitMessage(run_id, xid, batch, seconds=time.time() - started, extra=ident)
+    from txsink.driver import borrowed_warehouse
+
+    with borrowed_warehouse(plan.config) as warehouse:
+        return _stage(plan, warehouse, first, batches, (run_id, xid, batch, ctx), ident, started)
+
+
+def _stage(
+    plan: WritePlan,
+    warehouse: Any,
+    first: Any,
+    batches: Iterator[Any],
+    task: tuple[str, str, int | None, Any],
+    ident: dict[str, Any],
+    started: float,
+) -> TxCommitMessage:
+    """Executor, attach mode: one task attempt's rows into its own staging table."""
+    run_id, xid, batch, ctx = task
+    cfg = plan.config
     name = staging_name(
         cfg.job,
         xid,
@@ -278,57 +292,69 @@ def commit_writes(
     entry with its table), publish it, record it. One write is a single-table batch;
     ``targets`` (every table and its mode) makes it a :func:`txsink.transaction`, whose
     record's ``target`` is the job's own table (:func:`txsink.driver.primary_target`)."""
-    from txsink.driver import check_tables, epoch_for_run, open_job, primary_target
+    from txsink.driver import borrowed_job
 
     config = writes[0][0].config
-    msgs = [m for _, ms in writes for m in ms]
-    handle = open_job(config)
-    try:
-        if targets:
-            stored = handle.registry.job_meta(config.job)
-            config = dataclasses.replace(config, table=primary_target(stored, targets))
-            handle.config = config
-        run_id = (msgs[0].run_id if msgs else "") or writes[0][0].run_id
-        if not run_id:
-            current = handle.registry.current_epoch(config.job)
-            run_id = current.owner if current else f"adhoc-{uuid.uuid4().hex}"
-        incoming = {t for m in msgs for t in m.staging}
-        query_id = next((m.extra.get("query_id", "") for m in msgs if m.extra), "")
-        from txsink.metrics import count, record_commit
+    with borrowed_job(config) as handle:
+        return _commit_writes(handle, writes, xid, batch, mode, streaming, targets)
 
-        owner = handle.registry.current_epoch(config.job)
-        try:
-            epoch = epoch_for_run(
-                handle, run_id, mode.value, keep=incoming, query_id=query_id, targets=targets
-            )
-            if owner is None or owner.owner != run_id:
-                count(config, recoveries=1)
-            if targets:  # a run checks the job's identity at takeover only: tables per batch
-                check_tables(config.job, handle.registry.job_meta(config.job), targets)
-            for plan, ms in writes:
-                if mode is Mode.ATTACH and any(m.staging for m in ms):
-                    check_no_new_views(handle, plan, xid)
-            parts = [
-                dataclasses.replace(p, target=plan.config.table)
-                for plan, ms in writes
-                for m in ms
-                for p in m.parts
-            ]
-            extra: dict[str, Any] = {"tables": sorted(targets)} if targets else {}
-            if config.visibility == "batch" and mode is Mode.ATTACH:
-                extra["visibility"] = "batch"
-            result = handle.transactor.commit_batch(
-                epoch, xid, batch, config.table, parts, mode, extra, streaming=streaming
-            )
-        except FencedError:
-            count(config, fencing_events=1)
-            raise
-        if mode is Mode.ATTACH:
-            sweep_strays(handle, xid, incoming)
-        record_commit(config, result, sum(m.rows for m in msgs))
-        return result.__dict__
-    finally:
-        handle.close()
+
+def _commit_writes(
+    handle: JobHandle,
+    writes: Sequence[tuple[WritePlan, list[TxCommitMessage]]],
+    xid: str,
+    batch: int | None,
+    mode: Mode,
+    streaming: bool,
+    targets: dict[str, str] | None,
+) -> dict[str, Any]:
+    from txsink.driver import check_tables, epoch_for_run, primary_target
+
+    config = handle.config
+    msgs = [m for _, ms in writes for m in ms]
+    if targets:
+        stored = handle.registry.job_meta(config.job)
+        config = dataclasses.replace(config, table=primary_target(stored, targets))
+        handle.config = config
+    run_id = (msgs[0].run_id if msgs else "") or writes[0][0].run_id
+    if not run_id:
+        current = handle.registry.current_epoch(config.job)
+        run_id = current.owner if current else f"adhoc-{uuid.uuid4().hex}"
+    incoming = {t for m in msgs for t in m.staging}
+    query_id = next((m.extra.get("query_id", "") for m in msgs if m.extra), "")
+    from txsink.metrics import count, record_commit
+
+    owner = handle.registry.current_epoch(config.job)
+    try:
+        epoch = epoch_for_run(
+            handle, run_id, mode.value, keep=incoming, query_id=query_id, targets=targets
+        )
+        if owner is None or owner.owner != run_id:
+            count(config, recoveries=1)
+        if targets:  # a run checks the job's identity at takeover only: tables per batch
+            check_tables(config.job, handle.registry.job_meta(config.job), targets)
+        for plan, ms in writes:
+            if mode is Mode.ATTACH and any(m.staging for m in ms):
+                check_no_new_views(handle, plan, xid)
+        parts = [
+            dataclasses.replace(p, target=plan.config.table)
+            for plan, ms in writes
+            for m in ms
+            for p in m.parts
+        ]
+        extra: dict[str, Any] = {"tables": sorted(targets)} if targets else {}
+        if config.visibility == "batch" and mode is Mode.ATTACH:
+            extra["visibility"] = "batch"
+        result = handle.transactor.commit_batch(
+            epoch, xid, batch, config.table, parts, mode, extra, streaming=streaming
+        )
+    except FencedError:
+        count(config, fencing_events=1)
+        raise
+    if mode is Mode.ATTACH:
+        sweep_strays(handle, xid, incoming)
+    record_commit(config, result, sum(m.rows for m in msgs))
+    return dict(result.__dict__)
 
 
 def sweep_strays(handle: Any, xid: str, incoming: set[str]) -> None:
