@@ -255,3 +255,55 @@ def test_kazoo_create_cas_and_watch(zk: KazooClient) -> None:
     zk.create(f"{base}/seq-", b"", sequence=True)
     assert children.wait(10)
     zk.delete(base, recursive=True)
+
+
+def test_cli_up_three_shards_each_its_own_engine_then_down_stops_them_all(
+    tmp_path: Path,
+) -> None:
+    """`txsink embedded up --shards 3` (issue 11): three independent ClickHouse endpoints,
+    each its own engine and data dir and port, plus one ZooKeeper; status and down cover
+    all; a shard killed -9 comes back on its own port with its data at the next `up`."""
+    root = str(tmp_path / "cluster")
+    ch_port, zk_port = free_port(), free_port()
+    pids: list[int] = []
+    try:
+        up = _txsink(
+            "embedded", "up", "--dir", root, "--json", "--shards", "3",
+            "--clickhouse-port", str(ch_port), "--zookeeper-port", str(zk_port),
+        )  # fmt: skip
+        assert up.returncode == 0, up.stderr + up.stdout
+        info = json.loads(up.stdout)
+        urls = [f"http://127.0.0.1:{ch_port + k}" for k in range(3)]
+        assert info["url"] == urls[0] and info["shards"] == urls
+        assert info["keeper"] == f"127.0.0.1:{zk_port}"
+        pids = [*info["shard_pids"], info["zookeeper_pid"]]
+        assert len(set(pids)) == 4 and all(_alive(p) for p in pids)
+        clients = [client_for(StackInfo(root, url, info["keeper"], 0, 0)) for url in info["shards"]]
+        for k, client in enumerate(clients):  # each shard is its own engine
+            client.command("CREATE TABLE IF NOT EXISTS s (k UInt8) ENGINE = MergeTree ORDER BY k")
+            client.command(f"INSERT INTO s VALUES ({k})")
+        assert [c.command("SELECT sum(k) + 10 * count() FROM s") for c in clients] == [10, 11, 12]
+        assert sorted(p.name for p in Path(root).glob("clickhouse*") if p.is_dir()) == [
+            "clickhouse",
+            "clickhouse-1",
+            "clickhouse-2",
+        ]
+        status = _txsink("embedded", "status", "--dir", root, "--json")
+        assert status.returncode == 0, status.stdout
+        assert json.loads(status.stdout)["shards"] == urls
+
+        os.kill(info["shard_pids"][1], 9)  # one shard dies: the stack is not up
+        status = _txsink("embedded", "status", "--dir", root, "--json")
+        assert status.returncode == 1 and json.loads(status.stdout)["up"] is False
+        again = _txsink("embedded", "up", "--dir", root, "--json")  # brings it back
+        assert again.returncode == 0, again.stderr
+        back = json.loads(again.stdout)
+        assert back["shards"] == urls and back["shard_pids"][0] == info["shard_pids"][0]
+        pids.append(back["shard_pids"][1])
+        assert clients[1].command("SELECT sum(k) + 10 * count() FROM s") == 11  # its data survived
+        wrong = _txsink("embedded", "up", "--dir", root, "--shards", "2")
+        assert wrong.returncode != 0 and "runs 3 ClickHouse shard(s)" in wrong.stderr
+    finally:
+        down = _txsink("embedded", "down", "--dir", root)
+    assert down.returncode == 0, down.stderr
+    assert not any(_alive(p) for p in pids)

@@ -1,9 +1,10 @@
 """``txsink embedded up|down|status``: the local ClickHouse (chdb) + ZooKeeper stack.
 
-``up`` starts both services detached (they outlive the command) and waits until they
-answer; ``--json`` prints ``{"url": ..., "keeper": ...}`` plus pids and dir. ``down``
-stops exactly what ``up`` started. ``status`` exits 0 only when both services run and
-answer.
+``up`` starts the services detached (they outlive the command) and waits until they
+answer; ``--shards N`` starts N independent ClickHouse endpoints (a cluster of shards) and
+one ZooKeeper. ``--json`` prints ``{"url": <first shard>, "shards": [...], "keeper": ...}``
+plus pids and dir. ``down`` stops exactly what ``up`` started, every shard included.
+``status`` exits 0 only when every service runs and answers.
 """
 
 from __future__ import annotations
@@ -35,6 +36,13 @@ def register(subparsers: Any) -> None:
             sub.add_argument("--clickhouse-port", type=int, default=None, help="default 18123")
             sub.add_argument("--zookeeper-port", type=int, default=None, help="default 12181")
             sub.add_argument("--timeout", type=float, default=stack.DEFAULT_TIMEOUT)
+            sub.add_argument(
+                "--shards",
+                type=int,
+                default=None,
+                help="ClickHouse endpoints to run, each its own engine, data dir and port "
+                "(the ClickHouse port + k for shard k); default 1, or what already runs",
+            )
         else:  # accepted for symmetry; the pid files know the ports
             sub.add_argument("--clickhouse-port", type=int, default=None, help=argparse.SUPPRESS)
             sub.add_argument("--zookeeper-port", type=int, default=None, help=argparse.SUPPRESS)
@@ -42,16 +50,25 @@ def register(subparsers: Any) -> None:
 
 
 def _up(args: argparse.Namespace, out: Output) -> int:
-    out.progress("starting the embedded stack (chdb ClickHouse endpoint + ZooKeeper)...")
-    info = stack.up(args.dir, args.clickhouse_port, args.zookeeper_port, args.timeout)
-    payload = {
+    out.progress("starting the embedded stack (chdb ClickHouse endpoint(s) + ZooKeeper)...")
+    info = stack.up(
+        args.dir, args.clickhouse_port, args.zookeeper_port, args.timeout, shards=args.shards
+    )
+    payload: dict[str, Any] = {
         "url": info.url,
+        "shards": list(info.shards),
         "keeper": info.keeper,
         "dir": info.dir,
         "clickhouse_pid": info.clickhouse_pid,
         "zookeeper_pid": info.zookeeper_pid,
+        "shard_pids": list(info.shard_pids),
     }
-    text = kv_table(payload) + (
+    shown = {
+        **payload,
+        "shards": ",".join(info.shards),
+        "shard_pids": ",".join(map(str, info.shard_pids)),
+    }
+    text = kv_table(shown) + (
         f"\n\nexport TXSINK_URL={info.url} TXSINK_KEEPER={info.keeper}"
         f"\nstop with: txsink embedded down --dir {info.dir}"
     )
@@ -69,9 +86,9 @@ def _down(args: argparse.Namespace, out: Output) -> int:
 def _status(args: argparse.Namespace, out: Output) -> int:
     st = stack.status(args.dir)
     lines = [f"dir  {st.dir}", f"up   {st.up}"]
-    for svc in (st.clickhouse, st.zookeeper):
+    for svc in (*(st.shards or (st.clickhouse,)), st.zookeeper):
         lines.append(
-            f"{svc.name:<10}  pid={svc.pid}  alive={svc.alive}  answering={svc.answering}"
+            f"{svc.name:<13}  pid={svc.pid}  alive={svc.alive}  answering={svc.answering}"
             f"  {svc.address or ''}"
         )
     out.emit(st.as_dict(), "\n".join(lines))

@@ -1,13 +1,18 @@
-"""Start, stop and inspect the embedded stack: the chdb HTTP endpoint plus ZooKeeper.
+"""Start, stop and inspect the embedded stack: chdb HTTP endpoints plus ZooKeeper.
 
-Both services run as detached processes (own session, so they outlive the command that
-started them) with their state in one stack directory::
+Every service runs as a detached process (own session, so it outlives the command that
+started it) with its state in one stack directory::
 
     <dir>/clickhouse/          chdb data + clickhouse-http.log (the endpoint's log)
+    <dir>/clickhouse-<k>/      the same for shard k of a cluster (``up(shards=N)``, k >= 1)
     <dir>/zookeeper/           zoo.cfg, data/, zookeeper.log
-    <dir>/clickhouse.pid       {"pid": ..., "port": ...}  (JSON)
+    <dir>/clickhouse.pid       {"pid": ..., "port": ...}  (JSON); clickhouse-<k>.pid
     <dir>/zookeeper.pid
     <dir>/*.out                stdout/stderr of each process
+
+A cluster of N shards is N independent ClickHouse endpoints (each its own chdb engine,
+data directory and port: the first on the ClickHouse port, shard k on that port + k) and
+one ZooKeeper they share with the writers.
 
 Invariants: ``down`` only signals a pid whose ``/proc/<pid>/cmdline`` shows it is this
 stack's own service (a stale pid file, or a pid reused by another program, is just
@@ -47,10 +52,12 @@ class StackInfo:
     """Where a running stack answers."""
 
     dir: str
-    url: str  # http://127.0.0.1:N
+    url: str  # http://127.0.0.1:N (the first shard)
     keeper: str  # 127.0.0.1:N
     clickhouse_pid: int
     zookeeper_pid: int
+    shards: tuple[str, ...] = ()  # the url of every shard, the first is ``url``
+    shard_pids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -67,20 +74,44 @@ class StackStatus:
     dir: str
     clickhouse: ServiceStatus
     zookeeper: ServiceStatus
+    shards: tuple[ServiceStatus, ...] = ()  # every ClickHouse shard, the first included
 
     @property
     def up(self) -> bool:
-        return all(s.alive and s.answering for s in (self.clickhouse, self.zookeeper))
+        services = (*(self.shards or (self.clickhouse,)), self.zookeeper)
+        return all(s.alive and s.answering for s in services)
 
     def as_dict(self) -> dict[str, object]:
         return {
             "dir": self.dir,
             "up": self.up,
             "url": self.clickhouse.address,
+            "shards": [s.address for s in self.shards or (self.clickhouse,)],
             "keeper": self.zookeeper.address,
             "clickhouse": asdict(self.clickhouse),
             "zookeeper": asdict(self.zookeeper),
+            "shard_services": [asdict(s) for s in self.shards or (self.clickhouse,)],
         }
+
+
+def shard_name(k: int) -> str:
+    """The service name of shard ``k`` (0 is plain ``clickhouse``)."""
+    return "clickhouse" if k == 0 else f"clickhouse-{k}"
+
+
+def _is_clickhouse(name: str) -> bool:
+    return name == "clickhouse" or name.startswith("clickhouse-")
+
+
+def _shard_names(root: Path) -> list[str]:
+    """Shard services that have a pid file in ``root``, in shard order."""
+    found = {p.stem for p in root.glob("clickhouse*.pid") if _is_clickhouse(p.stem)}
+
+    def index(name: str) -> int:
+        return 0 if name == "clickhouse" else int(name.rsplit("-", 1)[1])
+
+    return sorted((n for n in found if n == "clickhouse" or n.rsplit("-", 1)[1].isdigit()),
+                  key=index)  # fmt: skip
 
 
 def default_dir() -> Path:
@@ -137,7 +168,7 @@ def _reap(pid: int) -> None:
 
 
 def _marker(root: Path, name: str) -> str:
-    return str(root / "clickhouse") if name == "clickhouse" else str(root / "zookeeper" / "zoo.cfg")
+    return str(root / name) if _is_clickhouse(name) else str(root / "zookeeper" / "zoo.cfg")
 
 
 def _is_ours(root: Path, name: str, pid: int) -> bool:
@@ -146,7 +177,7 @@ def _is_ours(root: Path, name: str, pid: int) -> bool:
     argv = _cmdline(pid)
     if not argv or _is_zombie(pid):
         return False
-    program = SERVER_MODULE if name == "clickhouse" else zookeeper.MAIN_CLASS
+    program = SERVER_MODULE if _is_clickhouse(name) else zookeeper.MAIN_CLASS
     return program in argv and _marker(root, name) in argv
 
 
@@ -169,12 +200,12 @@ def _clickhouse_answers(port: int, timeout: float = 1.0) -> bool:
 
 
 def _answers(name: str, port: int) -> bool:
-    return _clickhouse_answers(port) if name == "clickhouse" else zookeeper.ruok(port)
+    return _clickhouse_answers(port) if _is_clickhouse(name) else zookeeper.ruok(port)
 
 
 def _argv(root: Path, name: str, port: int) -> list[str]:
-    if name == "clickhouse":
-        data = root / "clickhouse"
+    if _is_clickhouse(name):
+        data = root / name
         return [sys.executable, "-m", SERVER_MODULE, "--data", str(data), "--port", str(port)]
     return zookeeper.command(root / "zookeeper", port)
 
@@ -202,8 +233,8 @@ def _spawn(root: Path, name: str, port: int) -> int:
 def _log_tail(root: Path, name: str, lines: int = 15) -> str:
     logs = [root / f"{name}.out"]
     logs.append(
-        root / "clickhouse" / "clickhouse-http.log"
-        if name == "clickhouse"
+        root / name / "clickhouse-http.log"
+        if _is_clickhouse(name)
         else root / "zookeeper" / "zookeeper.log"
     )
     tail: list[str] = []
@@ -241,38 +272,55 @@ def up(
     clickhouse_port: int | None = None,
     zookeeper_port: int | None = None,
     timeout: float = DEFAULT_TIMEOUT,
+    shards: int | None = None,
 ) -> StackInfo:
-    """Start the stack (or find it running) and wait until both services answer."""
+    """Start the stack (or find it running) and wait until every service answers.
+
+    ``shards``: how many ClickHouse endpoints (a cluster of independent shards); None
+    means as many as run already, else 1. A running stack with another number of shards
+    is refused (``down`` it first)."""
     root = Path(dir) if dir is not None else default_dir()
     root = root.resolve()
     root.mkdir(parents=True, exist_ok=True)
     zookeeper.check_installed()
-    wanted = {
-        "clickhouse": clickhouse_port,
-        "zookeeper": zookeeper_port,
-    }
-    defaults = {"clickhouse": DEFAULT_CLICKHOUSE_PORT, "zookeeper": DEFAULT_ZOOKEEPER_PORT}
+    running = [n for n in _shard_names(root) if _is_ours(root, n, (_read_pid(root, n) or (0,))[0])]
+    if shards is not None and shards < 1:
+        raise ConfigError(f"--shards must be at least 1, got {shards}")
+    if shards is not None and running and len(running) != shards:
+        raise ConfigError(
+            f"the embedded stack of {root} runs {len(running)} ClickHouse shard(s), not "
+            f"{shards}: run `txsink embedded down --dir {root}` first"
+        )
+    # a shard that died keeps its pid file: it counts, and comes back on its old port
+    count = shards or max(1, len(_shard_names(root)))
+    base = clickhouse_port or DEFAULT_CLICKHOUSE_PORT
+    wanted: dict[str, int | None] = {"zookeeper": zookeeper_port}
+    defaults = {"zookeeper": DEFAULT_ZOOKEEPER_PORT}
+    for k in range(count):
+        wanted[shard_name(k)] = None if clickhouse_port is None else clickhouse_port + k
+        defaults[shard_name(k)] = base + k
     pids: dict[str, int] = {}
     ports: dict[str, int] = {}
     started: list[str] = []
     try:
-        for name in ("zookeeper", "clickhouse"):
+        for name, asked in wanted.items():
             record = _read_pid(root, name)
             if record is not None and _is_ours(root, name, record[0]):
                 pid, port = record
-                if wanted[name] is not None and wanted[name] != port:
+                if asked is not None and asked != port:
                     raise ConfigError(
                         f"the embedded {name} of {root} already runs on port {port}, not "
-                        f"{wanted[name]}: run `txsink embedded down --dir {root}` first"
+                        f"{asked}: run `txsink embedded down --dir {root}` first"
                     )
                 pids[name], ports[name] = pid, port
                 continue
             _pid_file(root, name).unlink(missing_ok=True)  # stale: dead or reused pid
-            port = wanted[name] or defaults[name]
+            port = asked or (record[1] if record is not None else defaults[name])
             if not _port_free(port):
                 raise UnavailableError(
                     f"port {port} on 127.0.0.1 is taken by another program, so the embedded "
-                    f"{name} cannot start: stop it or pass --{name}-port"
+                    f"{name} cannot start: stop it or pass "
+                    f"--{'clickhouse' if _is_clickhouse(name) else name}-port"
                 )
             pids[name], ports[name] = _spawn(root, name, port), port
             started.append(name)
@@ -283,12 +331,15 @@ def up(
                 _stop_pid(pids[name], 2.0)
             _pid_file(root, name).unlink(missing_ok=True)
         raise
+    names = [shard_name(k) for k in range(count)]
     return StackInfo(
         dir=str(root),
         url=f"http://127.0.0.1:{ports['clickhouse']}",
         keeper=f"127.0.0.1:{ports['zookeeper']}",
         clickhouse_pid=pids["clickhouse"],
         zookeeper_pid=pids["zookeeper"],
+        shards=tuple(f"http://127.0.0.1:{ports[n]}" for n in names),
+        shard_pids=tuple(pids[n] for n in names),
     )
 
 
@@ -319,7 +370,7 @@ def down(dir: str | Path | None = None, grace: float = STOP_GRACE_SECONDS) -> li
     """Stop exactly the processes this stack directory started; returns their pids."""
     root = (Path(dir) if dir is not None else default_dir()).resolve()
     stopped: list[int] = []
-    for name in ("clickhouse", "zookeeper"):
+    for name in (*_shard_names(root), "zookeeper"):
         record = _read_pid(root, name)
         if record is not None and _is_ours(root, name, record[0]):
             _stop_pid(record[0], grace)
@@ -332,13 +383,21 @@ def status(dir: str | Path | None = None) -> StackStatus:
     """What really runs: per service the pid, whether it is ours and alive, and answering."""
     root = (Path(dir) if dir is not None else default_dir()).resolve()
     services = {}
-    for name in ("clickhouse", "zookeeper"):
+    names = _shard_names(root)
+    if "clickhouse" not in names:
+        names.insert(0, "clickhouse")
+    for name in (*names, "zookeeper"):
         record = _read_pid(root, name)
         if record is None:
             services[name] = ServiceStatus(name, None, False, False, None)
             continue
         pid, port = record
         alive = _is_ours(root, name, pid)
-        address = f"http://127.0.0.1:{port}" if name == "clickhouse" else f"127.0.0.1:{port}"
+        address = f"http://127.0.0.1:{port}" if _is_clickhouse(name) else f"127.0.0.1:{port}"
         services[name] = ServiceStatus(name, pid, alive, alive and _answers(name, port), address)
-    return StackStatus(str(root), services["clickhouse"], services["zookeeper"])
+    return StackStatus(
+        str(root),
+        services["clickhouse"],
+        services["zookeeper"],
+        tuple(services[n] for n in names),
+    )
