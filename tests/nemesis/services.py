@@ -22,6 +22,7 @@ from kazoo.client import KazooClient
 
 from txsink.embedded import stack as embedded
 from txsink.embedded.stack import StackInfo
+from txsink.errors import UnavailableError
 
 log = logging.getLogger("txsink.nemesis")
 
@@ -62,9 +63,20 @@ class Services:
     def restart(self, timeout: float = 90) -> StackInfo:
         """Start whatever is not running again, on the same ports and data directory, and
         wait until it answers."""
-        info = embedded.up(
-            self.root, _port(self.info.url), _port(self.info.keeper), timeout=timeout
-        )
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                info = embedded.up(
+                    self.root, _port(self.info.url), _port(self.info.keeper), timeout=timeout
+                )
+                break
+            except UnavailableError as exc:
+                # A client reconnecting to the dead port (kazoo retries every few ms) can
+                # TCP self-connect when the port lies in the ephemeral range, holding it
+                # for a moment: wait until it lets go.
+                if "is taken" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
         log.warning("nemesis: stack answering again (%s, %s)", info.url, info.keeper)
         self.info = info
         return info
