@@ -56,7 +56,7 @@ test-matrix: setup ## Slow, not in `test`: build the wheel, install it into fres
 	$(PY) scripts/test_matrix.py
 
 demo: setup ## Run the main job: streaming into ClickHouse with injected crashes, then verify
-	$(VENV)/bin/txsink demo
+	$(VENV)/bin/txsink demo --shards 3
 
 CHAOS_MINUTES ?= 15
 CHAOS_SEED ?=

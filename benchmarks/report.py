@@ -211,6 +211,41 @@ def section_latency(r: dict[str, Any]) -> list[str]:
     return out
 
 
+def section_shards(r: dict[str, Any]) -> list[str]:
+    sh = r.get("shards")
+    if not sh:
+        return []
+    out = [
+        "## 2b. One xid across shards",
+        "",
+        "`benchmarks/shards.py`: a cluster of its own (`txsink embedded up --shards 3`: three "
+        "chdb endpoints, one ZooKeeper). Batch `save()` of the narrow dataset with "
+        "`clickhouse_tx` (attach, `shard_by=id`) into the first k shards, in rotated order, "
+        "fresh tables each time, rows checked over the shards. On two cores every shard "
+        "shares the same CPUs: this shows what sharding costs, not how it scales.",
+        "",
+        "| shards | rows/s | rows/s per shard | rows on each shard |",
+        "|---|---|---|---|",
+    ]
+    for k, t in sh["throughput"].items():
+        each = ", ".join(f"{n:,}" for n in t["rows_on_each_shard"])
+        out.append(f"| {k} | {rng(t['rows_per_s'])} | {rng(t['rows_per_s_per_shard'])} | {each} |")
+    out += [
+        "",
+        "Commit of one batch staged on k shards (1,000 rows in one partition per shard): "
+        "`CommitResult.seconds` (prepare + one MOVE statement per shard + record + drops).",
+        "",
+        "| shards | batches | p50 ms | p95 ms | p99 ms |",
+        "|---|---|---|---|---|",
+    ]
+    for k, c in sh["commit"].items():
+        out.append(
+            f"| {k} | {c['n']} | {ms(c, 'p50_ms')} | {ms(c, 'p95_ms')} | {ms(c, 'p99_ms')} |"
+        )
+    out.append("")
+    return out
+
+
 def section_recovery(r: dict[str, Any]) -> list[str]:
     rec = r.get("recovery")
     if not rec:
@@ -384,6 +419,7 @@ def render(r: dict[str, Any], plot_name: str = "trigger_sweep.png") -> str:
     lines += section_throughput(r)
     lines += section_commit(r)
     lines += section_latency(r)
+    lines += section_shards(r)
     lines += section_recovery(r)
     lines += section_sweep(r, plot_name)
     lines += section_memory(r)

@@ -45,6 +45,7 @@ MODULES = {
     "throughput": "throughput",
     "commit": "commit_overhead",
     "latency": "micro_batch",
+    "shards": "shards",
     "recovery": "recovery",
     "sweep": "trigger_sweep",
     "memory": "memory",

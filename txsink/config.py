@@ -73,6 +73,18 @@ OPTIONS: dict[str, tuple[str | None, str]] = {
     "dedup_min_window": ("100", "dedup mode: refuse targets whose dedup window is smaller"),
     "skip_committed_replays": ("true", "executors skip writing a replayed, committed batch"),
     "metrics_textfile": ("", "write Prometheus text-format metrics to this file"),
+    "shards": (
+        "",
+        "a table on several ClickHouse shards: comma-separated shard URLs "
+        "(http://h1:8123,http://h2:8123); `table` names the local table on each, one xid "
+        "spans them all (attach mode); `url` may be left out (it is the first shard)",
+    ),
+    "shard_by": (
+        "",
+        "with shards: an integer column; a row goes to shard intHash64(column) % number of "
+        "shards (what a Distributed table with that sharding key chooses); empty: rows are "
+        "spread evenly",
+    ),
     "run_id": ("", "internal: set by foreach_batch to the streaming query's run id"),
     "micro_batch": (
         "false",
@@ -153,6 +165,8 @@ class WriterConfig:
     run_id: str
     micro_batch: bool = False
     visibility: str = "partition"
+    shards: tuple[str, ...] = ()  # shard URLs (no userinfo); () = one server, `url`
+    shard_by: str = ""
 
     def __repr__(self) -> str:
         shown = []
@@ -186,7 +200,8 @@ class WriterConfig:
                 f"{', '.join(sorted(OPTIONS))} (see docs/options.md)"
             )
         raw = {k: given.get(k, d if d is not None else "") for k, (d, _) in OPTIONS.items()}
-        raw["url"] = raw["url"] or os.environ.get("TXSINK_URL", "")
+        shards = parse_shards(raw["shards"])
+        raw["url"] = raw["url"] or (shards[0] if shards else os.environ.get("TXSINK_URL", ""))
         raw["keeper"] = raw["keeper"] or os.environ.get("TXSINK_KEEPER", "")
         for key in ("url", "table", "keeper", "job"):
             if not raw[key]:
@@ -225,6 +240,13 @@ class WriterConfig:
             )
         if raw["keeper_auth"] and ":" not in raw["keeper_auth"]:
             raise ConfigError("option 'keeper_auth' must be user:password")
+        if shards and raw["url"].rstrip("/") not in shards:
+            raise ConfigError(
+                f"option 'url' ({redact_url(raw['url'])}) is not one of the shards "
+                f"({', '.join(shards)}); leave url out with shards, or name one of them"
+            )
+        if raw["shard_by"] and not shards:
+            raise ConfigError("option 'shard_by' needs 'shards' (the shard URLs)")
         return WriterConfig(
             url=raw["url"].rstrip("/"),
             user=raw["user"],
@@ -257,7 +279,14 @@ class WriterConfig:
             run_id=raw["run_id"],
             micro_batch=_bool("micro_batch", raw["micro_batch"]),
             visibility=visibility,
+            shards=shards,
+            shard_by=raw["shard_by"].strip(),
         )
+
+    @property
+    def shard_urls(self) -> tuple[str, ...]:
+        """Every ClickHouse server this writer writes to (``(url,)`` without shards)."""
+        return self.shards or (self.url,)
 
     def to_options(self) -> dict[str, str]:
         """The options that rebuild this config (used by foreach_batch)."""
@@ -272,3 +301,23 @@ class WriterConfig:
                 value = ",".join(value)
             out[f.name] = str(value)
         return out
+
+
+def parse_shards(raw: str) -> tuple[str, ...]:
+    """``http://h1:8123,http://h2:8123`` -> the URLs (no userinfo: credentials go in
+    user/password and apply to every shard); ConfigError naming a bad one."""
+    urls = [u.strip().rstrip("/") for u in raw.split(",") if u.strip()]
+    for u in urls:
+        parsed = urlparse(u)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname or parsed.path:
+            raise ConfigError(
+                f"option 'shards': {redact_url(u)!r} does not look like http(s)://host:port"
+            )
+        if "@" in parsed.netloc:
+            raise ConfigError(
+                "option 'shards': give credentials with user/password (they apply to every "
+                "shard), not inside a shard URL"
+            )
+    if len(set(urls)) != len(urls):
+        raise ConfigError(f"option 'shards' names a shard twice: {', '.join(urls)}")
+    return tuple(urls)

@@ -307,6 +307,7 @@ class DemoReport:
     verify_clean: bool = False
     verify: dict[str, Any] = field(default_factory=dict)
     two_tables: dict[str, Any] = field(default_factory=dict)
+    shards: dict[str, Any] = field(default_factory=dict)
 
     @property
     def exact(self) -> bool:
@@ -314,6 +315,7 @@ class DemoReport:
             self.in_target == self.distinct_ids == self.produced
             and self.amount_in_target == self.amount_expected
             and self.two_tables.get("exact", True)
+            and self.shards.get("exact", True)
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -349,6 +351,7 @@ def run_demo(
     seed: int = 42,
     mode: str = "auto",
     two_tables: bool = True,
+    shards: Sequence[str] = (),
     progress: Callable[[str], None] = lambda _m: None,
 ) -> DemoReport:
     from txsink.clickhouse.client import connect
@@ -436,6 +439,9 @@ def run_demo(
         report.two_tables = run_two_table_demo(client, url, keeper, work, rng, progress)
         report.verify_clean = report.verify_clean and report.two_tables["verify_clean"]
     client.close()
+    if len(shards) > 1:
+        report.shards = run_shard_demo(shards, keeper, work, rng, progress)
+        report.verify_clean = report.verify_clean and report.shards["verify_clean"]
     return report
 
 
@@ -529,6 +535,109 @@ def run_two_table_demo(
         "distinct_ids": int(distinct),
         "daily_orders": int(orders or 0),
         "torn_xids": torn,
+        "exact": exact,
+        "verify_clean": result.clean,
+        "verify": result.to_json(),
+    }
+
+
+def run_shard_demo(
+    shards: Sequence[str],
+    keeper: str,
+    work: Path,
+    rng: random.Random,
+    progress: Callable[[str], None],
+    *,
+    files: int = 6,
+    rows_per_file: int = 5_000,
+    kills: int = 1,
+) -> dict[str, Any]:
+    """The main job on a table sharded over ``shards`` (``shard_by=id``), crashed at every
+    fault point and by ``kills`` kill -9 of the driver, then checked per shard: exactly
+    the rows routed to it (``intHash64(id) % N``), no duplicates, the total exact."""
+    from txsink.clickhouse.client import connect
+    from txsink.config import WriterConfig
+    from txsink.driver import open_registry
+    from txsink.ops.verify import verify_job
+
+    job = f"demo3-{int(time.time())}"
+    table = "txsink_demo.orders_local"
+    clients = [connect(url) for url in shards]
+    try:
+        for client in clients:
+            client.command("CREATE DATABASE IF NOT EXISTS txsink_demo")
+            client.command(f"DROP TABLE IF EXISTS {table} SYNC")
+            client.command(target_ddl(table))
+        options = {"shards": ",".join(shards), "keeper": keeper, "table": table, "job": job}
+        config = WriterConfig.from_options({**options, "shard_by": "id"})
+        registry = open_registry(config)
+        for old in registry.list_jobs():
+            if old.startswith("demo3-") and (registry.job_meta(old) or {}).get("target") == table:
+                registry.delete_job(old)
+        source = make_source(work / "source3", files, rows_per_file, 13)
+        args = job_args(
+            work / "source3", work / "checkpoint3", table, job, shards[0], keeper,
+            "--option", f"shards={','.join(shards)}", "--option", "shard_by=id",
+            mode="attach", files_per_trigger=1,
+        )  # fmt: skip
+        schedule = [*(("fault", p) for p in POINTS), *(("kill", "kill -9 driver"),) * kills]
+        rng.shuffle(schedule)
+        runs = []
+        try:
+            for kind, what in [*schedule, ("clean", "")]:
+                started = time.time()
+                log = str(work / "job3.log")
+                for _attempt in range(3 if kind == "clean" else 1):
+                    if kind == "fault":
+                        code = run_job_once(args, fault=what, log_path=log)
+                    elif kind == "kill":
+                        trigger = kill_after_progress(registry, job, rng)
+                        code = run_job_once(args, kill_when=trigger, log_path=log)
+                    else:
+                        code = run_job_once(args, log_path=log)
+                    if kind != "clean" or code == 0:
+                        break
+                runs.append({"crash": what or "none", "exit_code": code})
+                progress(
+                    f"sharded run  crash={what or 'none':22s} exit={code:4d}  "
+                    f"({time.time() - started:.0f}s)"
+                )
+        finally:
+            registry.close()
+        n = len(shards)
+        per_shard: list[dict[str, Any]] = []
+        for k, client in enumerate(clients):
+            count, distinct, misplaced, amount = client.query_rows(
+                f"SELECT count(), uniqExact(id), countIf(intHash64(id) % {n} != {k}), "
+                f"sum(amount) FROM {table}"
+            )[0]
+            per_shard.append(
+                {
+                    "shard": shards[k],
+                    "rows": int(count),
+                    "distinct_ids": int(distinct),
+                    "duplicates": int(count) - int(distinct),
+                    "rows_of_other_shards": int(misplaced),
+                    "amount": int(amount or 0),
+                }
+            )
+    finally:
+        for client in clients:
+            client.close()
+    total = sum(s["rows"] for s in per_shard)
+    result = verify_job(config)
+    exact = (
+        total == source["rows"]
+        and sum(s["amount"] for s in per_shard) == source["amount"]
+        and all(s["duplicates"] == 0 and s["rows_of_other_shards"] == 0 for s in per_shard)
+    )
+    return {
+        "job": job,
+        "table": table,
+        "runs": runs,
+        "produced": source["rows"],
+        "rows_in_shards": total,
+        "per_shard": per_shard,
         "exact": exact,
         "verify_clean": result.clean,
         "verify": result.to_json(),

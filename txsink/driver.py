@@ -43,11 +43,12 @@ def open_registry(config: WriterConfig) -> Registry:
     )
 
 
-def open_client(config: WriterConfig, **settings: Any) -> Any:
+def open_client(config: WriterConfig, url: str | None = None, **settings: Any) -> Any:
+    """A client of ``url`` (default: the job's ``url``) with the job's credentials."""
     from txsink.clickhouse.client import RetryPolicy, connect
 
     return connect(
-        config.url,
+        url or config.url,
         config.user,
         config.password,
         connect_timeout=config.connect_timeout,
@@ -61,8 +62,22 @@ def open_client(config: WriterConfig, **settings: Any) -> Any:
 
 
 def open_warehouse(config: WriterConfig, client: Any | None = None) -> Any:
+    """The job's warehouse: one server, or every shard behind one ShardedWarehouse."""
     from txsink.clickhouse.warehouse import ClickHouseWarehouse
 
+    if config.shards and client is None:
+        from txsink.clickhouse.shards import ShardedWarehouse
+
+        opened: list[Any] = []
+        try:
+            for url in config.shards:
+                client = open_client(config, url)
+                opened.append(ClickHouseWarehouse(client, config.staging_database))
+        except BaseException:
+            for warehouse in opened:
+                warehouse.client.close()
+            raise
+        return ShardedWarehouse(opened)
     return ClickHouseWarehouse(client or open_client(config), config.staging_database)
 
 
@@ -77,7 +92,9 @@ class JobHandle:
 
     def close(self) -> None:
         self.registry.close()
-        close = getattr(getattr(self.warehouse, "client", None), "close", None)
+        close = getattr(self.warehouse, "close", None) or getattr(
+            getattr(self.warehouse, "client", None), "close", None
+        )
         if close:
             close()
 
@@ -163,10 +180,10 @@ def _registry_key(config: WriterConfig) -> tuple[Any, ...]:
     )
 
 
-def _client_key(config: WriterConfig) -> tuple[Any, ...]:
+def _client_key(config: WriterConfig, url: str | None = None) -> tuple[Any, ...]:
     return (
         "clickhouse",
-        config.url,
+        url or config.url,
         config.user,
         config.password,
         config.connect_timeout,
@@ -221,10 +238,24 @@ def borrowed_registry(config: WriterConfig) -> contextlib.AbstractContextManager
 def borrowed_warehouse(config: WriterConfig) -> contextlib.AbstractContextManager[Any]:
     """A ClickHouse warehouse for ``config`` whose client comes from this process's pool."""
 
+    from txsink.clickhouse.warehouse import ClickHouseWarehouse
+
+    def one(url: str) -> contextlib.AbstractContextManager[Any]:
+        return _borrowed(_client_key(config, url), lambda _: True, lambda: open_client(config, url))
+
     @contextlib.contextmanager
     def lend() -> Iterator[Any]:
-        with _borrowed(_client_key(config), lambda _: True, lambda: open_client(config)) as c:
-            yield open_warehouse(config, c)
+        if not config.shards:
+            with one(config.url) as client:
+                yield open_warehouse(config, client)
+            return
+        from txsink.clickhouse.shards import ShardedWarehouse
+
+        with contextlib.ExitStack() as stack:
+            clients = [stack.enter_context(one(url)) for url in config.shards]
+            yield ShardedWarehouse(
+                [ClickHouseWarehouse(c, config.staging_database) for c in clients]
+            )
 
     return lend()
 
@@ -269,6 +300,8 @@ def job_meta(
     }
     if targets:
         meta["targets"] = dict(sorted(targets.items()))
+    if config.shards:
+        meta["shards"] = list(config.shards)
     return meta
 
 
@@ -327,6 +360,13 @@ def check_job_identity(handle: JobHandle, meta: dict[str, Any]) -> None:
         raise ConfigError(
             f"job {job} writes to {stored['target']}, not {meta['target']}; a job keeps one "
             f"target for its whole life: choose a new job name"
+        )
+    if list(stored.get("shards") or []) != list(meta.get("shards") or []):
+        raise ConfigError(
+            f"job {job} writes the shards {stored.get('shards') or [stored.get('url')]}, "
+            f"this writer names {meta.get('shards') or [meta.get('url')]}. A job keeps its "
+            f"shard list, in order, for its whole life (staging tables and the records name "
+            f"shards by their place in it). Give the same shards option, or a new job name"
         )
     old, new = stored.get("query_id") or "", meta.get("query_id") or ""
     if old and new and old != new and handle.registry.ledger(job).get("committed", 0):

@@ -8,6 +8,7 @@ import tempfile
 from typing import Any
 
 from txsink.cli.output import Output, kv_table, table
+from txsink.errors import ConfigError
 
 
 def register(subs: Any) -> None:
@@ -45,6 +46,14 @@ def register(subs: Any) -> None:
         help="skip the second job: rows and their daily counts committed as one xid "
         "(txsink.transaction), crashed at two random driver points",
     )
+    p.add_argument(
+        "--shards",
+        type=int,
+        default=1,
+        help="also run the job on a table sharded over N embedded ClickHouse endpoints "
+        "(txsink embedded up --shards N), crashed at every fault point and by kill -9, with "
+        "an exact report per shard",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
 
@@ -53,13 +62,17 @@ def run(args: argparse.Namespace, out: Output) -> int:
     from txsink.demo import run_demo
 
     url, keeper = args.url, args.keeper
+    shards: tuple[str, ...] = ()
+    if args.shards > 1 and (url or keeper):
+        raise ConfigError("--shards runs on the embedded cluster: leave out --url and --keeper")
     if not url or not keeper:
         from txsink.embedded import stack
 
         out.progress("starting the embedded stack (ClickHouse engine over HTTP + ZooKeeper) ...")
-        info = stack.up()
+        info = stack.up(shards=args.shards if args.shards > 1 else None)
         url, keeper = url or info.url, keeper or info.keeper
-        out.progress(f"stack up: ClickHouse {info.url}, Keeper {info.keeper}")
+        shards = info.shards if args.shards > 1 else ()
+        out.progress(f"stack up: ClickHouse {', '.join(info.shards)}, Keeper {info.keeper}")
     workdir = args.dir or tempfile.mkdtemp(prefix="txsink-demo-")
     out.progress(f"work dir {workdir}; every run below is crashed on purpose, then restarted")
     report = run_demo(
@@ -72,6 +85,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
         seed=args.seed,
         mode=args.mode,
         two_tables=not args.skip_two_tables,
+        shards=shards,
         progress=out.progress,
     )
     ok = report.exact and report.verify_clean
@@ -123,6 +137,30 @@ def run(args: argparse.Namespace, out: Output) -> int:
                     ),
                 ]
                 if report.two_tables
+                else []
+            ),
+            *(
+                [
+                    "",
+                    f"sharded job ({report.shards['table']} on {len(report.shards['per_shard'])} "
+                    "shards, shard_by=id, one xid per batch over every shard):",
+                    "runs: "
+                    + ", ".join(f"{r['crash']}->{r['exit_code']}" for r in report.shards["runs"]),
+                    table(
+                        report.shards["per_shard"],
+                        ["shard", "rows", "distinct_ids", "duplicates", "rows_of_other_shards"],
+                    ),
+                    kv_table(
+                        {
+                            "rows produced / in all shards": (
+                                f"{report.shards['produced']:,} / "
+                                f"{report.shards['rows_in_shards']:,}"
+                            ),
+                            "verify": "clean" if report.shards["verify_clean"] else "NOT CLEAN",
+                        }
+                    ),
+                ]
+                if report.shards
                 else []
             ),
             "",

@@ -77,29 +77,55 @@ class Stores:
     """
 
     def __init__(
-        self, registry: Registry, client: Any, staging_database: str | None = None
+        self,
+        registry: Registry,
+        client: Any,
+        staging_database: str | None = None,
+        connect_shard: Any = None,
     ) -> None:
         self.registry = registry
         self.client = client
         self.staging_database = staging_database
-        self._warehouses: dict[str, ClickHouseWarehouse] = {}
+        self._warehouses: dict[Any, Any] = {}
+        self._connect_shard = connect_shard  # url -> client, with the command's credentials
+        self._shard_clients: dict[str, Any] = {}
 
-    def warehouse(self, meta: Mapping[str, Any] | None = None) -> ClickHouseWarehouse:
-        """The warehouse of a job: ``--staging-database`` if given, else the job's own."""
+    def warehouse(self, meta: Mapping[str, Any] | None = None) -> Any:
+        """The warehouse of a job: ``--staging-database`` if given, else the job's own;
+        for a sharded job (``shards`` in its meta) every shard behind one
+        :class:`~txsink.clickhouse.shards.ShardedWarehouse`, connected with the
+        command's credentials."""
         db = (
             self.staging_database
             or str((meta or {}).get("staging_database") or "")
             or DEFAULT_STAGING_DB
         )
-        if db not in self._warehouses:
-            self._warehouses[db] = ClickHouseWarehouse(self.client, db)
-        return self._warehouses[db]
+        shards = tuple(str(u) for u in (meta or {}).get("shards") or ())
+        key = (db, shards)
+        if key not in self._warehouses:
+            if shards:
+                from txsink.clickhouse.shards import ShardedWarehouse
+
+                self._warehouses[key] = ShardedWarehouse(
+                    [ClickHouseWarehouse(self.shard_client(u), db) for u in shards]
+                )
+            else:
+                self._warehouses[key] = ClickHouseWarehouse(self.client, db)
+        return self._warehouses[key]
+
+    def shard_client(self, url: str) -> Any:
+        if url not in self._shard_clients:
+            if self._connect_shard is None:
+                raise ConfigError(f"this command cannot reach shard {url}: no credentials")
+            self._shard_clients[url] = self._connect_shard(url)
+        return self._shard_clients[url]
 
     def close(self) -> None:
         self.registry.close()
-        close = getattr(self.client, "close", None)
-        if close is not None:
-            close()
+        for client in (self.client, *self._shard_clients.values()):
+            close = getattr(client, "close", None)
+            if close is not None:
+                close()
 
     def __enter__(self) -> Stores:
         return self
@@ -128,7 +154,9 @@ def open_stores(
     except BaseException:
         registry.close()
         raise
-    return Stores(registry, client, staging_database)
+    return Stores(
+        registry, client, staging_database, connect_shard=lambda u: connect(u, user, password)
+    )
 
 
 def resolve_jobs(registry: Registry, job: str | None, root: str = "") -> list[str]:

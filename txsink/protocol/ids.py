@@ -4,13 +4,15 @@ A retry of any step recomputes the same ids and so finds what a lost earlier att
 created (STYLE item 4). Staging names are parsed back by recovery, so the format below
 is part of the on-disk contract::
 
-    <prefix>__<xid>__r<run>_p<spark partition>_a<attempt>_t<task attempt id>
+    <prefix>__<xid>__r<run>_p<spark partition>_a<attempt>_t<task attempt id>[_s<shard>]
 
     prefix = tx_<job, sanitised, at most 40 chars>_<8 hex of sha1(namespace/job)>
     xid    = b<batch>   for a streaming batch, a foreachBatch call or a txn_version save
              u<12 hex>  for a batch save without txn_version
     run    = 8 hex: the writer run (Spark query run, or one batch save); Spark task
              attempt ids restart at 0 in a new run, so the run keeps names unique
+    shard  = a sharded job's shard index (its place in the job's pinned shard list): the
+             server that holds the table; no suffix = the job's only server (shard 0)
 
 A *batch staging* table (``visibility=batch``) gathers every task's staging of one xid
 for one target before the single ``ATTACH PARTITION ALL`` that publishes it::
@@ -33,6 +35,7 @@ JOB_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 _STAGING_RE = re.compile(
     r"^(?P<prefix>tx_[a-z0-9_]*_[0-9a-f]{8})__(?P<xid>[bu][0-9a-f]+)"
     r"__(?:r(?P<run>[0-9a-f]{8})_p(?P<part>\d+)_a(?P<attempt>\d+)_t(?P<tid>\d+)"
+    r"(?:_s(?P<shard>\d+))?"
     r"|all_(?P<tag>[0-9a-f]{8}))$"
 )
 
@@ -74,6 +77,7 @@ class StagingName:
     attempt: int
     task_attempt_id: int
     target_tag: str = ""  # set for a batch staging table (then run etc. are empty)
+    shard: int | None = None  # a sharded job's shard index (None: not sharded, shard 0)
 
     @property
     def batch(self) -> bool:
@@ -87,7 +91,13 @@ class StagingName:
         return (
             f"{self.prefix}__{self.xid}__r{self.run}_p{self.partition}"
             f"_a{self.attempt}_t{self.task_attempt_id}"
+            + ("" if self.shard is None else f"_s{self.shard}")
         )
+
+    @property
+    def shard_index(self) -> int:
+        """The shard that holds this table (0 for a job without shards)."""
+        return self.shard or 0
 
 
 def run_tag(run_id: str) -> str:
@@ -103,9 +113,16 @@ def staging_name(
     attempt: int,
     task_attempt_id: int,
     namespace: str = "",
+    shard: int | None = None,
 ) -> StagingName:
     return StagingName(
-        staging_prefix(job, namespace), xid, run, partition, attempt, task_attempt_id
+        staging_prefix(job, namespace),
+        xid,
+        run,
+        partition,
+        attempt,
+        task_attempt_id,
+        shard=shard,
     )
 
 
@@ -117,8 +134,21 @@ def parse_staging(table: str) -> StagingName | None:
     if m["tag"]:
         return StagingName(m["prefix"], m["xid"], "", -1, -1, -1, m["tag"])
     return StagingName(
-        m["prefix"], m["xid"], m["run"], int(m["part"]), int(m["attempt"]), int(m["tid"])
+        m["prefix"],
+        m["xid"],
+        m["run"],
+        int(m["part"]),
+        int(m["attempt"]),
+        int(m["tid"]),
+        shard=None if m["shard"] is None else int(m["shard"]),
     )
+
+
+def shard_of(table: str) -> int:
+    """The shard index a staging table lives on (0 for names without one, and for
+    names that are not txsink's)."""
+    parsed = parse_staging(table)
+    return parsed.shard_index if parsed is not None else 0
 
 
 def batch_staging_name(prefix: str, xid: str, target: str) -> str:

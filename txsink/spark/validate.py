@@ -177,18 +177,27 @@ def _validate(config: WriterConfig, schema: StructType) -> WritePlan:
     from txsink.driver import borrowed_warehouse
 
     with borrowed_warehouse(config) as warehouse:
-        info = warehouse.target_info(config.table)
-        strict = not_nullable(info.columns)
+        infos = (
+            warehouse.target_infos(config.table)
+            if config.shards
+            else [warehouse.target_info(config.table)]
+        )
+        info = infos[0]
+        strict = tuple(sorted({c for i in infos for c in not_nullable(i.columns)}))
         fields = [
             SparkField(f.name, f.dataType.simpleString(), f.nullable and f.name not in strict)
             for f in schema.fields
         ]
-        problems = check_schema(fields, list(info.columns), table=config.table)
-        if problems:
-            raise SchemaMismatch(
-                f"the DataFrame does not fit {config.table}; nothing was written:\n  - "
-                + "\n  - ".join(problems)
-            )
+        for url, shard_info in zip(config.shard_urls, infos, strict=True):
+            problems = check_schema(fields, list(shard_info.columns), table=config.table)
+            if problems:
+                where = f" on shard {url}" if config.shards else ""
+                raise SchemaMismatch(
+                    f"the DataFrame does not fit {config.table}{where}; nothing was "
+                    f"written:\n  - " + "\n  - ".join(problems)
+                )
+        if config.shards:
+            check_sharded(config, schema, infos)
         pinned, namespace = read_pin(config)
         views: tuple[TargetInfo, ...] = ()
         if info.dependent_views and (pinned or config.mode) != "attach":
@@ -206,6 +215,42 @@ def _validate(config: WriterConfig, schema: StructType) -> WritePlan:
         target_info=info if mode == "attach" else None,
         namespace=namespace,
     )
+
+
+INTEGER_TYPES = ("tinyint", "smallint", "int", "bigint")
+
+
+def check_sharded(config: WriterConfig, schema: StructType, infos: list[TargetInfo]) -> None:
+    """What a sharded job needs (issue 11): attach mode (one xid publishes by MOVE on
+    every shard), partition visibility (one ATTACH cannot span servers), a target on
+    every shard that attach mode can publish into, an integer ``shard_by`` column."""
+    if config.mode == "dedup":
+        raise ConfigError(
+            f"job {config.job}: mode=dedup is not offered with shards (each shard would need "
+            f"its own deterministic blocks and window); use mode=attach. Nothing was written"
+        )
+    if config.visibility == "batch":
+        raise ConfigError(
+            f"job {config.job}: visibility=batch cannot span shards (one ATTACH PARTITION ALL "
+            f"per server is not one step); use visibility=partition. Nothing was written"
+        )
+    for url, info in zip(config.shards, infos, strict=True):
+        blockers = attach_blockers(info)
+        if blockers:
+            raise ConfigError(
+                f"job {config.job}: {config.table} on shard {url} cannot take attach mode, "
+                f"which a sharded job needs: {'; '.join(blockers)}. Nothing was written"
+            )
+    if config.shard_by:
+        found = {f.name: f.dataType.simpleString() for f in schema.fields}
+        kind = found.get(config.shard_by)
+        if kind not in INTEGER_TYPES:
+            raise ConfigError(
+                f"job {config.job}: shard_by={config.shard_by!r} must name an integer column "
+                f"of the DataFrame (the sharding key is intHash64 of it); "
+                + ("there is no such column" if kind is None else f"it is {kind}")
+                + ". Nothing was written"
+            )
 
 
 def pinned_mode(meta: dict[str, Any] | None, table: str | None = None) -> str | None:

@@ -184,59 +184,115 @@ def _stage(
     ident: dict[str, Any],
     started: float,
 ) -> TxCommitMessage:
-    """Executor, attach mode: one task attempt's rows into its own staging table."""
+    """Executor, attach mode: one task attempt's rows into its own staging table (a
+    sharded job: one per shard the rows go to, on that shard)."""
     run_id, xid, batch, ctx = task
     cfg = plan.config
-    name = staging_name(
-        cfg.job,
-        xid,
-        run_tag(run_id),
-        ctx.partitionId(),
-        ctx.attemptNumber(),
-        ctx.taskAttemptId(),
-        plan.namespace,
-    ).table
-    warehouse.create_staging(cfg.table, name, plan.target_info)
+
+    def name_on(shard: int | None) -> str:
+        return staging_name(
+            cfg.job,
+            xid,
+            run_tag(run_id),
+            ctx.partitionId(),
+            ctx.attemptNumber(),
+            ctx.taskAttemptId(),
+            plan.namespace,
+            shard=shard,
+        ).table
 
     def chained() -> Iterator[Any]:
         yield first
         yield from batches
 
+    rows = _guarded(plan, chained(), cfg.block_rows)
+    created: list[str] = []
     try:
-        stats = warehouse.insert_blocks(
-            name,
-            _guarded(plan, chained(), cfg.block_rows),
-            block_rows=cfg.block_rows,
-            block_bytes=cfg.block_bytes,
-        )
+        if cfg.shards:
+            sent = _stage_sharded(plan, warehouse, rows, name_on, created, ctx.partitionId())
+        else:
+            name = name_on(None)
+            warehouse.create_staging(cfg.table, name, plan.target_info)
+            created.append(name)
+            stats = warehouse.insert_blocks(
+                name, rows, block_rows=cfg.block_rows, block_bytes=cfg.block_bytes
+            )
+            sent = {name: stats.rows}
     except BaseException:
         # this attempt failed: its staging is garbage (Spark hands abort() no message
         # for a failed task). A hard crash skips this; recovery drops it then.
         with contextlib.suppress(TxSinkError, OSError):
-            warehouse.drop_staging(name)
+            warehouse.drop_stagings(created)
         raise
-    staged = warehouse.staged_partitions(name)
-    parts = tuple(
-        StagedPart(name, pid, rows, uuids=uuids)
-        for pid, (rows, uuids) in sorted(staged.items())
-        if rows
-    )
-    total = sum(p.rows for p in parts)
-    if total != stats.rows:
-        raise TxSinkError(
-            f"staging table {cfg.staging_database}.{name} holds {total} rows after inserting "
-            f"{stats.rows}; refusing to report it (the batch will be retried)"
-        )
+    parts: list[StagedPart] = []
+    for name, inserted in sent.items():
+        staged = warehouse.staged_partitions(name)
+        mine = [
+            StagedPart(name, pid, n, uuids=uuids) for pid, (n, uuids) in sorted(staged.items()) if n
+        ]
+        total = sum(p.rows for p in mine)
+        if total != inserted:
+            raise TxSinkError(
+                f"staging table {cfg.staging_database}.{name} holds {total} rows after "
+                f"inserting {inserted}; refusing to report it (the batch will be retried)"
+            )
+        parts += mine
     return TxCommitMessage(
         run_id,
         xid,
         batch,
-        parts,
-        (name,),
-        rows=stats.rows,
+        tuple(parts),
+        tuple(sent),
+        rows=sum(sent.values()),
         seconds=time.time() - started,
         extra=ident,
     )
+
+
+def _stage_sharded(
+    plan: WritePlan,
+    warehouse: Any,
+    rows: Iterator[Any],
+    name_on: Any,
+    created: list[str],
+    offset: int,
+) -> dict[str, int]:
+    """Cut every batch by shard (:func:`txsink.clickhouse.shards.split_by_shard`) and send
+    each shard's rows to its own staging table on that shard, in blocks of at most
+    ``block_rows`` / ``block_bytes`` (memory: one pending block per shard)."""
+    from txsink.clickhouse.shards import split_by_shard
+
+    cfg = plan.config
+    pending: dict[int, list[Any]] = {}
+    size: dict[int, tuple[int, int]] = {}
+    names: dict[int, str] = {}
+    sent: dict[str, int] = {}
+
+    def flush(k: int) -> None:
+        if not pending.get(k):
+            return
+        stats = warehouse.insert_blocks(
+            names[k], pending.pop(k), block_rows=cfg.block_rows, block_bytes=cfg.block_bytes
+        )
+        size.pop(k, None)
+        sent[names[k]] = sent.get(names[k], 0) + stats.rows
+
+    for batch in rows:
+        for k, piece in split_by_shard(batch, len(cfg.shards), cfg.shard_by, offset).items():
+            if k not in names:
+                names[k] = name_on(k)
+                created.append(names[k])
+                warehouse.create_staging(cfg.table, names[k], plan.target_info)
+                sent[names[k]] = 0
+            pending.setdefault(k, []).append(piece)
+            n, b = size.get(k, (0, 0))
+            size[k] = (n + piece.num_rows, b + piece.nbytes)
+            if size[k][0] >= cfg.block_rows or size[k][1] >= cfg.block_bytes:
+                flush(k)
+        offset += batch.num_rows
+    for k in list(pending):
+        flush(k)
+    return sent
 
 
 def batch_mode(plan: WritePlan, msgs: list[TxCommitMessage], xid: str) -> Mode:

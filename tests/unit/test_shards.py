@@ -1,0 +1,122 @@
+"""Sharded jobs (issue 11), the pure parts: options, staging names that carry their shard,
+routing of rows and of staging operations (the engine side is tests/integration/
+test_shards.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from txsink.clickhouse.shards import ShardedWarehouse, int_hash64, split_by_shard
+from txsink.config import WriterConfig
+from txsink.errors import ConfigError
+from txsink.protocol.ids import parse_staging, shard_of, staging_name
+
+BASE = {"keeper": "k:2181", "table": "db.t", "job": "j"}
+
+
+def test_shards_option_parses_and_url_defaults_to_the_first_shard() -> None:
+    c = WriterConfig.from_options({**BASE, "shards": "http://a:1, http://b:2/", "shard_by": "id"})
+    assert c.shards == ("http://a:1", "http://b:2") and c.url == "http://a:1"
+    assert c.shard_urls == c.shards and c.shard_by == "id"
+    assert WriterConfig.from_options({**BASE, "url": "http://a:1"}).shard_urls == ("http://a:1",)
+    assert WriterConfig.from_options(c.to_options()).shards == c.shards  # foreach_batch
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"shards": "http://a:1,http://a:1"}, "twice"),
+        ({"shards": "a:1"}, "does not look like"),
+        ({"shards": "http://u:p@a:1"}, "credentials"),
+        ({"shards": "http://a:1", "url": "http://c:3"}, "not one of the shards"),
+        ({"url": "http://a:1", "shard_by": "id"}, "needs 'shards'"),
+    ],
+)
+def test_bad_shard_options_are_refused_with_the_reason(
+    options: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        WriterConfig.from_options({**BASE, **options})
+
+
+def test_a_staging_name_carries_its_shard_and_old_names_are_shard_zero() -> None:
+    sharded = staging_name("j", "b3", "abcdef01", 1, 0, 7, "ns", shard=2).table
+    assert sharded.endswith("_t7_s2") and shard_of(sharded) == 2
+    parsed = parse_staging(sharded)
+    assert parsed is not None and parsed.shard == 2 and parsed.table == sharded
+    plain = staging_name("j", "b3", "abcdef01", 1, 0, 7, "ns").table
+    assert plain.endswith("_t7") and shard_of(plain) == 0
+    assert parse_staging(plain).shard is None  # type: ignore[union-attr]
+
+
+def test_int_hash64_is_clickhouses() -> None:
+    # SELECT intHash64(toInt64(x)) on ClickHouse 26.9 (chdb), for these x
+    values = np.array([0, 1, 42, -1, 2**63 - 1], dtype=np.int64)
+    assert int_hash64(values).tolist() == [
+        4761183170873013810,
+        10577349846663553072,
+        11490350930367293593,
+        14600443904207254319,
+        16054072765933828340,
+    ]
+
+
+def test_rows_are_split_without_loss_by_key_or_evenly() -> None:
+    batch = pa.record_batch({"id": pa.array(range(1000), pa.int64()), "v": pa.array([1] * 1000)})
+    by_key = split_by_shard(batch, 3, "id", 0)
+    assert sum(b.num_rows for b in by_key.values()) == 1000
+    ids = sorted(i for b in by_key.values() for i in b.column(0).to_pylist())
+    assert ids == list(range(1000))
+    even = split_by_shard(batch, 3, "", 5)
+    assert sorted(b.num_rows for b in even.values()) == [333, 333, 334]
+    with pytest.raises(ConfigError, match="integer"):
+        split_by_shard(pa.record_batch({"id": pa.array(["x"])}), 3, "id", 0)
+    with pytest.raises(ConfigError, match="null"):
+        split_by_shard(pa.record_batch({"id": pa.array([1, None], pa.int64())}), 3, "id", 0)
+
+
+class Shard:
+    """Records what was asked of one shard's warehouse."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.calls: list[tuple[str, Any]] = []
+        self.staging_db = "txsink_staging"
+        self.client = None
+
+    def __getattr__(self, name: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append((name, args))
+            if name == "list_staging":
+                return [f"t{self.k}"]
+            if name in ("staging_view", "published_uuids", "partition_rows"):
+                return {} if name != "published_uuids" else frozenset({f"u{self.k}"})
+            if name == "settle":
+                return self.k != 1
+            return None
+
+        return call
+
+
+def test_staging_operations_go_to_the_shard_in_the_name_and_questions_to_every_shard() -> None:
+    shards = [Shard(k) for k in range(3)]
+    wh = ShardedWarehouse(shards)  # type: ignore[arg-type]
+    on = [staging_name("j", "b1", "abcdef01", 0, 0, 9, "ns", shard=k).table for k in range(3)]
+    wh.move_partitions(on[2], ["p1", "p2"], "db.t")
+    assert [c[0] for c in shards[2].calls] == ["move_partitions"]
+    assert not shards[0].calls and not shards[1].calls
+    wh.drop_stagings([on[0], on[2]])
+    assert ("drop_stagings", ([on[0]],)) in shards[0].calls
+    assert ("drop_stagings", ([on[2]],)) in shards[2].calls
+    assert wh.list_staging("tx_j") == ["t0", "t1", "t2"]
+    assert wh.published_uuids("db.t", ["u1"]) == frozenset({"u0", "u1", "u2"})
+    assert wh.settle(["x"]) is False  # one busy shard: not settled
+    bad = staging_name("j", "b1", "abcdef01", 0, 0, 9, "ns", shard=5).table
+    with pytest.raises(ConfigError, match="shard 5"):
+        wh.staged_partitions(bad)
+    with pytest.raises(ConfigError, match="dedup"):
+        wh.insert_blocks("db.t", [], block_rows=1, block_bytes=1)

@@ -1,0 +1,223 @@
+"""A table on several ClickHouse shards, behind the one :class:`~.warehouse.Warehouse`.
+
+One xid spans every shard (issue 11). Nothing above this module knows about shards: the
+protocol works on staging tables, and every staging table of a sharded job carries its
+shard in its name (``..._t<task attempt id>_s<k>``, :mod:`txsink.protocol.ids`), so
+:class:`ShardedWarehouse` sends each operation on a staging table to the server that
+holds it, and each question about "all staging" or "the target" to every server. The
+PREPARED record's manifest therefore names the shard of every staged part, recovery
+rolls an xid forward on every shard, and a shard that does not answer fails the step
+(``UnavailableError`` naming it): the xid stays PREPARED and the next commit or
+``txsink recover`` finishes it there, never a half-forgotten xid.
+
+Shard ``k`` is the k-th URL of the job's ``shards`` option, pinned in the job's Keeper
+meta at its first commit (:func:`txsink.driver.check_job_identity`): a restart with the
+list in another order would send a staging table's MOVE to the wrong server.
+
+Routing of rows (:func:`shard_of_rows`): with ``shard_by`` a row goes where a
+``Distributed`` table with sharding key ``intHash64(shard_by)`` and equal shard weights
+sends it, ``intHash64(value) % shards``; without it rows are spread evenly by position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from txsink.clickhouse.compat import TargetInfo
+from txsink.clickhouse.warehouse import BlockSettings, ClickHouseWarehouse, InsertStats
+from txsink.errors import ConfigError
+from txsink.protocol.ids import shard_of
+
+_SALT = np.uint64(0x4CF2D2BAAE6DA887)  # ClickHouse's IntHash64Impl xors this in first
+_M1 = np.uint64(0xFF51AFD7ED558CCD)
+_M2 = np.uint64(0xC4CEB9FE1A85EC53)
+_S33 = np.uint64(33)
+
+
+def int_hash64(values: np.ndarray) -> np.ndarray:
+    """ClickHouse's ``intHash64`` of integers (as UInt64: signed values wrap), vectorised."""
+    x = values.astype(np.int64, copy=False).view(np.uint64) ^ _SALT
+    with np.errstate(over="ignore"):
+        x = x ^ (x >> _S33)
+        x = x * _M1
+        x = x ^ (x >> _S33)
+        x = x * _M2
+        x = x ^ (x >> _S33)
+    return x
+
+
+def shard_of_rows(batch: pa.RecordBatch, shards: int, shard_by: str, offset: int) -> np.ndarray:
+    """The shard index of every row of ``batch``: ``intHash64(shard_by) % shards``, or,
+    without ``shard_by``, round robin starting at ``offset`` (rows spread evenly)."""
+    n = batch.num_rows
+    if not shard_by:
+        return (np.arange(offset, offset + n, dtype=np.int64) % shards).astype(np.int64)
+    idx = batch.schema.get_field_index(shard_by)
+    if idx < 0:
+        raise ConfigError(f"shard_by column {shard_by!r} is not in the DataFrame")
+    column = batch.column(idx)
+    if not pa.types.is_integer(column.type):
+        raise ConfigError(
+            f"shard_by column {shard_by!r} is {column.type}; it must be an integer column "
+            f"(the sharding key is intHash64({shard_by})). Derive one, e.g. "
+            f"cityHash64 of a string, in the DataFrame"
+        )
+    if column.null_count:
+        raise ConfigError(f"shard_by column {shard_by!r} has null values; a row needs a shard")
+    values = column.to_numpy(zero_copy_only=False)
+    if values.dtype == np.uint64:
+        values = values.view(np.int64)
+    return (int_hash64(values.astype(np.int64)) % np.uint64(shards)).astype(np.int64)
+
+
+def split_by_shard(
+    batch: pa.RecordBatch, shards: int, shard_by: str, offset: int
+) -> dict[int, pa.RecordBatch]:
+    """``batch`` cut into the rows of each shard (shards without rows left out)."""
+    where = shard_of_rows(batch, shards, shard_by, offset)
+    out: dict[int, pa.RecordBatch] = {}
+    for k in range(shards):
+        mask = where == k
+        if mask.any():
+            out[k] = batch.filter(pa.array(mask))
+    return out
+
+
+class ShardedWarehouse:
+    """:class:`~.warehouse.Warehouse` over one :class:`ClickHouseWarehouse` per shard."""
+
+    def __init__(self, shards: Sequence[ClickHouseWarehouse]) -> None:
+        if not shards:
+            raise ConfigError("a sharded warehouse needs at least one shard")
+        self.shards = list(shards)
+        self.staging_db = self.shards[0].staging_db
+        self.client = self.shards[0].client  # "a" server: clocks, settings defaults
+
+    def _on(self, table: str) -> ClickHouseWarehouse:
+        k = shard_of(table)
+        if k >= len(self.shards):
+            raise ConfigError(
+                f"staging table {table} lives on shard {k}, but this job has "
+                f"{len(self.shards)} shard(s): the shards option changed? The job pins its "
+                "shard list; see docs/options.md#shards"
+            )
+        return self.shards[k]
+
+    def _grouped(self, tables: Iterable[str]) -> dict[int, list[str]]:
+        by: dict[int, list[str]] = {}
+        for table in tables:
+            self._on(table)
+            by.setdefault(shard_of(table), []).append(table)
+        return by
+
+    def close(self) -> None:
+        for shard in self.shards:
+            shard.client.close()
+
+    # -- staging: routed by the shard in the name ------------------------------------
+
+    def staging_view(self, tables: Iterable[str]) -> dict[str, dict[str, int] | None]:
+        view: dict[str, dict[str, int] | None] = {}
+        for k, names in self._grouped(tables).items():
+            view.update(self.shards[k].staging_view(names))
+        return view
+
+    def move_partition(self, staging: str, partition_id: str, target: str) -> None:
+        self._on(staging).move_partition(staging, partition_id, target)
+
+    def move_partitions(self, staging: str, partition_ids: Sequence[str], target: str) -> None:
+        self._on(staging).move_partitions(staging, partition_ids, target)
+
+    def drop_staging(self, table: str) -> None:
+        self._on(table).drop_staging(table)
+
+    def drop_stagings(self, tables: Sequence[str]) -> None:
+        for k, names in self._grouped(tables).items():
+            self.shards[k].drop_stagings(names)
+
+    def create_staging(self, target: str, table: str, expected: TargetInfo | None = None) -> None:
+        self._on(table).create_staging(target, table, expected)
+
+    def insert_blocks(
+        self,
+        table: str,
+        batches: Iterable[pa.RecordBatch],
+        *,
+        block_rows: int,
+        block_bytes: int,
+        settings: BlockSettings = None,
+    ) -> InsertStats:
+        if "." in table or "`" in table:
+            raise ConfigError(
+                f"inserting into {table} directly is dedup mode, which a sharded job does not "
+                "offer (each shard would need its own deterministic blocks); use mode=attach"
+            )
+        return self._on(table).insert_blocks(
+            table, batches, block_rows=block_rows, block_bytes=block_bytes, settings=settings
+        )
+
+    def staged_partitions(
+        self, table: str, every_part: bool = False
+    ) -> dict[str, tuple[int, tuple[str, ...]]]:
+        return self._on(table).staged_partitions(table, every_part)
+
+    # -- questions about every shard ---------------------------------------------------
+
+    def list_staging(self, prefix: str) -> list[str]:
+        return sorted(t for shard in self.shards for t in shard.list_staging(prefix))
+
+    def staging_sizes(self, prefix: str) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for shard in self.shards:
+            out.update(shard.staging_sizes(prefix))
+        return out
+
+    def ensure_staging_db(self) -> None:
+        for shard in self.shards:
+            shard.ensure_staging_db()
+
+    def partition_rows(self, table: str, db: str | None = None) -> dict[str, int]:
+        """Rows per partition id summed over the shards (the job's whole table)."""
+        out: dict[str, int] = {}
+        for shard in self.shards:
+            for pid, n in shard.partition_rows(table, db).items():
+                out[pid] = out.get(pid, 0) + n
+        return out
+
+    def partition_rows_by_shard(self, table: str) -> list[dict[str, int]]:
+        return [shard.partition_rows(table) for shard in self.shards]
+
+    def published_uuids(self, target: str, uuids: Iterable[str]) -> frozenset[str]:
+        wanted = sorted(set(uuids))
+        found: frozenset[str] = frozenset()
+        for shard in self.shards:
+            found |= shard.published_uuids(target, wanted)
+        return found
+
+    def settle(self, names: Iterable[str]) -> bool:
+        wanted = list(names)
+        return all(shard.settle(wanted) for shard in self.shards)
+
+    def target_info(self, target: str, *, views: bool = True) -> TargetInfo:
+        """The first shard's table (validation checks every shard: :meth:`target_infos`)."""
+        return self.shards[0].target_info(target, views=views)
+
+    def target_infos(self, target: str) -> list[TargetInfo]:
+        return [shard.target_info(target) for shard in self.shards]
+
+    def dependent_views(self, target: str) -> tuple[str, ...]:
+        return tuple(sorted({v for shard in self.shards for v in shard.dependent_views(target)}))
+
+    # -- visibility=batch: one ATTACH per table cannot span servers ---------------------
+
+    def create_batch_staging(self, table: str, like: str) -> None:
+        raise ConfigError("visibility=batch cannot span shards; use visibility=partition")
+
+    def attach_all(self, staging: str, target: str) -> None:
+        raise ConfigError("visibility=batch cannot span shards; use visibility=partition")
+
+    def consolidate(self, staging: str, partition_id: str, batch_staging: str) -> None:
+        raise ConfigError("visibility=batch cannot span shards; use visibility=partition")
