@@ -216,7 +216,7 @@ def section_shards(r: dict[str, Any]) -> list[str]:
     if not sh:
         return []
     out = [
-        "## 2b. One xid across shards",
+        "## 2c. One xid across shards",
         "",
         "`benchmarks/shards.py`: a cluster of its own (`txsink embedded up --shards 3`: three "
         "chdb endpoints, one ZooKeeper). Batch `save()` of the narrow dataset with "
