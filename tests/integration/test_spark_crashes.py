@@ -4,6 +4,12 @@ Each test runs the streaming job (``python -m txsink.demo job``) in a subprocess
 the embedded stack, crashes it (fault point or ``kill -9`` of the driver's process
 group), restarts it from the same checkpoint and finally checks
 ``count() == uniqExact(id) == produced`` and the sum of a value column.
+
+The data source's stream crashed at *every* fault point in turn (then kill -9) runs on a
+3-shard cluster in tests/integration/test_shards.py: the same streaming writer, commit and
+recovery, every staging operation going through the sharded warehouse onto real
+endpoints. Every driver point on one server: tests/integration/test_multi_table.py (and,
+with a view, test_dedup_mode.py); the nemesis streams lose the reply of every step.
 """
 
 from __future__ import annotations
@@ -15,27 +21,9 @@ import pytest
 from tests.integration.sparkjob import assert_exact, new_job, staging_left
 from txsink.demo import kill_after_progress
 from txsink.driver import open_registry
-from txsink.faults import POINTS
 from txsink.protocol.states import XidState
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
-
-
-def test_crash_at_every_fault_point_in_turn_then_restart_publishes_every_row_exactly_once(
-    stack, ch, fresh_db, tmp_path
-):
-    """One stream crashed at each fault point in turn (each run dies at its point, the
-    next run recovers what it left and goes on), then a clean run: every row once."""
-    job = new_job(tmp_path, ch, fresh_db, stack.url, stack.keeper, files=14, rows_per_file=1000)
-    for point in POINTS:
-        crashed = job.run(fault=point, fault_after=1, files_per_trigger=1)
-        assert crashed != 0, f"the job was supposed to die at {point}\n{job.log_tail()}"
-    assert job.run() == 0, job.log_tail()
-    assert_exact(ch, job)
-    assert staging_left(ch, job) == []
-    records = job.records()
-    assert records and all(r.state is XidState.COMMITTED for r in records)
-    assert sorted(r.batch for r in records) == list(range(len(records)))
 
 
 def test_random_kill_minus_9_of_the_driver_several_times_is_exact(stack, ch, fresh_db, tmp_path):
