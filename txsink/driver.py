@@ -106,18 +106,19 @@ def open_job(config: WriterConfig) -> JobHandle:
     except BaseException:
         registry.close()
         raise
-    return JobHandle(
-        config,
+    return job_handle(config, registry, warehouse)
+
+
+def job_handle(config: WriterConfig, registry: Registry, warehouse: Any) -> JobHandle:
+    """The handle of ``config``'s job over these stores (its Transactor included)."""
+    transactor = Transactor(
         registry,
         warehouse,
-        Transactor(
-            registry,
-            warehouse,
-            config.job,
-            retention=config.retention,
-            publish_retry_s=config.publish_retry_s,
-        ),
+        config.job,
+        retention=config.retention,
+        publish_retry_s=config.publish_retry_s,
     )
+    return JobHandle(config, registry, warehouse, transactor)
 
 
 # ------------------------------------------------------------------ reuse of connections
@@ -264,18 +265,7 @@ def borrowed_warehouse(config: WriterConfig) -> contextlib.AbstractContextManage
 def borrowed_job(config: WriterConfig) -> Iterator[JobHandle]:
     """:func:`open_job` on pooled connections; nothing to close."""
     with borrowed_registry(config) as registry, borrowed_warehouse(config) as warehouse:
-        yield JobHandle(
-            config,
-            registry,
-            warehouse,
-            Transactor(
-                registry,
-                warehouse,
-                config.job,
-                retention=config.retention,
-                publish_retry_s=config.publish_retry_s,
-            ),
-        )
+        yield job_handle(config, registry, warehouse)
 
 
 def job_meta(
