@@ -17,6 +17,8 @@ from txsink.clickhouse.compat import (
     parse_ch_type,
     parse_spark_type,
     split_top_level,
+    staging_engine_clause,
+    staging_keeper_path,
     unwrap,
 )
 
@@ -238,8 +240,8 @@ def test_plain_merge_tree_family_without_partition_key_has_no_blockers(engine: s
         ("Log", "Log"),
         ("View", "View"),
         ("MaterializedView", "MaterializedView"),
-        ("ReplicatedMergeTree", "Replicated"),
-        ("SharedMergeTree", "Replicated"),
+        ("ReplicatedMergeTree", "system.replicas"),  # not listed: no Keeper path known
+        ("SharedMergeTree", "SharedMergeTree"),
     ],
 )
 def test_each_blocker_names_table_and_remedy(engine: str, word: str) -> None:
@@ -258,6 +260,69 @@ def test_dependent_materialized_views_block_attach_and_are_named() -> None:
 
 def test_blockers_accumulate() -> None:
     assert len(attach_blockers(info("ReplicatedMergeTree", dependent_views=("db.mv",)))) == 2
+
+
+REPLICATED_FULL = (
+    "ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/db/events', '{replica}', ver) "
+    "PARTITION BY toYYYYMM(day) ORDER BY (id, 'a TTL b') TTL day + toIntervalYear(1) "
+    "SETTINGS index_granularity = 8192, parts_to_throw_insert = 500, "
+    "deduplicate_merge_projection_mode = 'drop', storage_policy = 'x SETTINGS y'"
+)
+
+
+def replicated(**kw: object) -> TargetInfo:
+    fields: dict[str, object] = {
+        "engine_full": REPLICATED_FULL,
+        "zookeeper_path": "/clickhouse/tables/01/db/events",
+        "replica_name": "r1",
+    }
+    fields.update(kw)
+    engine = str(fields.pop("engine", "ReplicatedReplacingMergeTree"))
+    return info(engine, **fields)
+
+
+def test_a_listed_replicated_target_can_be_published_by_move() -> None:
+    assert attach_blockers(replicated()) == []
+
+
+def test_staging_keeper_path_is_a_sibling_of_the_target_path_never_inside_it() -> None:
+    path = staging_keeper_path(replicated(), "txsink_staging", "j__b1__r0_p0_a0_t1")
+    assert path == (
+        "/clickhouse/tables/01/db/events_txsink_staging/txsink_staging/j__b1__r0_p0_a0_t1"
+    )
+    assert not path.startswith("/clickhouse/tables/01/db/events/")
+
+
+def test_staging_engine_replaces_path_and_replica_keeps_keys_and_extra_arguments() -> None:
+    clause = staging_engine_clause(replicated(), "/p/s'1", {"parts_to_throw_insert": 10**9, "a": 1})
+    assert clause.startswith(
+        "ENGINE = ReplicatedReplacingMergeTree('/p/s\\'1', 'r1', ver) "
+        "PARTITION BY toYYYYMM(day) ORDER BY (id, 'a TTL b') SETTINGS "
+    )
+    settings = clause.split(") SETTINGS ", 1)[1]
+    assert "toIntervalYear" not in clause  # the table TTL is left out, the literal kept
+    assert settings.split(", ") == [
+        "index_granularity = 8192",
+        "deduplicate_merge_projection_mode = 'drop'",  # needed by projections on Replacing
+        "storage_policy = 'x SETTINGS y'",
+        "parts_to_throw_insert = 1000000000",  # staging's own value wins
+        "a = 1",
+    ]
+
+
+def test_staging_engine_without_settings_or_ttl() -> None:
+    target = replicated(
+        engine="ReplicatedMergeTree",
+        engine_full="ReplicatedMergeTree('/t', '{replica}') ORDER BY id",
+    )
+    assert staging_engine_clause(target, "/s", {"x": 1}) == (
+        "ENGINE = ReplicatedMergeTree('/s', 'r1') ORDER BY id SETTINGS x = 1"
+    )
+
+
+def test_staging_engine_refuses_a_non_replicated_target() -> None:
+    with pytest.raises(ValueError):
+        staging_engine_clause(info(), "/s", {})
 
 
 def test_dedup_needs_a_dedup_window() -> None:

@@ -43,6 +43,14 @@ def register(subparsers: Any) -> None:
                 help="ClickHouse endpoints to run, each its own engine, data dir and port "
                 "(the ClickHouse port + k for shard k); default 1, or what already runs",
             )
+            sub.add_argument(
+                "--replicated",
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help="give ClickHouse the ZooKeeper and macros {shard}/{replica}, so "
+                "Replicated*MergeTree tables can be created (DDL and Keeper paths only: "
+                "chdb keeps them read-only); applies to endpoints started now",
+            )
         else:  # accepted for symmetry; the pid files know the ports
             sub.add_argument("--clickhouse-port", type=int, default=None, help=argparse.SUPPRESS)
             sub.add_argument("--zookeeper-port", type=int, default=None, help=argparse.SUPPRESS)
@@ -52,7 +60,12 @@ def register(subparsers: Any) -> None:
 def _up(args: argparse.Namespace, out: Output) -> int:
     out.progress("starting the embedded stack (chdb ClickHouse endpoint(s) + ZooKeeper)...")
     info = stack.up(
-        args.dir, args.clickhouse_port, args.zookeeper_port, args.timeout, shards=args.shards
+        args.dir,
+        args.clickhouse_port,
+        args.zookeeper_port,
+        args.timeout,
+        shards=args.shards,
+        replicated=args.replicated,
     )
     payload: dict[str, Any] = {
         "url": info.url,

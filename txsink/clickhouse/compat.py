@@ -70,6 +70,10 @@ class TargetInfo:
     projections: tuple[str, ...] = ()  # "name: query"
     table_ttl: bool = False  # a table-level TTL (rows are deleted by TTL merges)
     ttl_columns: tuple[str, ...] = ()  # columns with a column TTL (values reset)
+    # Replicated*MergeTree only (system.replicas): the table's Keeper path and replica
+    # name on the server txsink talks to, macros expanded; "" when not replicated
+    zookeeper_path: str = ""
+    replica_name: str = ""
 
     @property
     def name(self) -> str:
@@ -153,11 +157,16 @@ def attach_blockers(info: TargetInfo) -> list[str]:
             f"target {t} uses engine {info.engine}, which has no partitions to move "
             f"(MergeTree family only); {remedy}"
         )
-    if info.is_replicated:
+    if info.engine.startswith("Shared"):
         out.append(
-            f"target {t} uses {info.engine}: the embedded chdb engine cannot host "
-            f"replicated tables, and on a real server the staging tables would have to be "
-            f"Replicated too (not implemented); {remedy}"
+            f"target {t} uses {info.engine} (ClickHouse Cloud): txsink creates its staging "
+            f"tables per replica, which SharedMergeTree has no notion of; {remedy}"
+        )
+    elif info.is_replicated and not (info.zookeeper_path and info.replica_name):
+        out.append(
+            f"target {t} uses {info.engine} but system.replicas does not list it on this "
+            f"server, so txsink cannot give its staging a Keeper path of its own: check the "
+            f"server's <zookeeper> configuration, or {remedy}"
         )
     if info.dependent_views:
         views = ", ".join(info.dependent_views)
@@ -166,6 +175,92 @@ def attach_blockers(info: TargetInfo) -> list[str]:
             f"them, so they would miss the rows; {remedy}"
         )
     return out
+
+
+STAGING_KEEPER_SUFFIX = "_txsink_staging"
+
+
+def staging_keeper_path(target: TargetInfo, staging_db: str, staging_table: str) -> str:
+    """The Keeper path of the staging table of a replicated target: a sibling of the
+    target's own path (``<target path>_txsink_staging/<staging db>/<staging table>``),
+    never inside it, with the target's macros already expanded, so it is unique wherever
+    the target's path is (each shard's, each cluster's) and names one staging table."""
+    return f"{target.zookeeper_path}{STAGING_KEEPER_SUFFIX}/{staging_db}/{staging_table}"
+
+
+def staging_engine_clause(
+    target: TargetInfo, keeper_path: str, staging_settings: Mapping[str, object]
+) -> str:
+    """``ENGINE = ...`` for the staging table of a ``Replicated*MergeTree`` target.
+
+    ``CREATE TABLE s AS target`` would copy the target's Keeper path and replica name,
+    and fail (REPLICA_ALREADY_EXISTS) or, with a path built from ``{table}``, make
+    staging a second replicated table nobody asked for. Staging must stay replicated
+    (``MOVE PARTITION`` only moves within one engine family), so its engine is the
+    target's with the first two arguments replaced by ``keeper_path`` and the target's
+    replica name (other arguments, e.g. a Replacing version column, are kept), the
+    target's keys, its settings overridden by ``staging_settings``, and no table TTL
+    (staging keeps every row; removing it later would be an ALTER, which a replica
+    that is read-only refuses). Columns, indices and projections come with ``AS``.
+    """
+    text = target.engine_full.strip()
+    m = re.match(r"[A-Za-z0-9_]+", text)
+    if not m or not target.is_replicated:
+        raise ValueError(f"{target.name} is not a replicated MergeTree: {text!r}")
+    name, rest = m.group(0), text[m.end() :]
+    args: list[str] = []
+    if rest.lstrip().startswith("("):
+        rest = rest.lstrip()
+        end = _closing_paren(rest)
+        args = split_top_level(rest[1:end])
+        rest = rest[end + 1 :]
+    if len(args) >= 2 and all(a.startswith("'") for a in args[:2]):
+        args = args[2:]
+    masked = _mask_quoted(rest)
+    at = re.search(r"\sSETTINGS\s", masked)
+    body, settings_text = (rest, "") if at is None else (rest[: at.start()], rest[at.end() :])
+    ttl = re.search(r"\sTTL\s", _mask_quoted(body))
+    if ttl is not None:  # TTL is the last clause before SETTINGS
+        body = body[: ttl.start()]
+    settings = [
+        kv for kv in split_top_level(settings_text)
+        if kv and kv.split("=", 1)[0].strip() not in staging_settings
+    ]  # fmt: skip
+    settings += [f"{k} = {v}" for k, v in staging_settings.items()]
+    engine_args = ", ".join([_sql_string(keeper_path), _sql_string(target.replica_name), *args])
+    return f"ENGINE = {name}({engine_args}) {body.strip()} SETTINGS {', '.join(settings)}"
+
+
+def _closing_paren(text: str) -> int:
+    """Index of the parenthesis closing the one ``text`` starts with (quote-aware)."""
+    depth, quote, i = 0, "", 0
+    while i < len(text):
+        ch = text[i]
+        if quote:
+            if ch == "\\":
+                i += 1
+            elif ch == quote:
+                quote = ""
+        elif ch in "'`\"":
+            quote = ch
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    raise ValueError(f"unbalanced parentheses in {text!r}")
+
+
+def _mask_quoted(text: str) -> str:
+    """``text`` with the inside of every quoted string blanked (same length), so keyword
+    searches do not match inside literals."""
+    return re.sub(r"'(?:[^'\\]|\\.)*'", lambda m: "'" + "_" * (len(m.group(0)) - 2) + "'", text)
+
+
+def _sql_string(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def dedup_blockers(

@@ -10,6 +10,10 @@ Invariants:
 - a staging table is ``CREATE TABLE staging AS target`` (ClickHouse 26.9 copies columns
   with codecs and defaults, keys, SAMPLE BY, TTL, settings, indices and projections), then
   checked against the target with :func:`~.compat.check_move_compat` before any row lands;
+  a ``Replicated*MergeTree`` target's staging is replicated too (``MOVE PARTITION`` stays
+  within one engine family) on the replica txsink talks to, under a Keeper path of its
+  own (:func:`~.compat.staging_keeper_path`, never the target's), which its ``DROP ...
+  SYNC`` removes;
 - staging keeps every row it was sent until published: before any row lands its table
   and column TTLs are removed and table settings (persistent, unlike ``SYSTEM STOP
   MERGES``) disable merges and insert deduplication and give every part a UUID (the
@@ -46,6 +50,8 @@ from txsink.clickhouse.compat import (
     check_move_compat,
     plan_column_catch_up,
     split_top_level,
+    staging_engine_clause,
+    staging_keeper_path,
 )
 from txsink.errors import ConfigError, RecoveryAlarm, TxSinkError
 from txsink.protocol.ids import parse_staging
@@ -54,6 +60,9 @@ from txsink.protocol.states import MAX_PART_UUIDS, short_uuids
 log = logging.getLogger(__name__)
 
 DEFAULT_STAGING_DB = "txsink_staging"
+TABLE_ALREADY_EXISTS = 57
+REPLICA_ALREADY_EXISTS = 253
+METADATA_MISMATCH = 342  # a leftover at the path, of a table the target has outgrown
 _PARTITION_ID_RE = re.compile(r"^[A-Za-z0-9_\-]+$")
 _DB_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 DEDUP_SETTING_KEYS = ("non_replicated_deduplication_window", "replicated_deduplication_window")
@@ -306,7 +315,8 @@ class ClickHouseWarehouse:
             f"FROM system.data_skipping_indices {sub}), "
             f"(SELECT groupArray((name, query)) FROM system.projections {sub}), "
             "(SELECT groupArray((name, value)) FROM system.merge_tree_settings "
-            f"WHERE name IN {{names:Array(String)}}), {mvs} "
+            f"WHERE name IN {{names:Array(String)}}), {mvs}, "
+            f"(SELECT groupArray((zookeeper_path, replica_name)) FROM system.replicas {sub}) "
             "FROM system.tables WHERE database = {db:String} AND name = {t:String}",
             parameters={"db": db, "t": name, "names": list(MERGE_TREE_SETTING_KEYS)},
             what=f"inspect {target}",
@@ -320,8 +330,9 @@ class ClickHouseWarehouse:
             )
         (
             engine, engine_full, pkey, skey, prkey, sampling, policy, dep_dbs, dep_tables, ddl,
-            cols, idx, projs, defaults, views_found,
+            cols, idx, projs, defaults, views_found, replicas,
         ) = rows[0]  # fmt: skip
+        keeper_path, replica = (str(replicas[0][0]), str(replicas[0][1])) if replicas else ("", "")
         columns = tuple(ColumnInfo(n, t, k, e, c) for _, n, t, k, e, c in sorted(cols))
         found = {f"{d}.{t}" for d, t in zip(dep_dbs, dep_tables, strict=False)}
         found |= {
@@ -352,6 +363,8 @@ class ClickHouseWarehouse:
             projections=projections,
             table_ttl=bool(_TTL_RE.search(_QUOTED_RE.sub("''", str(engine_full)))),
             ttl_columns=ttl_columns(str(ddl)),
+            zookeeper_path=keeper_path,
+            replica_name=replica,
         )
 
     def dependent_views(self, target: str) -> tuple[str, ...]:
@@ -396,15 +409,43 @@ class ClickHouseWarehouse:
         reused within an epoch): it is dropped and the table created again. ``expected``
         is the target as the driver saw it (saves one round of system-table queries per
         task); on a mismatch the target is read again before giving up, in case it was
-        altered.
+        altered. A replicated target's staging gets an engine clause of its own
+        (:meth:`_create`).
         """
         fq = self._staging(table, "create")
+        wanted = expected or self.target_info(target)
+        staged = self._create(fq, target, table, wanted)
+        problem = check_move_compat(staged, wanted)
+        if problem and expected is not None:
+            wanted = self.target_info(target)
+            problem = check_move_compat(staged, wanted)
+            if problem and wanted.is_replicated:  # its engine clause came from the stale view
+                staged = self._create(fq, target, table, wanted)
+                problem = check_move_compat(staged, wanted)
+        if problem:
+            self.client.command(f"DROP TABLE IF EXISTS {fq} SYNC")
+            raise ConfigError(problem)
+        self._protect(fq, staged)
+
+    def _create(self, fq: str, target: str, table: str, wanted: TargetInfo) -> TargetInfo:
+        """``CREATE TABLE fq AS target`` with the staging settings, replacing a garbage
+        table of the same name; for a replicated target, with an engine clause of its own
+        (:func:`~.compat.staging_engine_clause`) whose Keeper path a leftover replica may
+        hold (a DROP that never reached Keeper): that replica is dropped from Keeper first
+        (the path is txsink's own and names this one staging table; ClickHouse refuses to
+        drop a replica that is active or attached).
+        Returns the staging table as created."""
         db, name = split_table(target)
         settings = ", ".join(f"{k} = {v}" for k, v in STAGING_SETTINGS.items())
+        storage = f"SETTINGS {settings}"
+        keeper_path = ""
+        if wanted.is_replicated:
+            keeper_path = staging_keeper_path(wanted, self.staging_db, table)
+            storage = staging_engine_clause(wanted, keeper_path, STAGING_SETTINGS)
 
         def create() -> None:
             self.client.command(
-                f"CREATE TABLE {fq} AS {qualified(db, name)} SETTINGS {settings}",
+                f"CREATE TABLE {fq} AS {qualified(db, name)} {storage}",
                 idempotent=False,  # a blind repeat after a lost reply fails "already exists"
                 table=target,
                 what=f"create staging {self.staging_db}.{table} AS {target}",
@@ -413,22 +454,22 @@ class ClickHouseWarehouse:
         try:
             create()
         except TxSinkError as exc:
-            if exc.code != 57:  # TABLE_ALREADY_EXISTS
+            if exc.code == TABLE_ALREADY_EXISTS:
+                self.client.command(
+                    f"DROP TABLE IF EXISTS {fq} SYNC", table=f"{self.staging_db}.{table}"
+                )
+            elif exc.code in (REPLICA_ALREADY_EXISTS, METADATA_MISMATCH) and keeper_path:
+                log.warning("staging %s: dropping leftover replica at %s", fq, keeper_path)
+                self.client.command(
+                    f"SYSTEM DROP REPLICA {quote_literal(wanted.replica_name)} "
+                    f"FROM ZKPATH {quote_literal(keeper_path)}",
+                    table=f"{self.staging_db}.{table}",
+                    what=f"drop the leftover Keeper replica of staging {fq}",
+                )
+            else:
                 raise
-            self.client.command(
-                f"DROP TABLE IF EXISTS {fq} SYNC", table=f"{self.staging_db}.{table}"
-            )
             create()
-        staged = self.target_info(f"{self.staging_db}.{table}", views=False)
-        wanted = expected or self.target_info(target)
-        problem = check_move_compat(staged, wanted)
-        if problem and expected is not None:
-            wanted = self.target_info(target)
-            problem = check_move_compat(staged, wanted)
-        if problem:
-            self.client.command(f"DROP TABLE IF EXISTS {fq} SYNC")
-            raise ConfigError(problem)
-        self._protect(fq, staged)
+        return self.target_info(f"{self.staging_db}.{table}", views=False)
 
     def _protect(self, fq: str, staged: TargetInfo) -> None:
         """Make the (still empty) staging table keep every row until it is moved.

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import threading
 import time
 import uuid
@@ -28,6 +29,7 @@ import chdb
 from txsink.embedded.http_errors import (
     SESSION_IS_LOCKED,
     SESSION_NOT_FOUND,
+    TABLE_IS_READ_ONLY,
     TOO_MANY_PARTS,
     TOO_MANY_SESSIONS,
     ClientGone,
@@ -40,6 +42,11 @@ from txsink.embedded.transfer import Body
 log = logging.getLogger("txsink.embedded.server")  # one logger for the endpoint process
 
 MAX_SESSIONS = 1024
+_INSERT_TABLE_RE = re.compile(
+    r"\s*INSERT\s+INTO\s+(?:TABLE\s+)?((?:`[^`]+`|\"[^\"]+\"|[\w]+)"
+    r"(?:\.(?:`[^`]+`|\"[^\"]+\"|[\w]+))?)",
+    re.IGNORECASE,
+)
 IDLE_POOL = 8
 TRACK_IGNORED = frozenset({"database"})  # chdb reports it as a changed setting; USE owns it
 
@@ -74,6 +81,8 @@ class Engine:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        # given a Keeper (a config file), replicated tables exist and are read-only
+        self.replicated = "config-file=" in path
         self._pool: list[EngineConn] = []
         self._pool_lock = threading.Lock()
         self._sessions: dict[str, Session] = {}
@@ -254,6 +263,8 @@ class Engine:
         are asked whether the insert was rejected; if so it is cancelled and answered
         with ClickHouse's error (one small query per insert; inserts are whole blocks).
         """
+        if self.replicated:
+            self._refuse_read_only(sql)
         marker = f"txsink-insert-{uuid.uuid4().hex}"
         with self._global:
             try:
@@ -283,6 +294,35 @@ class Engine:
                 if isinstance(exc, Exception):
                     raise engine_error(exc) from exc
                 raise
+
+    def _refuse_read_only(self, sql: str) -> None:
+        """Answer TABLE_IS_READ_ONLY for an insert into a read-only replica at once.
+
+        chdb's streaming insert into one waits about 140 s for Keeper retries, then
+        reports success with nothing written (checked on 26.9): a silent loss."""
+        m = _INSERT_TABLE_RE.match(sql)
+        if m is None:
+            return
+        db, _, table = (part.strip('`"') for part in m.group(1).rpartition("."))
+        ec = self._acquire()
+        try:
+            with self._global:
+                found = ec.conn.query(
+                    "SELECT replica_path FROM system.replicas WHERE is_readonly AND "
+                    "database = if({d:String} = '', currentDatabase(), {d:String}) "
+                    "AND table = {t:String}",
+                    "TabSeparatedRaw",
+                    params={"d": db, "t": table},
+                )
+            path = bytes(found.bytes()).decode().strip()
+        finally:
+            self._release(ec)
+        if path:
+            raise HttpError(
+                TABLE_IS_READ_ONLY,
+                f"Code: 242. DB::Exception: Table is in readonly mode: replica_path={path}. "
+                "(TABLE_IS_READ_ONLY)",
+            )
 
     def _rejected(self, marker: str) -> bool:
         """Whether the running insert whose text contains ``marker`` was rejected."""

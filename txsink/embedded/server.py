@@ -435,11 +435,16 @@ class Server(ThreadingHTTPServer):
     request_queue_size = 128
 
 
-def serve(data_dir: str, port: int, host: str = "127.0.0.1") -> None:
-    """Run the endpoint until SIGTERM/SIGINT."""
+def serve(
+    data_dir: str, port: int, host: str = "127.0.0.1", config_file: str | None = None
+) -> None:
+    """Run the endpoint until SIGTERM/SIGINT. ``config_file``: a ClickHouse server config
+    chdb reads (``<zookeeper>``, ``<macros>``: see
+    :func:`txsink.embedded.stack.keeper_config`)."""
     root = Path(data_dir)
     root.mkdir(parents=True, exist_ok=True)
-    engine = Engine(str(root / "chdb"))
+    path = str(root / "chdb")
+    engine = Engine(f"file:{path}?config-file={config_file}" if config_file else path)
     handler = type("BoundHandler", (Handler,), {"engine": engine})
     server = Server((host, port), handler)
     stop = threading.Event()
@@ -473,6 +478,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", required=True, help="data directory (chdb files, log)")
     parser.add_argument("--port", type=int, default=18123)
     parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument(
+        "--config-file", help="ClickHouse config for chdb (e.g. <zookeeper>, <macros>)"
+    )
     parser.add_argument("--log-level", default=os.environ.get("TXSINK_EMBEDDED_LOG", "INFO"))
     args = parser.parse_args(argv)
     Path(args.data).mkdir(parents=True, exist_ok=True)
@@ -481,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s",
     )
-    serve(args.data, args.port, args.host)
+    serve(args.data, args.port, args.host, args.config_file)
     return 0
 
 

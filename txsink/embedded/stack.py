@@ -44,6 +44,7 @@ DEFAULT_TIMEOUT = 60.0
 STOP_GRACE_SECONDS = 10.0
 DIR_ENV = "TXSINK_EMBEDDED_DIR"
 SERVER_MODULE = "txsink.embedded.server"
+KEEPER_CONFIG = "chdb-config.xml"  # in a shard's data dir: the endpoint talks to ZooKeeper
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -206,8 +207,34 @@ def _answers(name: str, port: int) -> bool:
 def _argv(root: Path, name: str, port: int) -> list[str]:
     if _is_clickhouse(name):
         data = root / name
-        return [sys.executable, "-m", SERVER_MODULE, "--data", str(data), "--port", str(port)]
+        argv = [sys.executable, "-m", SERVER_MODULE, "--data", str(data), "--port", str(port)]
+        if (data / KEEPER_CONFIG).exists():
+            argv += ["--config-file", str(data / KEEPER_CONFIG)]
+        return argv
     return zookeeper.command(root / "zookeeper", port)
+
+
+def keeper_config(keeper: str, macros: dict[str, str]) -> str:
+    """A chdb config naming the ZooKeeper ``host:port`` and the server's ``<macros>``.
+
+    With it ``Replicated*MergeTree`` tables register in Keeper (checked on chdb 26.9), but
+    every one stays read-only: chdb never sets an interserver address, so no replica can
+    announce itself. DDL, Keeper paths and their cleanup can be tested, inserts cannot."""
+    host, _, port = keeper.partition(":")
+    nodes = f"<node><host>{host}</host><port>{port or 2181}</port></node>"
+    tags = "".join(f"<{k}>{v}</{k}>" for k, v in macros.items())
+    return f"<clickhouse><zookeeper>{nodes}</zookeeper><macros>{tags}</macros></clickhouse>\n"
+
+
+def _configure_keeper(root: Path, name: str, zookeeper_port: int | None) -> None:
+    config = root / name / KEEPER_CONFIG
+    if zookeeper_port is None:
+        config.unlink(missing_ok=True)
+        return
+    k = 0 if name == "clickhouse" else int(name.rsplit("-", 1)[1])
+    config.parent.mkdir(parents=True, exist_ok=True)
+    macros = {"shard": f"{k + 1:02d}", "replica": "r1"}
+    config.write_text(keeper_config(f"127.0.0.1:{zookeeper_port}", macros))
 
 
 def _spawn(root: Path, name: str, port: int) -> int:
@@ -273,12 +300,17 @@ def up(
     zookeeper_port: int | None = None,
     timeout: float = DEFAULT_TIMEOUT,
     shards: int | None = None,
+    replicated: bool | None = None,
 ) -> StackInfo:
     """Start the stack (or find it running) and wait until every service answers.
 
     ``shards``: how many ClickHouse endpoints (a cluster of independent shards); None
     means as many as run already, else 1. A running stack with another number of shards
-    is refused (``down`` it first)."""
+    is refused (``down`` it first). ``replicated``: give each ClickHouse endpoint the
+    stack's ZooKeeper and the macros ``{shard}`` (01, 02, ...) and ``{replica}`` (r1), so
+    ``Replicated*MergeTree`` tables can be created (they stay read-only, see
+    :func:`keeper_config`); None keeps what the directory had. It
+    applies to endpoints started now."""
     root = Path(dir) if dir is not None else default_dir()
     root = root.resolve()
     root.mkdir(parents=True, exist_ok=True)
@@ -316,6 +348,8 @@ def up(
                 continue
             _pid_file(root, name).unlink(missing_ok=True)  # stale: dead or reused pid
             port = asked or (record[1] if record is not None else defaults[name])
+            if _is_clickhouse(name) and replicated is not None:
+                _configure_keeper(root, name, ports["zookeeper"] if replicated else None)
             if not _port_free(port):
                 raise UnavailableError(
                     f"port {port} on 127.0.0.1 is taken by another program, so the embedded "
