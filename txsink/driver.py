@@ -214,11 +214,15 @@ def _borrowed(
     for obj in stale:
         _close_quietly(obj)
     obj = found if found is not None else opener()
+    lender = os.getpid()
     try:
         yield obj
     except BaseException:
-        _close_quietly(obj)
+        if os.getpid() == lender:
+            _close_quietly(obj)
         raise
+    if os.getpid() != lender:  # forked during the loan: the parent's sockets, not ours
+        return
     with _pool.lock:
         idle = _pool.idle.setdefault(key, [])
         if len(idle) < _MAX_IDLE:

@@ -101,7 +101,8 @@ class _Drops:
 
 def _grouped(ops: Sequence[Any]) -> list[Any]:
     """``ops`` with runs of moves out of one staging table, and runs of drops, merged
-    into one statement each; the order of everything else is kept."""
+    into one call each (the warehouse cuts a long one into statements the server
+    parses); the order of everything else is kept."""
     out: list[Any] = []
     for op in ops:
         last = out[-1] if out else None
@@ -307,7 +308,7 @@ class Transactor:
             except (UnavailableError, RetryableConflict) as exc:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise
+                    return self._committed_anyway(record, exc)
                 log.warning(
                     "job %s: xid %s: publishing failed with an unknown outcome (%s); "
                     "re-observing before going on",
@@ -316,6 +317,26 @@ class Transactor:
                 failure, resumed = exc, True
                 self.sleep(min(pause, left))
                 pause = min(pause * 2, 5.0)
+            except TxSinkError as exc:
+                return self._committed_anyway(record, exc)
+
+    def _committed_anyway(self, record: XidRecord, exc: TxSinkError) -> XidRecord:
+        """The record, if Keeper says the publish that failed with ``exc`` had already
+        recorded it COMMITTED (what failed was dropping its staging, a leftover that
+        recovery drops); else ``exc`` is raised. A commit reported failed after COMMITTED
+        would make a caller re-running a save without ``txn_version`` write it twice."""
+        try:
+            now = self.registry.get(self.job, record.xid)
+        except TxSinkError:
+            now = None
+        if now is None or now.state is not XidState.COMMITTED:
+            raise exc
+        log.warning(
+            "job %s: xid %s is committed; cleaning up its staging failed (%s): `txsink "
+            "recover` or the job's next run drops what is left",
+            self.job, record.xid, exc,
+        )  # fmt: skip
+        return now
 
     def _settle(self, epoch: Epoch, record: XidRecord, deadline: float) -> bool:
         """Whether ClickHouse answered, before ``deadline``, with no statement running on

@@ -135,3 +135,24 @@ def test_connections_of_different_credentials_or_endpoints_are_never_shared() ->
     assert driver._client_key(base) == driver._client_key(
         WriterConfig.from_options(options(user="alice", password="a", txn_version="7"))
     )
+
+
+def test_a_child_forked_during_a_loan_never_pools_the_parents_connection() -> None:
+    class Conn:
+        def close(self) -> None:
+            pass
+
+    driver.close_pooled()
+    r, w = os.pipe()
+    with driver._borrowed(("fork-test",), lambda c: True, Conn) as parent_conn:
+        pid = os.fork()
+    if pid == 0:  # the child left the block normally, as if its loan were its own
+        try:
+            with driver._borrowed(("fork-test",), lambda c: True, Conn) as c:
+                os.write(w, b"SAME" if c is parent_conn else b"own!")
+        finally:
+            os._exit(0)
+    os.close(w)
+    answer = os.read(r, 4)
+    os.waitpid(pid, 0)
+    assert answer == b"own!"

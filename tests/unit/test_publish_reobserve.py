@@ -10,7 +10,7 @@ import pytest
 
 from tests.unit.fakes import MemoryWarehouse
 from tests.unit.test_transaction_model import JOB, TARGET, stage_batch
-from txsink.errors import FencedError, RetryableConflict, UnavailableError
+from txsink.errors import FencedError, RetryableConflict, TxSinkError, UnavailableError
 from txsink.keeper.registry import MemoryRegistry
 from txsink.protocol.states import XidState
 from txsink.transactor import Transactor
@@ -138,3 +138,41 @@ def test_a_writer_that_lost_the_job_while_re_observing_moves_nothing_more() -> N
     with pytest.raises(FencedError):
         tx.commit_batch(epoch, "b0", 0, TARGET, parts, streaming=True)
     assert wh.moves == 1
+
+
+class DropRefused(MemoryWarehouse):
+    """Every DROP of staging fails for good (e.g. a statement over max_query_size)."""
+
+    def drop_stagings(self, tables: Sequence[str]) -> None:
+        raise TxSinkError("code 62: Max query size exceeded")
+
+    def drop_staging(self, table: str) -> None:
+        raise TxSinkError("code 62: Max query size exceeded")
+
+
+def test_a_commit_recorded_committed_is_not_reported_failed_when_dropping_staging_fails() -> None:
+    """Else a save without txn_version, re-run by its caller, writes its rows twice."""
+    wh = DropRefused()
+    reg = MemoryRegistry()
+    tx = Transactor(reg, wh, JOB, publish_retry_s=0.2, sleep=lambda s: None)
+    epoch = tx.begin("run-1")
+    parts = stage_batch(wh, epoch.number, 0, [(1, "a"), (2, "b")], 2, 0)
+    assert tx.commit_batch(epoch, "b0", 0, TARGET, parts, streaming=True).action == "committed"
+    assert wh.target_ids(TARGET) == [1, 2]
+    assert wh.staging  # left for recovery, which drops staging of committed xids
+    assert reg.get(JOB, "b0").state is XidState.COMMITTED
+
+
+def test_a_publish_that_fails_before_committed_still_raises() -> None:
+    class MoveRefused(MemoryWarehouse):
+        def move_partition(self, staging: str, partition_id: str, target: str) -> None:
+            raise TxSinkError("code 62: Max query size exceeded")
+
+    wh = MoveRefused()
+    reg = MemoryRegistry()
+    tx = Transactor(reg, wh, JOB, publish_retry_s=0.2, sleep=lambda s: None)
+    epoch = tx.begin("run-1")
+    parts = stage_batch(wh, epoch.number, 0, [(1, "a")], 1, 0)
+    with pytest.raises(TxSinkError, match="code 62"):
+        tx.commit_batch(epoch, "b0", 0, TARGET, parts, streaming=True)
+    assert reg.get(JOB, "b0").state is XidState.PREPARED

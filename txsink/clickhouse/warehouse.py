@@ -60,6 +60,11 @@ from txsink.protocol.states import MAX_PART_UUIDS, short_uuids
 log = logging.getLogger(__name__)
 
 DEFAULT_STAGING_DB = "txsink_staging"
+# Commands per grouped statement (MOVE PARTITION, DROP TABLE): ClickHouse refuses any
+# statement over max_query_size (256 KiB by default) on every retry, so one ALTER for a
+# backfill task's thousands of partitions would wedge its PREPARED xid. 200 commands stay
+# under 64 KiB at ClickHouse's name length limits.
+MAX_COMMANDS = 200
 TABLE_ALREADY_EXISTS = 57
 REPLICA_ALREADY_EXISTS = 253
 METADATA_MISMATCH = 342  # a leftover at the path, of a table the target has outgrown
@@ -501,12 +506,12 @@ class ClickHouseWarehouse:
         self.drop_stagings([table])
 
     def drop_stagings(self, tables: Sequence[str]) -> None:
-        """Drop staging tables, all in one ``DROP TABLE IF EXISTS a, b, ... SYNC``."""
+        """Drop staging tables, ``MAX_COMMANDS`` per ``DROP TABLE IF EXISTS a, b, ... SYNC``."""
         names = [self._staging(t, "drop") for t in tables]
-        if names:
+        for at in range(0, len(names), MAX_COMMANDS):
             self.client.command(
-                f"DROP TABLE IF EXISTS {', '.join(names)} SYNC",
-                table=f"{self.staging_db}.{tables[0]}",
+                f"DROP TABLE IF EXISTS {', '.join(names[at : at + MAX_COMMANDS])} SYNC",
+                table=f"{self.staging_db}.{tables[at]}",
             )
 
     def create_batch_staging(self, table: str, like: str) -> None:
@@ -576,10 +581,14 @@ class ClickHouseWarehouse:
         self.move_partitions(staging, [partition_id], target)
 
     def move_partitions(self, staging: str, partition_ids: Sequence[str], target: str) -> None:
-        """Publish staged partitions of one staging table, in one ALTER with one MOVE
-        command per partition (one round trip however many partitions: each command is
+        """Publish staged partitions of one staging table, in ALTERs of up to
+        ``MAX_COMMANDS`` MOVE commands (one round trip for most tasks: each command is
         atomic per partition, not the statement). Idempotent: a partition already moved
         moves nothing, so a repeat moves only what is left."""
+        for at in range(0, len(partition_ids), MAX_COMMANDS):
+            self._move(staging, partition_ids[at : at + MAX_COMMANDS], target)
+
+    def _move(self, staging: str, partition_ids: Sequence[str], target: str) -> None:
         fq = self._staging(staging, "move partitions out of")
         for partition_id in partition_ids:
             if not _PARTITION_ID_RE.match(partition_id):

@@ -838,7 +838,10 @@ class KazooRegistry:
         self._conn.known_paths = {p for p in self._conn.known_paths if not p.startswith(path)}
 
     def reusable(self) -> bool:
-        """Whether this registry's session can be lent out again (see KazooConn)."""
+        """Whether this registry's session can be lent out again (see KazooConn). The
+        namespace id is read again by the next borrower: ``<root>/namespace`` may have
+        been recreated (a Keeper restored from backup) while it sat in the pool."""
+        self._namespace_id = ""
         return self._conn.reusable()
 
     def close(self) -> None:

@@ -1,0 +1,44 @@
+"""Grouped statements stay under ClickHouse's default max_query_size, and a commit whose
+record is COMMITTED is not reported failed because dropping its staging failed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from txsink.clickhouse.warehouse import MAX_COMMANDS, ClickHouseWarehouse
+from txsink.protocol.ids import batch_xid, run_tag, staging_name
+
+MAX_QUERY_SIZE = 262_144  # ClickHouse's default
+
+
+class Recorder:
+    url = "http://x"
+
+    def __init__(self) -> None:
+        self.sql: list[str] = []
+
+    def command(self, sql: str, **_: Any) -> None:
+        self.sql.append(sql)
+
+
+def name(p: int) -> str:
+    return staging_name(
+        "orders_backfill_" + "x" * 40, batch_xid(7), run_tag("run-1"), p, 0, 10_000 + p
+    ).table
+
+
+def test_a_task_with_5000_partitions_is_published_in_statements_the_server_parses() -> None:
+    rec = Recorder()
+    pids = [f"{'f' * 31}{i:05d}" for i in range(5000)]  # 36-char ids (hash partition keys)
+    ClickHouseWarehouse(rec).move_partitions(name(0), pids, "analytics.events")  # type: ignore[arg-type]
+    assert len(rec.sql) == 5000 // MAX_COMMANDS
+    assert max(len(s.encode()) for s in rec.sql) <= MAX_QUERY_SIZE // 4
+    moved = [p for s in rec.sql for p in pids if f"'{p}'" in s]
+    assert sorted(moved) == sorted(pids)  # each exactly once
+
+
+def test_a_batch_of_4000_tasks_drops_its_staging_in_statements_the_server_parses() -> None:
+    rec = Recorder()
+    ClickHouseWarehouse(rec).drop_stagings([name(p) for p in range(4000)])  # type: ignore[arg-type]
+    assert len(rec.sql) == 4000 // MAX_COMMANDS
+    assert max(len(s.encode()) for s in rec.sql) <= MAX_QUERY_SIZE // 4
