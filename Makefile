@@ -45,7 +45,7 @@ test-unit: setup ## Unit tests only (no services)
 test-integration: setup ## Integration tests on the embedded stack (real ClickHouse engine, ZooKeeper, Spark)
 	$(PY) -m pytest tests/integration -q
 
-test-realserver: setup ## Tests against a real ClickHouse (TXSINK_REAL_URL / TXSINK_REAL_KEEPER, e.g. docker compose up -d)
+test-realserver: setup ## Tests against a real ClickHouse (TXSINK_REAL_URL/KEEPER: docker compose up -d) and a real 2x2 cluster (TXSINK_CLUSTER_*: docker-compose.cluster.yml)
 	$(PY) -m pytest tests/realserver -q -rs
 
 test: setup ## Everything CI runs: lint, typecheck, unit and integration tests
