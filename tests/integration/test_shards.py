@@ -33,6 +33,7 @@ from txsink.embedded import stack as embedded
 from txsink.embedded.stack import StackInfo
 from txsink.errors import TxSinkError
 from txsink.faults import POINTS
+from txsink.ops.verify import verify_job
 from txsink.protocol.ids import batch_xid, run_tag, staging_name
 from txsink.protocol.states import StagedPart, XidState
 
@@ -188,6 +189,24 @@ def test_sharded_stream_crashed_at_every_fault_point_and_killed_is_exact_on_ever
     assert records and all(r.state is XidState.COMMITTED for r in records)
     staged_shards = {p.table.rsplit("_s", 1)[1] for r in records for p in r.manifest}
     assert staged_shards == {"0", "1", "2"}  # the manifests name every shard
+
+    config = WriterConfig.from_options(
+        {"url": info.url, "keeper": info.keeper, "table": job.table, "job": job.name,
+         "shards": ",".join(info.shards), "shard_by": "id"}
+    )  # fmt: skip
+    result = verify_job(config)
+    assert result.clean, result.to_json()
+    checked = result.checked["shards"]
+    assert [c["target_rows"] for c in checked] == [r[0] for r in per_shard(shards, job.table)]
+    assert [c["ledger_rows"] for c in checked] == [c["target_rows"] for c in checked]
+
+    # one row moved from shard 1 to shard 0: the total still matches, the shards do not
+    row = shards[1].query(f"SELECT * FROM {job.table} ORDER BY id LIMIT 1")
+    shards[0].insert(job.table, row.result_rows, column_names=list(row.column_names))
+    shards[1].command(f"DELETE FROM {job.table} WHERE id = {row.result_rows[0][0]}")
+    result = verify_job(config)
+    where = {(a.kind, a.message.split(" on shard ")[1][:1]) for a in result.anomalies}
+    assert where == {("reconciliation", "0"), ("reconciliation", "1")}, result.to_json()
 
 
 def stage_on_shards(handle: Any, xid: str, ids: range) -> list[StagedPart]:

@@ -189,3 +189,28 @@ def test_status_says_when_the_ledger_evicted_partitions() -> None:
     [w] = status.warnings
     assert (w.kind, w.level) == ("ledger-evicted", "info")
     assert "3 eviction(s)" in w.message and "txsink verify" in w.message
+
+
+def test_the_ledger_counts_rows_per_shard_of_a_sharded_job() -> None:
+    from txsink.keeper.ledger import empty_ledger, next_ledger
+    from txsink.protocol.ids import staging_name
+    from txsink.protocol.states import Mode, StagedPart, XidRecord, XidState
+
+    def part(shard: int | None, rows: int) -> StagedPart:
+        table = staging_name("j", "b0", "00000000", 0, 0, shard or 0, shard=shard).table
+        return StagedPart(table=table, partition_id="p", rows=rows)
+
+    record = XidRecord(
+        job="j", xid="b0", batch=0, state=XidState.COMMITTED, epoch=1, mode=Mode.ATTACH,
+        target="db.t",
+        manifest=(part(0, 5), part(2, 7), part(2, 1)),
+    )  # fmt: skip
+    ledger = next_ledger(next_ledger(empty_ledger(), record, 1.0), record, 2.0)
+    assert ledger["shards"] == {"0": 10, "2": 16}
+    assert sum(ledger["shards"].values()) == ledger["rows"]
+    plain = XidRecord(
+        job="j", xid="b1", batch=1, state=XidState.COMMITTED, epoch=1, mode=Mode.ATTACH,
+        target="db.t",
+        manifest=(part(None, 3),),
+    )  # fmt: skip
+    assert "shards" not in next_ledger(empty_ledger(), plain, 1.0)

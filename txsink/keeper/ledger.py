@@ -12,6 +12,8 @@ transaction as the COMMITTED record), so it must stay small whatever the job's a
      "evicted_partitions": n,        evictions so far (a partition evicted twice counts 2)
      "evicted_rows":  rows,          the rows of every evicted total, folded into one number
      "evicted_filter": hex,          a Bloom filter of the evicted partition ids
+     "shards":        {k: rows},     sharded jobs: exact rows of the job's target per shard
+                                     index (one entry per shard)
      "tables":        {table: rows}, multi-table jobs: exact rows per table (one entry per
                                      table of the job: bounded by the job's table set)
      "evicted_tables": {table: rows}} the part of evicted_rows that belongs to tables other
@@ -111,6 +113,9 @@ def next_ledger(
     if record.multi_table:
         for table, rows in record.table_rows().items():
             tables[table] = tables.get(table, 0) + rows
+    shards = {str(k): int(v) for k, v in dict(ledger.get("shards", {})).items()}
+    for k, rows in record.shard_rows().items():
+        shards[k] = shards.get(k, 0) + rows
     for pid, rows in record.ledger_rows().items():
         if pid not in parts:
             if maybe_evicted(ledger, pid):
@@ -149,6 +154,8 @@ def next_ledger(
     }
     if tables:
         out["tables"] = tables
+    if shards:
+        out["shards"] = shards
     if evicted_tables:
         out["evicted_tables"] = evicted_tables
     return out

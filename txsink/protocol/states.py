@@ -38,6 +38,8 @@ import enum
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from txsink.protocol.ids import parse_staging
+
 
 class XidState(enum.StrEnum):
     PREPARED = "PREPARED"
@@ -200,6 +202,19 @@ class XidRecord:
         for p in self.manifest:
             if table is None or self.part_target(p) == table:
                 totals[p.partition_id] = totals.get(p.partition_id, 0) + p.rows
+        return totals
+
+    def shard_rows(self, table: str | None = None) -> dict[str, int]:
+        """Rows per shard index (as text) of a sharded job's entries published into
+        ``table`` (default: the record's target); empty for a job without shards."""
+        want = table or self.target
+        totals: dict[str, int] = {}
+        for p in self.manifest:
+            parsed = parse_staging(p.table)
+            if parsed is None or parsed.shard is None or self.part_target(p) != want:
+                continue
+            key = str(parsed.shard)
+            totals[key] = totals.get(key, 0) + p.rows
         return totals
 
     def table_rows(self) -> dict[str, int]:
