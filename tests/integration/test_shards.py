@@ -11,6 +11,7 @@ finishes it there.
 from __future__ import annotations
 
 import contextlib
+import json
 import random
 import socket
 import uuid
@@ -299,3 +300,35 @@ def test_a_shard_killed_during_the_commit_keeps_the_xid_prepared_until_recovery_
     assert [c[0] for c in counts] == [c[1] for c in counts]  # nothing twice on any shard
     assert all(c[2] == 0 for c in counts)
     assert sum(c[0] for c in counts) == 3000
+
+
+def test_tune_measures_every_shard_and_combines_them_leaving_nothing_behind(
+    cluster: Services, shards: list[Any], db: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from txsink.cli.main import main
+
+    info = cluster.info
+    table = f"{db}.orders"
+    for c in shards:
+        c.command(target_ddl(table))
+        c.command(
+            f"INSERT INTO {table} (id, event_time, day, customer, amount) SELECT number, "
+            "now64(6), toDate('2024-01-01') + number * 40, 'c', 1 FROM numbers(20)"
+        )
+    capsys.readouterr()
+    code = main(
+        ["tune", "--url", info.url, "--keeper", info.keeper, "--table", table,
+         "--shards", ",".join(info.shards), "--transactions", "2", "--json"]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0, out
+    doc = json.loads(out)
+    assert [s["url"] for s in doc["shards"]] == list(info.shards)
+    assert all(s["commit_seconds"]["p50"] > 0 for s in doc["shards"])
+    slowest = max(s["commit_seconds"]["p50"] for s in doc["shards"])
+    assert doc["commit_seconds"]["p50"] >= slowest  # commits add up over the shards
+    for c in shards:
+        left = c.query(
+            f"SELECT name FROM system.tables WHERE database = '{db}' AND name LIKE '__txsink%'"
+        ).result_rows
+        assert left == [] and c.query(f"SELECT count() FROM {table}").result_rows[0][0] == 20

@@ -203,3 +203,27 @@ def test_a_distributed_target_is_refused_in_attach_mode_naming_the_local_table(c
         df.write.format("clickhouse_tx").options(**opts).mode("append").save()
     rows = cluster["clients"][SHARDS[0]].query_rows(f"SELECT count() FROM {db}.t_all")
     assert rows[0][0] == 0
+
+
+@skip_without_cluster
+def test_tune_on_replicated_shards_uses_scratch_tables_with_their_own_keeper_path(cluster):
+    db = cluster["db"]
+    first = cluster["clients"][SHARDS[0]]
+    first.command(
+        f"INSERT INTO {db}.t_all SELECT number, toDate('2024-01-01') + number * 40 "
+        "FROM numbers(40)",
+        settings={"insert_distributed_sync": 1},
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "txsink.cli.main", "tune", "--url", SHARDS[0], "--keeper",
+         KEEPER, "--table", f"{db}.t", "--shards", ",".join(SHARDS), "--transactions", "2",
+         "--json"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    for url in SHARDS:
+        left = cluster["clients"][url].query_rows(
+            f"SELECT count() FROM system.tables WHERE database = '{db}' "
+            "AND startsWith(name, '__txsink_tune')"
+        )
+        assert left[0][0] == 0

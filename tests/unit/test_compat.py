@@ -345,3 +345,21 @@ def test_move_compat_reports_first_difference_and_accepts_equal() -> None:
     assert msg and "skip indices" in msg and "txsink_staging.s" in msg and "db.events" in msg
     other_key = TargetInfo(**{**same.__dict__, "partition_key": "toYear(d)"})
     assert "partition key" in (check_move_compat(other_key, target) or "")
+
+
+def test_tune_combines_shards_slowest_stage_and_summed_commits() -> None:
+    from txsink.ops.tune import Sample, TuneResult, combine_shards
+
+    def result(stage: float, commit: float, delay: int) -> TuneResult:
+        samples = [Sample(i, 1, 10, stage, commit, 0.01, commit - 0.01) for i in (1, 2)]
+        return TuneResult("db.t", "db.s", "tune-x", 0.1, samples, delay, 3000, 4, 0.1, 2, 60)
+
+    combined = combine_shards(
+        ["http://a", "http://b"], [result(0.2, 0.05, 900), result(0.1, 0.07, 1000)]
+    )
+    assert [s.stage_seconds for s in combined.samples] == [0.2, 0.2]
+    assert [round(s.commit_seconds, 3) for s in combined.samples] == [0.12, 0.12]
+    assert combined.parts_to_delay_insert == 900 and [s["url"] for s in combined.shards] == [
+        "http://a",
+        "http://b",
+    ]

@@ -21,6 +21,7 @@ from typing import Any
 
 from txsink.cli.main import add_common, resolve_credentials
 from txsink.cli.output import Output, kv_table, table
+from txsink.clickhouse.warehouse import ClickHouseWarehouse
 from txsink.errors import ConfigError
 from txsink.ops import status as st
 from txsink.ops import tune as tn
@@ -116,6 +117,12 @@ def register(subparsers: Any) -> None:
     )
     _common(p)
     p.add_argument("--table", required=True, help="the target table, db.table")
+    p.add_argument(
+        "--shards",
+        default=None,
+        help="comma-separated shard URLs (a sharded job's local table on each; default: "
+        "the shards of --job, if it is sharded): measured shard by shard, then combined",
+    )
     p.add_argument(
         "--rows-per-second",
         type=float,
@@ -497,17 +504,31 @@ def run_tune(args: argparse.Namespace, out: Output) -> int:
     if args.sample_seconds and not args.job:
         raise ConfigError("--sample-seconds measures a job's rate from its ledger: add --job J")
     with _stores(args) as stores:
-        warehouse = stores.warehouse()
-        result = tn.measure(
-            stores.registry,
-            warehouse,
-            args.table,
-            transactions=args.transactions,
-            max_overhead=args.max_overhead,
-            writers=args.writers,
-            merge_seconds=args.merge_seconds,
-            progress=out.progress,
-        )
+        shards = [u for u in (args.shards or "").split(",") if u]
+        if not shards and args.job:
+            meta = stores.registry.job_meta(args.job) or {}
+            shards = [str(u) for u in meta.get("shards") or ()]
+
+        def measure(warehouse: Any) -> tn.TuneResult:
+            return tn.measure(
+                stores.registry,
+                warehouse,
+                args.table,
+                transactions=args.transactions,
+                max_overhead=args.max_overhead,
+                writers=args.writers,
+                merge_seconds=args.merge_seconds,
+                progress=out.progress,
+            )
+
+        if shards:
+            db = stores.warehouse().staging_db
+            result = tn.combine_shards(
+                shards,
+                [measure(ClickHouseWarehouse(stores.shard_client(u), db)) for u in shards],
+            )
+        else:
+            result = measure(stores.warehouse())
         rate, source = args.rows_per_second, "--rows-per-second"
         if rate is None and args.job:
             st.resolve_jobs(stores.registry, args.job, args.keeper_root)
@@ -542,6 +563,11 @@ def run_tune(args: argparse.Namespace, out: Output) -> int:
             ("overhead (stage + commit)", "overhead_seconds"),
         )
     ]
+    per_shard = [
+        f"shard {s['shard']} ({s['url']}): commit p50 {s['commit_seconds']['p50']:.3f} s / "
+        f"p95 {s['commit_seconds']['p95']:.3f} s"
+        for s in data.get("shards", [])
+    ]
     by_parts = ", ".join(
         f"{k} partition(s): p50 {v['p50']:.3f} s / p95 {v['p95']:.3f} s"
         for k, v in data["commit_seconds_by_partitions"].items()
@@ -552,6 +578,7 @@ def run_tune(args: argparse.Namespace, out: Output) -> int:
             f"(dropped), scratch job {result.job} (deleted)",
             table(rows, ["measure", "p50", "p95", "p99", "mean"]),
             f"commit by partitions touched: {by_parts}",
+            *per_shard,
             *(f"note: {n}" for n in result.notes),
             "",
             "reasoning:",

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from txsink.clickhouse.client import qualified, split_table
+from txsink.clickhouse.compat import staging_engine_clause, staging_keeper_path
 from txsink.clickhouse.warehouse import PARTS_SETTING_KEYS
 from txsink.errors import ConfigError, TxSinkError
 from txsink.keeper.registry import Registry
@@ -93,6 +94,7 @@ class TuneResult:
     merge_seconds: float
     recommendation: Recommendation | None = None
     notes: list[str] = field(default_factory=list)
+    shards: list[dict[str, Any]] = field(default_factory=list)  # per shard (a sharded job)
 
     def stats(self, attr: str, samples: Sequence[Sample] | None = None) -> dict[str, float]:
         values = [getattr(s, attr) for s in (self.samples if samples is None else samples)]
@@ -127,6 +129,7 @@ class TuneResult:
             "writers": self.writers,
             "merge_seconds": self.merge_seconds,
             "recommendation": asdict(self.recommendation) if self.recommendation else None,
+            **({"shards": self.shards} if self.shards else {}),
             "samples": [
                 {**asdict(s), "overhead_seconds": s.overhead_seconds} for s in self.samples
             ],
@@ -230,9 +233,13 @@ def measure(
     prefix = transactor.prefix
     sdb, sname = split_table(scratch)
     tdb, tname = split_table(table)
+    info = warehouse.target_info(table)
+    engine = ""
+    if info.is_replicated:  # its own Keeper path, never the target's (see compat)
+        engine = staging_engine_clause(info, staging_keeper_path(info, sdb, sname), {})
     try:
         client.command(
-            f"CREATE TABLE {qualified(sdb, sname)} AS {qualified(tdb, tname)}",
+            f"CREATE TABLE {qualified(sdb, sname)} AS {qualified(tdb, tname)} {engine}",
             idempotent=False,
             what=f"create scratch copy {scratch} AS {table}",
         )
@@ -324,6 +331,61 @@ def _cleanup(registry: Registry, warehouse: Any, scratch: str, job: str, prefix:
         registry.delete_job(job)
     except TxSinkError as exc:
         log.warning("could not delete scratch job %s from Keeper: %s", job, exc)
+
+
+def combine_shards(urls: Sequence[str], results: Sequence[TuneResult]) -> TuneResult:
+    """One sharded job's batch from per-shard measurements (pure).
+
+    The executors stage on every shard at once (the slowest shard's stage counts), the
+    driver prepares once and publishes shard after shard (commits add up: a bound from
+    above, as the Keeper prepare and record are counted once per shard). Transaction i
+    of every shard is taken as one batch; limits are the tightest shard's."""
+    n = min(len(r.samples) for r in results)
+    samples = [
+        Sample(
+            i + 1,
+            sum(r.samples[i].partitions for r in results),
+            sum(r.samples[i].rows for r in results),
+            max(r.samples[i].stage_seconds for r in results),
+            sum(r.samples[i].commit_seconds for r in results),
+            sum(r.samples[i].prepare_seconds for r in results),
+            sum(r.samples[i].publish_seconds for r in results),
+        )
+        for i in range(n)
+    ]
+    first = results[0]
+    combined = TuneResult(
+        first.table,
+        ", ".join(r.scratch_table for r in results),
+        ", ".join(r.job for r in results),
+        sum(r.warmup_seconds for r in results),
+        samples,
+        min(r.parts_to_delay_insert for r in results),
+        min(r.parts_to_throw_insert for r in results),
+        min(r.partitions_available for r in results),
+        first.max_overhead,
+        first.writers,
+        first.merge_seconds,
+        notes=[
+            f"shard {k} ({u}): {note}"
+            for k, (u, r) in enumerate(zip(urls, results, strict=True))
+            for note in r.notes
+        ],
+    )
+    combined.shards = [
+        {
+            "shard": k,
+            "url": url,
+            "commit_seconds": r.stats("commit_seconds"),
+            "overhead_seconds": r.stats("overhead_seconds"),
+        }
+        for k, (url, r) in enumerate(zip(urls, results, strict=True))
+    ]
+    combined.notes.append(
+        f"{len(urls)} shards measured one after the other; a batch's overhead is the "
+        "slowest shard's staging plus the sum of the shards' commits"
+    )
+    return combined
 
 
 # --------------------------------------------------------------------------- rates
