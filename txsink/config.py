@@ -85,6 +85,11 @@ OPTIONS: dict[str, tuple[str | None, str]] = {
         "shards (what a Distributed table with that sharding key chooses); empty: rows are "
         "spread evenly",
     ),
+    "shard_http_port": (
+        "",
+        "with table= naming a Distributed table (shards discovered from system.clusters): "
+        "the HTTP port of every shard's server; empty: the port of `url`",
+    ),
     "run_id": ("", "internal: set by foreach_batch to the streaming query's run id"),
     "micro_batch": (
         "false",
@@ -167,6 +172,7 @@ class WriterConfig:
     visibility: str = "partition"
     shards: tuple[str, ...] = ()  # shard URLs (no userinfo); () = one server, `url`
     shard_by: str = ""
+    shard_http_port: int | None = None
 
     def __repr__(self) -> str:
         shown = []
@@ -246,7 +252,15 @@ class WriterConfig:
                 f"({', '.join(shards)}); leave url out with shards, or name one of them"
             )
         if raw["shard_by"] and not shards:
-            raise ConfigError("option 'shard_by' needs 'shards' (the shard URLs)")
+            raise ConfigError(
+                "option 'shard_by' needs 'shards' (the shard URLs); a Distributed table "
+                "given as table= brings its own sharding key"
+            )
+        if raw["shard_http_port"] and shards:
+            raise ConfigError(
+                "option 'shard_http_port' is for shards discovered from a Distributed table; "
+                "with 'shards' each URL carries its port"
+            )
         return WriterConfig(
             url=raw["url"].rstrip("/"),
             user=raw["user"],
@@ -281,6 +295,11 @@ class WriterConfig:
             visibility=visibility,
             shards=shards,
             shard_by=raw["shard_by"].strip(),
+            shard_http_port=(
+                _int("shard_http_port", raw["shard_http_port"], 1)
+                if raw["shard_http_port"]
+                else None
+            ),
         )
 
     @property

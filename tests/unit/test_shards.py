@@ -10,7 +10,14 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from txsink.clickhouse.shards import ShardedWarehouse, int_hash64, split_by_shard
+from txsink.clickhouse.compat import ClusterReplica, TargetInfo
+from txsink.clickhouse.shards import (
+    ShardedWarehouse,
+    cluster_urls,
+    int_hash64,
+    parse_distributed,
+    split_by_shard,
+)
 from txsink.config import WriterConfig
 from txsink.errors import ConfigError
 from txsink.protocol.ids import parse_staging, shard_of, staging_name
@@ -120,3 +127,90 @@ def test_staging_operations_go_to_the_shard_in_the_name_and_questions_to_every_s
         wh.staged_partitions(bad)
     with pytest.raises(ConfigError, match="dedup"):
         wh.insert_blocks("db.t", [], block_rows=1, block_bytes=1)
+
+
+def _dist(engine_full: str) -> TargetInfo:
+    return TargetInfo("shop", "orders", "Distributed", engine_full=engine_full)
+
+
+@pytest.mark.parametrize(
+    ("engine_full", "local", "shard_by", "key"),
+    [
+        ("Distributed('c', 'db', 'local', intHash64(id))", "db.local", "id", "intHash64(id)"),
+        (
+            "Distributed(c, db, local, intHash64( `cust` ))",
+            "db.local",
+            "cust",
+            "intHash64( `cust` )",
+        ),
+        ("Distributed('c', currentDatabase(), 'l', rand())", "shop.l", "", "rand()"),
+        (
+            "Distributed('c', 'db', 'l', rand64()) SETTINGS fsync_after_insert = 0",
+            "db.l",
+            "",
+            "rand64()",
+        ),
+        ("Distributed('c', 'db', 'l')", "db.l", "", ""),
+    ],
+)
+def test_a_distributed_engine_names_its_local_table_and_routing(
+    engine_full: str, local: str, shard_by: str, key: str
+) -> None:
+    target = parse_distributed(_dist(engine_full))
+    assert (target.cluster, target.local_table, target.shard_by) == ("c", local, shard_by)
+    assert target.sharding_key == key
+
+
+@pytest.mark.parametrize(
+    "key", ["id % 3", "cityHash64(name)", "intHash64(id + 1)", "intHash32(id)", "id"]
+)
+def test_a_sharding_key_txsink_cannot_route_like_clickhouse_is_refused(key: str) -> None:
+    with pytest.raises(ConfigError, match="cannot reproduce"):
+        parse_distributed(_dist(f"Distributed('c', 'db', 'l', {key})"))
+
+
+def test_cluster_urls_take_each_shards_first_replica_whatever_server_was_asked() -> None:
+    target = parse_distributed(_dist("Distributed('c', 'db', 'l', intHash64(id))"))
+    rows = [
+        ClusterReplica(2, 1, 2, "b2"),
+        ClusterReplica(1, 1, 1, "a1"),
+        ClusterReplica(2, 1, 1, "b1"),
+        ClusterReplica(3, 1, 1, "::1"),
+        ClusterReplica(1, 1, 2, "a2"),
+    ]
+    urls = cluster_urls(target, rows, "https", 8443)
+    assert urls == ("https://a1:8443", "https://b1:8443", "https://[::1]:8443")
+    assert cluster_urls(target, list(reversed(rows)), "https", 8443) == urls
+
+
+@pytest.mark.parametrize(
+    ("engine_full", "rows", "message"),
+    [
+        ("Distributed('c', 'db', 'l', intHash64(id))", [], "not in system.clusters"),
+        (
+            "Distributed('c', 'db', 'l', intHash64(id))",
+            [ClusterReplica(1, 1, 1, "a"), ClusterReplica(2, 2, 1, "b")],
+            "different weights",
+        ),
+        (
+            "Distributed('c', 'db', 'l')",
+            [ClusterReplica(1, 1, 1, "a"), ClusterReplica(2, 1, 1, "b")],
+            "no sharding key",
+        ),
+    ],
+)
+def test_clusters_txsink_cannot_route_over_are_refused(
+    engine_full: str, rows: list[ClusterReplica], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        cluster_urls(parse_distributed(_dist(engine_full)), rows, "http", 8123)
+    one = [ClusterReplica(1, 1, 1, "a")]
+    assert cluster_urls(parse_distributed(_dist("Distributed('c', 'db', 'l')")), one, "http", 1)
+
+
+def test_shard_http_port_is_an_option_for_discovered_shards_only() -> None:
+    c = WriterConfig.from_options({**BASE, "url": "http://a:1", "shard_http_port": "8123"})
+    assert c.shard_http_port == 8123
+    assert WriterConfig.from_options(c.to_options()).shard_http_port == 8123
+    with pytest.raises(ConfigError, match="each URL carries its port"):
+        WriterConfig.from_options({**BASE, "shards": "http://a:1", "shard_http_port": "8123"})

@@ -44,6 +44,16 @@ class ColumnInfo:
 
 
 @dataclass(frozen=True)
+class ClusterReplica:
+    """One row of ``system.clusters``."""
+
+    shard_num: int
+    shard_weight: int
+    replica_num: int
+    host_name: str
+
+
+@dataclass(frozen=True)
 class SparkField:
     name: str
     type_string: str  # DataType.simpleString()
@@ -203,17 +213,9 @@ def staging_engine_clause(
     (staging keeps every row; removing it later would be an ALTER, which a replica
     that is read-only refuses). Columns, indices and projections come with ``AS``.
     """
-    text = target.engine_full.strip()
-    m = re.match(r"[A-Za-z0-9_]+", text)
-    if not m or not target.is_replicated:
-        raise ValueError(f"{target.name} is not a replicated MergeTree: {text!r}")
-    name, rest = m.group(0), text[m.end() :]
-    args: list[str] = []
-    if rest.lstrip().startswith("("):
-        rest = rest.lstrip()
-        end = _closing_paren(rest)
-        args = split_top_level(rest[1:end])
-        rest = rest[end + 1 :]
+    if not target.is_replicated:
+        raise ValueError(f"{target.name} is not a replicated MergeTree: {target.engine_full!r}")
+    name, args, rest = split_engine(target.engine_full)
     if len(args) >= 2 and all(a.startswith("'") for a in args[:2]):
         args = args[2:]
     masked = _mask_quoted(rest)
@@ -229,6 +231,23 @@ def staging_engine_clause(
     settings += [f"{k} = {v}" for k, v in staging_settings.items()]
     engine_args = ", ".join([_sql_string(keeper_path), _sql_string(target.replica_name), *args])
     return f"ENGINE = {name}({engine_args}) {body.strip()} SETTINGS {', '.join(settings)}"
+
+
+def split_engine(engine_full: str) -> tuple[str, list[str], str]:
+    """``system.tables.engine_full`` cut into (engine name, its top-level arguments as
+    written, the clauses after them); ValueError if it does not start with a name."""
+    text = engine_full.strip()
+    m = re.match(r"[A-Za-z0-9_]+", text)
+    if not m:
+        raise ValueError(f"not an engine clause: {text!r}")
+    name, rest = m.group(0), text[m.end() :]
+    args: list[str] = []
+    if rest.lstrip().startswith("("):
+        rest = rest.lstrip()
+        end = _closing_paren(rest)
+        args = split_top_level(rest[1:end])
+        rest = rest[end + 1 :]
+    return name, args, rest
 
 
 def _closing_paren(text: str) -> int:

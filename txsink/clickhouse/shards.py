@@ -21,12 +21,14 @@ sends it, ``intHash64(value) % shards``; without it rows are spread evenly by po
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
-from txsink.clickhouse.compat import TargetInfo
+from txsink.clickhouse.compat import ClusterReplica, TargetInfo, split_engine
 from txsink.clickhouse.warehouse import BlockSettings, ClickHouseWarehouse, InsertStats
 from txsink.errors import ConfigError
 from txsink.protocol.ids import shard_of
@@ -84,6 +86,98 @@ def split_by_shard(
         if mask.any():
             out[k] = batch.filter(pa.array(mask))
     return out
+
+
+@dataclass(frozen=True)
+class DistributedTarget:
+    """What a ``Distributed`` table says about where its rows go."""
+
+    cluster: str
+    local_table: str  # db.table on every shard
+    shard_by: str  # the column of an intHash64(column) sharding key; "" for rand()
+    sharding_key: str = ""  # as written in the engine ("" when it has none)
+
+
+def parse_distributed(info: TargetInfo) -> DistributedTarget:
+    """The cluster, local table and ``shard_by`` of the ``Distributed`` table ``info``.
+
+    Only sharding keys txsink routes exactly as ClickHouse does are accepted:
+    ``intHash64(column)`` (:func:`shard_of_rows`) and ``rand()``/``rand32()``/``rand64()``
+    (any spread is one ``rand()`` could have chosen); anything else is a ConfigError
+    naming the key. A missing key is accepted here (one shard needs none; the shard
+    count is checked by :func:`cluster_urls`)."""
+    what = f"Distributed table {info.name}"
+    try:
+        _, args, _ = split_engine(info.engine_full)
+    except ValueError as exc:
+        raise ConfigError(f"{what}: cannot read its engine ({exc})") from exc
+    if len(args) < 3:
+        raise ConfigError(f"{what}: engine {info.engine_full!r} names no cluster and table")
+    cluster, db, table = (_name_arg(a, info.database) for a in args[:3])
+    if not (cluster and db and table):
+        raise ConfigError(
+            f"{what}: cannot read the cluster, database and table from {info.engine_full!r}"
+        )
+    key = args[3].strip() if len(args) > 3 else ""
+    compact = re.sub(r"\s+", "", key)
+    if compact in ("", "rand()", "rand32()", "rand64()"):
+        shard_by = ""
+    else:
+        m = re.fullmatch(r"intHash64\(`?([A-Za-z_][A-Za-z0-9_]*)`?\)", compact)
+        if not m:
+            raise ConfigError(
+                f"{what} shards by {key}, which txsink cannot reproduce row by row (it "
+                f"routes by intHash64(<integer column>) or rand()). Use one of those keys, "
+                f"or give shards= and shard_by= with table= naming the local table"
+            )
+        shard_by = m.group(1)
+    return DistributedTarget(cluster, f"{db}.{table}", shard_by, key)
+
+
+def _name_arg(arg: str, current_db: str) -> str:
+    arg = arg.strip()
+    if re.fullmatch(r"currentDatabase\(\s*\)", arg):
+        return current_db
+    if len(arg) >= 2 and arg[0] == arg[-1] and arg[0] in "'`\"":
+        return arg[1:-1].replace("\\'", "'")
+    return arg if re.fullmatch(r"[A-Za-z0-9_.-]+", arg) else ""
+
+
+def cluster_urls(
+    target: DistributedTarget, replicas: Sequence[ClusterReplica], scheme: str, port: int
+) -> tuple[str, ...]:
+    """One URL per shard of ``target``'s cluster, in ``shard_num`` order: the shard's
+    first replica (lowest ``replica_num``), ``scheme://host_name:port``.
+
+    The choice depends only on the cluster definition, never on the server asked, so
+    every writer and restart of a job names the same servers (the job pins them)."""
+    if not replicas:
+        raise ConfigError(
+            f"cluster {target.cluster!r} is not in system.clusters of the server asked; "
+            f"check its <remote_servers>, or give shards= (the shard URLs)"
+        )
+    first: dict[int, ClusterReplica] = {}
+    for r in sorted(replicas, key=lambda r: (r.shard_num, r.replica_num)):
+        first.setdefault(r.shard_num, r)
+    weights = {r.shard_weight for r in first.values()}
+    if len(weights) > 1:
+        raise ConfigError(
+            f"cluster {target.cluster!r} gives its shards different weights "
+            f"({', '.join(f'{k}: {r.shard_weight}' for k, r in sorted(first.items()))}); "
+            f"txsink routes rows over equal shards only. Give shards= and shard_by= instead"
+        )
+    if len(first) > 1 and not target.sharding_key:
+        raise ConfigError(
+            f"the Distributed table over cluster {target.cluster!r} has no sharding key "
+            f"and {len(first)} shards: ClickHouse itself refuses such inserts. Add a key "
+            f"(intHash64(<column>) or rand())"
+        )
+    hosts = [r.host_name for _, r in sorted(first.items())]
+    return tuple(f"{scheme}://{_bracketed(h)}:{port}" for h in hosts)
+
+
+def _bracketed(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 class ShardedWarehouse:

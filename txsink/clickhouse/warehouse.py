@@ -45,6 +45,7 @@ from txsink.clickhouse.client import (
 )
 from txsink.clickhouse.compat import (
     AddColumn,
+    ClusterReplica,
     ColumnInfo,
     TargetInfo,
     check_move_compat,
@@ -394,6 +395,17 @@ class ClickHouseWarehouse:
             elif reads_from(str(select), str(dbs[0]), db, name):
                 views.add(f"{dbs[0]}.{names[0]}")
         return tuple(sorted(views))
+
+    def cluster_replicas(self, cluster: str) -> list[ClusterReplica]:
+        """The rows of ``system.clusters`` for ``cluster`` on this server (the shards a
+        ``Distributed`` table over it writes to)."""
+        rows = self.client.query_rows(
+            "SELECT shard_num, shard_weight, replica_num, host_name FROM system.clusters "
+            "WHERE cluster = {c:String} ORDER BY shard_num, replica_num",
+            parameters={"c": cluster},
+            what=f"read cluster {cluster} from system.clusters",
+        )
+        return [ClusterReplica(int(s), int(w), int(r), str(h)) for s, w, r, h in rows]
 
     # ------------------------------------------------------------------ staging lifecycle
 

@@ -30,6 +30,7 @@ import dataclasses
 import logging
 import time
 from typing import Any
+from urllib.parse import urlparse
 
 from pyspark.sql.types import StructType
 
@@ -158,7 +159,11 @@ def validate(config: WriterConfig, schema: StructType) -> WritePlan:
     hit = _cache.get(key)
     fresh = hit is not None and time.monotonic() - hit[0] < CACHE_SECONDS
     if hit is not None and fresh and read_pin(config)[0] in (None, hit[1].mode):
-        return dataclasses.replace(hit[1], config=config)
+        # the cached plan's config may be the cluster a Distributed table names
+        own = dataclasses.replace(
+            hit[1].config, txn_version=config.txn_version, run_id=config.run_id
+        )
+        return dataclasses.replace(hit[1], config=own)
     plan = _validate(config, schema)
     _cache[key] = (time.monotonic(), plan)
     return plan
@@ -183,6 +188,10 @@ def _validate(config: WriterConfig, schema: StructType) -> WritePlan:
             else [warehouse.target_info(config.table)]
         )
         info = infos[0]
+        if info.engine == "Distributed" and not config.shards:
+            over = over_cluster(config, schema, info, warehouse)
+            if over is not None:
+                return over
         strict = tuple(sorted({c for i in infos for c in not_nullable(i.columns)}))
         fields = [
             SparkField(f.name, f.dataType.simpleString(), f.nullable and f.name not in strict)
@@ -215,6 +224,59 @@ def _validate(config: WriterConfig, schema: StructType) -> WritePlan:
         target_info=info if mode == "attach" else None,
         namespace=namespace,
     )
+
+
+def over_cluster(
+    config: WriterConfig, schema: StructType, info: TargetInfo, warehouse: Any
+) -> WritePlan | None:
+    """The plan of a write into the ``Distributed`` table ``info`` as one sharded xid
+    over its cluster's local tables (shards from ``system.clusters``, ``shard_by`` from
+    its sharding key: :func:`txsink.clickhouse.shards.parse_distributed`); None where
+    dedup mode through the Distributed table is what is asked (``mode=dedup``, a job
+    pinned to dedup) or what ``mode=auto`` falls back to when attach cannot be had."""
+    from txsink.clickhouse.shards import cluster_urls, parse_distributed
+
+    pinned = read_pin(config)[0]
+    if "dedup" in (config.mode, pinned):
+        return None
+    try:
+        target = parse_distributed(info)
+        url = urlparse(config.url)
+        port = config.shard_http_port or url.port or (8443 if url.scheme == "https" else 8123)
+        urls = cluster_urls(target, warehouse.cluster_replicas(target.cluster), url.scheme, port)
+        sharded = dataclasses.replace(
+            config,
+            url=urls[0],
+            table=target.local_table,
+            shards=urls,
+            shard_by=target.shard_by,
+            shard_http_port=None,
+        )
+        plan = _validate(sharded, schema)
+    except ConfigError as exc:
+        if "attach" in (config.mode, pinned):
+            raise ConfigError(
+                f"job {config.job}: {config.table} is a Distributed table; attach mode writes "
+                f"one xid into its local tables on every shard, which is impossible here: "
+                f"{exc}"
+            ) from exc
+        log.warning(
+            "job %s: %s is Distributed and its shards cannot take one attach-mode xid "
+            "(%s); mode=auto inserts through it in dedup mode",
+            config.job,
+            config.table,
+            exc,
+        )
+        return None
+    log.info(
+        "job %s: %s is Distributed over cluster %s: one xid into %s on %s",
+        config.job,
+        config.table,
+        target.cluster,
+        target.local_table,
+        ", ".join(urls),
+    )
+    return plan
 
 
 INTEGER_TYPES = ("tinyint", "smallint", "int", "bigint")

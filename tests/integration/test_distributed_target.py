@@ -1,0 +1,228 @@
+"""``table=`` naming a ``Distributed`` table (issue 11): the shards come from
+``system.clusters``, the local table and ``shard_by`` from the table's engine, and the write
+is one sharded attach-mode xid, exactly as if ``shards``/``shard_by`` had been given.
+
+Three real embedded ClickHouse servers listen on 127.0.0.1, 127.0.0.2 and 127.0.0.3, all on
+one port (every address of 127/8 is loopback on Linux), so a cluster definition naming the
+hosts maps to their HTTP URLs the way a production cluster with one HTTP port does. Inserts
+*through* the Distributed table need ClickHouse's native protocol, which the embedded
+servers do not speak; txsink's attach path never does that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import clickhouse_connect
+import pytest
+from pyspark.sql.types import LongType, StructField, StructType
+
+from tests.integration.conftest import free_port
+from txsink.config import WriterConfig
+from txsink.driver import open_registry
+from txsink.embedded.stack import StackInfo
+from txsink.errors import ConfigError, UnavailableError
+from txsink.ops.verify import verify_job
+from txsink.spark.validate import validate
+
+HOSTS = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
+CLUSTER = "three"
+SCHEMA = StructType(
+    [StructField("id", LongType(), False), StructField("amount", LongType(), False)]
+)
+
+
+def cluster_config(hosts: tuple[str, ...], weights: tuple[int, ...] | None = None) -> str:
+    """``<remote_servers>``: cluster ``three`` (one replica per host, a second, unused
+    replica on shard 2 listed first in the file but numbered after the first), and cluster
+    ``weighted`` with unequal weights."""
+    shards = []
+    for k, host in enumerate(hosts):
+        replicas = f"<replica><host>{host}</host><port>9000</port></replica>"
+        if k == 1:
+            replicas += "<replica><host>127.0.0.9</host><port>9000</port></replica>"
+        shards.append(f"<shard>{replicas}</shard>")
+    weighted = "".join(
+        f"<shard><weight>{w}</weight><replica><host>{h}</host><port>9000</port></replica></shard>"
+        for h, w in zip(hosts, weights or (1, 2, 1), strict=True)
+    )
+    return (
+        f"<clickhouse><remote_servers><{CLUSTER}>{''.join(shards)}</{CLUSTER}>"
+        f"<weighted>{weighted}</weighted></remote_servers></clickhouse>\n"
+    )
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/ping", timeout=1) as reply:
+            return bool(reply.status == 200)
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
+    root: Path = tmp_path_factory.mktemp("distributed")
+    config = root / "cluster.xml"
+    config.write_text(cluster_config(HOSTS))
+    port = free_port()
+    urls = [f"http://{h}:{port}" for h in HOSTS]
+    procs = []
+    for k, host in enumerate(HOSTS):
+        argv = [sys.executable, "-m", "txsink.embedded.server", "--data", str(root / f"s{k}")]
+        argv += ["--port", str(port), "--host", host, "--config-file", str(config)]
+        out = open(root / f"s{k}.out", "ab")  # noqa: SIM115 - closed with the process
+        procs.append((subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT), out))
+    try:
+        deadline = time.monotonic() + 120
+        while not all(_answers(u) for u in urls):
+            dead = [p.args for p, _ in procs if p.poll() is not None]
+            if dead or time.monotonic() > deadline:
+                logs = "\n".join((root / f"s{k}.out").read_text()[-2000:] for k in range(3))
+                pytest.fail(f"embedded servers on {HOSTS} did not answer ({dead}):\n{logs}")
+            time.sleep(0.3)
+        yield urls
+    finally:
+        for proc, out in procs:
+            proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(20)
+            if proc.poll() is None:
+                proc.kill()
+            out.close()
+
+
+def client(url: str) -> Any:
+    host, port = url.rsplit("/", 1)[-1].split(":")
+    return clickhouse_connect.get_client(host=host, port=int(port))
+
+
+@pytest.fixture
+def db(servers: list[str]) -> Iterator[str]:
+    """A database holding ``local`` on every server and Distributed tables on the first:
+    ``dist`` (intHash64(id)), ``dist_rand`` (rand()), ``dist_mod`` (id % 3, which txsink
+    cannot reproduce) and ``dist_weighted`` (unequal shard weights)."""
+    name = f"dt_{uuid.uuid4().hex[:10]}"
+    clients = [client(u) for u in servers]
+    for c in clients:
+        c.command(f"CREATE DATABASE {name}")
+        c.command(
+            f"CREATE TABLE {name}.local (id Int64, amount Int64) ENGINE = MergeTree "
+            f"PARTITION BY id % 4 ORDER BY id"
+        )
+    for table, cluster, key in (
+        ("dist", CLUSTER, "intHash64(id)"),
+        ("dist_rand", CLUSTER, "rand()"),
+        ("dist_mod", CLUSTER, "id % 3"),
+        ("dist_weighted", "weighted", "intHash64(id)"),
+    ):
+        clients[0].command(
+            f"CREATE TABLE {name}.{table} AS {name}.local "
+            f"ENGINE = Distributed('{cluster}', '{name}', 'local', {key})"
+        )
+    yield name
+    for c in clients:
+        with contextlib.suppress(Exception):
+            c.command(f"DROP DATABASE IF EXISTS {name} SYNC")
+        c.close()
+
+
+def config(url: str, table: str, keeper: str, **extra: str) -> WriterConfig:
+    return WriterConfig.from_options(
+        {"url": url, "table": table, "keeper": keeper, "job": f"dt-{uuid.uuid4().hex[:8]}"} | extra
+    )
+
+
+def test_validation_resolves_the_cluster_of_a_distributed_table(
+    servers: list[str], db: str, stack: StackInfo
+) -> None:
+    plan = validate(config(servers[0], f"{db}.dist", stack.keeper), SCHEMA)
+    assert plan.mode == "attach"
+    assert plan.config.table == f"{db}.local"
+    assert plan.config.shards == tuple(servers)  # shard 2's first replica, not 127.0.0.9
+    assert plan.config.url == servers[0]
+    assert plan.config.shard_by == "id"
+
+    spread = validate(config(servers[0], f"{db}.dist_rand", stack.keeper), SCHEMA).config
+    assert (spread.shards, spread.shard_by) == (tuple(servers), "")
+
+    # the port of every shard's server can differ from the entry URL's
+    other = config(servers[0], f"{db}.dist", stack.keeper, shard_http_port="8123")
+    with pytest.raises(UnavailableError, match=r"127\.0\.0\.1:8123"):
+        validate(other, SCHEMA)
+
+
+def test_a_sharding_key_txsink_cannot_reproduce_is_refused_or_left_to_dedup(
+    servers: list[str], db: str, stack: StackInfo
+) -> None:
+    with pytest.raises(ConfigError, match=r"id % 3.*cannot reproduce"):
+        validate(config(servers[0], f"{db}.dist_mod", stack.keeper, mode="attach"), SCHEMA)
+    with pytest.raises(ConfigError, match="different weights"):
+        validate(config(servers[0], f"{db}.dist_weighted", stack.keeper, mode="attach"), SCHEMA)
+    # mode=auto keeps what it did before: dedup through the Distributed table itself
+    auto = validate(config(servers[0], f"{db}.dist_mod", stack.keeper), SCHEMA)
+    assert (auto.mode, auto.config.table, auto.config.shards) == ("dedup", f"{db}.dist_mod", ())
+    # and mode=dedup never discovers shards
+    dedup = validate(config(servers[0], f"{db}.dist", stack.keeper, mode="dedup"), SCHEMA)
+    assert (dedup.mode, dedup.config.shards) == ("dedup", ())
+    for url in servers:
+        with client(url) as c:
+            assert c.query(f"SELECT count() FROM {db}.local").result_rows[0][0] == 0
+
+
+def test_spark_save_into_a_distributed_table_is_one_exact_xid_over_its_shards(
+    spark: Any, servers: list[str], db: str, stack: StackInfo
+) -> None:
+    job = f"dt-{uuid.uuid4().hex[:8]}"
+    produced = 0
+    for version, (lo, hi) in enumerate(((0, 3000), (3000, 5000)), start=1):
+        df = spark.range(lo, hi, numPartitions=3).selectExpr("id", "id * 3 AS amount")
+        (
+            df.write.format("clickhouse_tx")
+            .option("url", servers[0])
+            .option("table", f"{db}.dist")
+            .option("keeper", stack.keeper)
+            .option("job", job)
+            .option("txn_version", str(version))
+            .mode("append")
+            .save()
+        )
+        produced += hi - lo
+    total = distinct = 0
+    for k, url in enumerate(servers):
+        with client(url) as c:
+            count, uniq, misplaced, staged = c.query(
+                f"SELECT count(), uniqExact(id), countIf(intHash64(id) % 3 != {k}), "
+                f"(SELECT count() FROM system.tables WHERE database = 'txsink_staging' "
+                f"AND name LIKE '{job}%') FROM {db}.local"
+            ).result_rows[0]
+        assert misplaced == 0, f"shard {k} holds rows Distributed would send elsewhere"
+        assert staged == 0, f"shard {k} kept staging tables of {job}"
+        assert count > 0
+        total, distinct = total + count, distinct + uniq
+    assert total == distinct == produced
+
+    registry = open_registry(config(servers[0], f"{db}.dist", stack.keeper))
+    try:
+        meta = registry.job_meta(job) or {}
+    finally:
+        registry.close()
+    assert meta.get("shards") == list(servers)
+    assert meta.get("target") == f"{db}.local"
+
+    sharded = WriterConfig.from_options(
+        {"shards": ",".join(servers), "table": f"{db}.local", "keeper": stack.keeper, "job": job}
+    )
+    result = verify_job(sharded)
+    assert result.clean, result.to_json()
+    checked = result.checked["shards"]
+    assert sum(c["target_rows"] for c in checked) == produced
+    assert [c["ledger_rows"] for c in checked] == [c["target_rows"] for c in checked]
