@@ -294,16 +294,17 @@ class Transactor:
         pause = 0.2
         failure: TxSinkError | None = None
         while True:
-            if resumed and not self._settle(epoch, record, deadline):
-                raise failure or UnavailableError(
-                    f"job {self.job}: xid {record.xid}: statements on its staging are still "
-                    f"running on ClickHouse after {self.publish_retry_s:g}s; nothing was "
-                    f"published again. `txsink recover --job {self.job}` finishes it"
-                )
-            if failure is not None:
-                self._check_fence(epoch)  # a writer that lost the job must not go on
-                record = self.registry.get(self.job, record.xid) or record
-            try:
+            try:  # every way out of here asks Keeper whether the xid is COMMITTED already
+                if resumed and not self._settle(epoch, record, deadline):
+                    raise failure or UnavailableError(
+                        f"job {self.job}: xid {record.xid}: statements on its staging are "
+                        f"still running on ClickHouse after {self.publish_retry_s:g}s; "
+                        f"nothing was published again. `txsink recover --job {self.job}` "
+                        f"finishes it"
+                    )
+                if failure is not None:
+                    self._check_fence(epoch)  # a writer that lost the job must not go on
+                    record = self.registry.get(self.job, record.xid) or record
                 return self.finish(epoch, record, resumed=resumed)
             except (UnavailableError, RetryableConflict) as exc:
                 left = deadline - time.monotonic()

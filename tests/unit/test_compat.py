@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -347,7 +349,7 @@ def test_move_compat_reports_first_difference_and_accepts_equal() -> None:
     assert "partition key" in (check_move_compat(other_key, target) or "")
 
 
-def test_tune_combines_shards_slowest_stage_and_summed_commits() -> None:
+def test_tune_combines_shards_summed_stages_and_summed_commits() -> None:
     from txsink.ops.tune import Sample, TuneResult, combine_shards
 
     def result(stage: float, commit: float, delay: int) -> TuneResult:
@@ -357,9 +359,121 @@ def test_tune_combines_shards_slowest_stage_and_summed_commits() -> None:
     combined = combine_shards(
         ["http://a", "http://b"], [result(0.2, 0.05, 900), result(0.1, 0.07, 1000)]
     )
-    assert [s.stage_seconds for s in combined.samples] == [0.2, 0.2]
+    assert [round(s.stage_seconds, 3) for s in combined.samples] == [0.3, 0.3]
     assert [round(s.commit_seconds, 3) for s in combined.samples] == [0.12, 0.12]
     assert combined.parts_to_delay_insert == 900 and [s["url"] for s in combined.shards] == [
         "http://a",
         "http://b",
     ]
+
+
+def _replicated(order: str, zk: str, replica: str, policy: str = "default") -> TargetInfo:
+    engine_full = (
+        f"ReplicatedMergeTree('{zk}', '{replica}') PARTITION BY d ORDER BY {order} "
+        f"SETTINGS storage_policy = '{policy}', index_granularity = 8192"
+    )
+    return TargetInfo(
+        "db", "t", "ReplicatedMergeTree", engine_full=engine_full, partition_key="d",
+        sorting_key=order, primary_key="id", storage_policy=policy,
+        zookeeper_path=zk, replica_name=replica,
+    )  # fmt: skip
+
+
+class _RecordingClient:
+    url = "http://ch1:8123"
+
+    def __init__(self) -> None:
+        self.sql: list[str] = []
+
+    def command(self, sql: str, **kwargs: object) -> None:
+        self.sql.append(sql)
+
+
+def _warehouse_seeing(live: TargetInfo) -> tuple[Any, _RecordingClient]:
+    """A ClickHouseWarehouse whose server holds ``live`` as db.t; the staging it reads back
+    is what the last CREATE asked for."""
+    import dataclasses
+    import re
+
+    from txsink.clickhouse.warehouse import ClickHouseWarehouse
+
+    client = _RecordingClient()
+    wh = ClickHouseWarehouse(client, "txsink_staging")  # type: ignore[arg-type]
+
+    def target_info(name: str, views: bool = True) -> TargetInfo:
+        if name == "db.t":
+            return live
+        create = client.sql[-1]
+        order = re.search(r"ORDER BY (.*?) SETTINGS", create)
+        policy = re.search(r"storage_policy = '(\w+)'", create)
+        assert order and policy, create
+        return dataclasses.replace(
+            live, database="txsink_staging", table=name.split(".")[1],
+            sorting_key=order.group(1), storage_policy=policy.group(1),
+            engine_full=create.split("ENGINE = ", 1)[1],
+        )  # fmt: skip
+
+    wh.target_info = target_info  # type: ignore[method-assign]
+    wh._protect = lambda fq, staged: None  # type: ignore[method-assign]
+    return wh, client
+
+
+def _staging_table() -> str:
+    from txsink.protocol.ids import run_tag, staging_name
+
+    return staging_name("job", "b1", run_tag("run"), 0, 0, 7, "ns").table
+
+
+def test_replicated_staging_is_built_from_the_target_as_this_server_has_it_now() -> None:
+    """The plan's view is from when the stream started: an ALTER since (order key, storage
+    policy) must not give staging that cannot be moved (found only after PREPARED)."""
+    live = _replicated("id, k", "/clickhouse/tables/02/db/t", "r1", "tiered")
+    stale = _replicated("id", "/clickhouse/tables/02/db/t", "r1", "default")
+    wh, client = _warehouse_seeing(live)
+    name = _staging_table()
+    wh.create_staging("db.t", name, stale)
+    create = client.sql[-1]
+    assert "ORDER BY id, k" in create and "storage_policy = 'tiered'" in create, create
+    assert f"'/clickhouse/tables/02/db/t_txsink_staging/txsink_staging/{name}', 'r1'" in create
+
+
+def test_a_url_that_reaches_another_replica_is_refused_before_staging_is_created() -> None:
+    live = _replicated("id", "/clickhouse/tables/01/db/t", "r2")
+    validated = _replicated("id", "/clickhouse/tables/01/db/t", "r1")
+    wh, client = _warehouse_seeing(live)
+    from txsink.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"reached replica 'r2'.*load balancer"):
+        wh.create_staging("db.t", _staging_table(), validated)
+    assert client.sql == []
+
+
+def test_the_driver_refuses_to_prepare_staging_it_cannot_see_on_a_replicated_target() -> None:
+    """Tasks that staged on another replica (a load-balanced URL) are caught before the
+    commit point, not by a MOVE that finds nothing after PREPARED."""
+    from types import SimpleNamespace
+
+    from txsink.config import WriterConfig
+    from txsink.errors import ConfigError
+    from txsink.spark.writer import TxCommitMessage, WritePlan, check_staging_reachable
+
+    class Seen:
+        def __init__(self, present: set[str]) -> None:
+            self.present = present
+
+        def staging_view(self, names: list[str]) -> dict[str, dict[str, int] | None]:
+            return {n: ({"p": 1} if n in self.present else None) for n in names}
+
+    config = WriterConfig.from_options(
+        {"url": "http://lb:8123", "keeper": "k:2181", "table": "db.t", "job": "j"}
+    )
+    plan = WritePlan(config, "attach", target_info=_replicated("id", "/p", "r1"))
+    msgs = [
+        TxCommitMessage("run", "b1", 1, staging=("s1",)),
+        TxCommitMessage("run", "b1", 1, staging=("s2",)),
+    ]
+    check_staging_reachable(SimpleNamespace(warehouse=Seen({"s1", "s2"})), plan, msgs, "b1")
+    with pytest.raises(ConfigError, match=r"s2 .*more than one server"):
+        check_staging_reachable(SimpleNamespace(warehouse=Seen({"s1"})), plan, msgs, "b1")
+    plain = WritePlan(config, "attach", target_info=TargetInfo("db", "t", "MergeTree"))
+    check_staging_reachable(SimpleNamespace(warehouse=Seen(set())), plain, msgs, "b1")

@@ -163,6 +163,27 @@ def test_a_commit_recorded_committed_is_not_reported_failed_when_dropping_stagin
     assert reg.get(JOB, "b0").state is XidState.COMMITTED
 
 
+def test_a_committed_xid_whose_server_stays_down_for_the_cleanup_is_not_reported_failed() -> None:
+    """The DROP after COMMITTED fails with an unknown outcome and the server is never seen
+    quiet again: the give-up path (re-observe deadline) also reads the record first."""
+
+    class DownAfterCommit(MemoryWarehouse):
+        def drop_stagings(self, tables: Sequence[str]) -> None:
+            raise UnavailableError("connection refused")
+
+        def settle(self, names: Sequence[str]) -> bool:
+            return False
+
+    wh = DownAfterCommit()
+    reg = MemoryRegistry()
+    tx = Transactor(reg, wh, JOB, publish_retry_s=0.2, sleep=lambda s: None)
+    epoch = tx.begin("run-1")
+    parts = stage_batch(wh, epoch.number, 0, [(1, "a"), (2, "b")], 2, 0)
+    assert tx.commit_batch(epoch, "b0", 0, TARGET, parts, streaming=True).action == "committed"
+    assert wh.target_ids(TARGET) == [1, 2]
+    assert reg.get(JOB, "b0").state is XidState.COMMITTED
+
+
 def test_a_publish_that_fails_before_committed_still_raises() -> None:
     class MoveRefused(MemoryWarehouse):
         def move_partition(self, staging: str, partition_id: str, target: str) -> None:

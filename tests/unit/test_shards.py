@@ -214,3 +214,27 @@ def test_shard_http_port_is_an_option_for_discovered_shards_only() -> None:
     assert WriterConfig.from_options(c.to_options()).shard_http_port == 8123
     with pytest.raises(ConfigError, match="each URL carries its port"):
         WriterConfig.from_options({**BASE, "shards": "http://a:1", "shard_http_port": "8123"})
+
+
+def test_per_shard_verify_honours_allow_other_writers() -> None:
+    """A surplus on one shard is another writer's when the operator says so, as in the
+    total; without the flag it stays an anomaly."""
+    from txsink.ops import verify as vf
+
+    class Client:
+        def query_rows(self, *args: Any, **kwargs: Any) -> list[tuple[str]]:
+            return [("MergeTree",)]
+
+    class Sharded:
+        client = Client()
+
+        def partition_rows_by_shard(self, table: str) -> list[dict[str, int]]:
+            return [{"p": 110}, {"p": 100}]
+
+    meta = {"target": "db.t", "shards": ["http://a:1", "http://b:1"]}
+    ledger = {"j": {"rows": 200, "shards": {"0": 100, "1": 100}}}
+    for allowed, clean in ((True, True), (False, False)):
+        result = vf.VerifyResult("j", "db.t")
+        checked = vf._reconcile_shards(Sharded(), "j", meta, [], "db.t", ledger, result, allowed)
+        assert result.clean is clean, [a.message for a in result.anomalies]
+        assert [c["target_rows"] for c in checked] == [110, 100]

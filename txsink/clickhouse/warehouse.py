@@ -427,13 +427,20 @@ class ClickHouseWarehouse:
         is the target as the driver saw it (saves one round of system-table queries per
         task); on a mismatch the target is read again before giving up, in case it was
         altered. A replicated target's staging gets an engine clause of its own
-        (:meth:`_create`).
+        (:meth:`_create`), built from the target as *this* server has it now (its replica
+        name, Keeper path, keys and policy: a clause from an old or another server's view
+        would create staging that cannot be moved, found only after PREPARED), and must
+        be on the replica ``expected`` was read from: staging exists on one replica only,
+        and the driver moves it through the same URL.
         """
         fq = self._staging(table, "create")
-        wanted = expected or self.target_info(target)
+        fresh = expected is None or expected.is_replicated
+        wanted = self.target_info(target) if fresh or expected is None else expected
+        if expected is not None and expected.is_replicated and wanted.is_replicated:
+            check_same_replica(expected, wanted, self.client)
         staged = self._create(fq, target, table, wanted)
         problem = check_move_compat(staged, wanted)
-        if problem and expected is not None:
+        if problem and not fresh:
             wanted = self.target_info(target)
             problem = check_move_compat(staged, wanted)
             if problem and wanted.is_replicated:  # its engine clause came from the stale view
@@ -714,6 +721,26 @@ class ClickHouseWarehouse:
             del block  # let the block go before the next one is assembled
         log.debug("inserted %d rows (%d bytes) in %d blocks into %s", rows, size, blocks, table)
         return InsertStats(rows, size, blocks)
+
+
+def check_same_replica(expected: TargetInfo, now: TargetInfo, client: Any) -> None:
+    """ConfigError unless ``now`` (read through this connection) is the replica of the
+    replicated target that ``expected`` (the driver's validation) was read from: a URL
+    that reaches another replica (a load balancer, DNS round robin) would stage where the
+    driver's MOVE cannot find it. Caught here before any row is written, by chance only
+    (each request may reach another server); docs/modes.md#replicated-targets."""
+    if (now.replica_name, now.zookeeper_path) == (expected.replica_name, expected.zookeeper_path):
+        return
+    url = getattr(client, "url", "the url option")
+    raise ConfigError(
+        f"{expected.name} through {url} reached replica {now.replica_name!r} "
+        f"({now.zookeeper_path}), but the driver validated replica "
+        f"{expected.replica_name!r} ({expected.zookeeper_path}) through the same URL: it "
+        f"leads to more than one server (a load balancer?), or the table was created again "
+        f"since. Attach mode stages on one "
+        f"replica and moves there; name one server per shard (url/shards), or use "
+        f"mode=dedup. Nothing was written"
+    )
 
 
 def iter_blocks(

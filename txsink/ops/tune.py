@@ -336,7 +336,8 @@ def _cleanup(registry: Registry, warehouse: Any, scratch: str, job: str, prefix:
 def combine_shards(urls: Sequence[str], results: Sequence[TuneResult]) -> TuneResult:
     """One sharded job's batch from per-shard measurements (pure).
 
-    The executors stage on every shard at once (the slowest shard's stage counts), the
+    Each task stages its rows shard after shard (:func:`txsink.spark.writer._stage_sharded`:
+    a table created and filled on one shard, then the next), so the stages add up; the
     driver prepares once and publishes shard after shard (commits add up: a bound from
     above, as the Keeper prepare and record are counted once per shard). Transaction i
     of every shard is taken as one batch; limits are the tightest shard's."""
@@ -346,7 +347,7 @@ def combine_shards(urls: Sequence[str], results: Sequence[TuneResult]) -> TuneRe
             i + 1,
             sum(r.samples[i].partitions for r in results),
             sum(r.samples[i].rows for r in results),
-            max(r.samples[i].stage_seconds for r in results),
+            sum(r.samples[i].stage_seconds for r in results),
             sum(r.samples[i].commit_seconds for r in results),
             sum(r.samples[i].prepare_seconds for r in results),
             sum(r.samples[i].publish_seconds for r in results),
@@ -383,7 +384,7 @@ def combine_shards(urls: Sequence[str], results: Sequence[TuneResult]) -> TuneRe
     ]
     combined.notes.append(
         f"{len(urls)} shards measured one after the other; a batch's overhead is the "
-        "slowest shard's staging plus the sum of the shards' commits"
+        "the sum of the shards' staging plus the sum of their commits"
     )
     return combined
 

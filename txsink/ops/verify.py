@@ -495,7 +495,9 @@ def _reconcile_table(
     )
     result.anomalies += anomalies
     result.warnings += warnings
-    by_shard = _reconcile_shards(warehouse, job, meta, records, target, writers, result)
+    by_shard = _reconcile_shards(
+        warehouse, job, meta, records, target, writers, result, allow_other_writers
+    )
     return {
         **({"shards": by_shard} if by_shard else {}),
         "writers": sorted(writers),
@@ -516,6 +518,7 @@ def _reconcile_shards(
     target: str,
     writers: Mapping[str, Mapping[str, Any]],
     result: VerifyResult,
+    allow_other_writers: bool = False,
 ) -> list[dict[str, Any]]:
     """Each shard of a sharded job's own target against the ledger's rows for that shard
     (``ledger["shards"]``): rows published on the wrong shard, or twice on one and lost on
@@ -552,6 +555,7 @@ def _reconcile_shards(
             {"*": have},
             {"*": inflight.get(str(k), 0)},
             jobs=[job],
+            allow_other_writers=allow_other_writers,
             engine_merges=merges,
             by_partition=False,
         )

@@ -222,6 +222,7 @@ def _validate(config: WriterConfig, schema: StructType) -> WritePlan:
         mode,
         strict,
         target_info=info if mode == "attach" else None,
+        shard_infos=tuple(infos) if mode == "attach" and config.shards else (),
         namespace=namespace,
     )
 

@@ -44,10 +44,15 @@ class WritePlan:
     mode: str  # "attach" | "dedup" (auto is resolved on the driver)
     not_null: tuple[str, ...] = ()  # target columns that are not Nullable
     target_info: Any = None  # the target's TargetInfo as validation saw it (attach mode)
+    shard_infos: tuple[Any, ...] = ()  # a sharded job: the target on each shard, in order
     xid: str | None = None  # batch saves: fixed xid; streaming: from the batch id
     run_id: str = ""  # batch saves: one run per save; streaming: Spark's run id
     batch: int | None = None
     namespace: str = ""  # the Keeper store's id: part of staging names (ids.staging_prefix)
+
+    def target_on(self, shard: int) -> Any:
+        """The target as validation saw it on ``shard`` (its replica name, Keeper path)."""
+        return self.shard_infos[shard] if shard < len(self.shard_infos) else self.target_info
 
     @property
     def streaming(self) -> bool:
@@ -282,7 +287,7 @@ def _stage_sharded(
             if k not in names:
                 names[k] = name_on(k)
                 created.append(names[k])
-                warehouse.create_staging(cfg.table, names[k], plan.target_info)
+                warehouse.create_staging(cfg.table, names[k], plan.target_on(k))
                 sent[names[k]] = 0
             pending.setdefault(k, []).append(piece)
             n, b = size.get(k, (0, 0))
@@ -392,6 +397,7 @@ def _commit_writes(
         for plan, ms in writes:
             if mode is Mode.ATTACH and any(m.staging for m in ms):
                 check_no_new_views(handle, plan, xid)
+                check_staging_reachable(handle, plan, ms, xid)
         parts = [
             dataclasses.replace(p, target=plan.config.table)
             for plan, ms in writes
@@ -411,6 +417,29 @@ def _commit_writes(
         sweep_strays(handle, xid, incoming)
     record_commit(config, result, sum(m.rows for m in msgs))
     return dict(result.__dict__)
+
+
+def check_staging_reachable(
+    handle: Any, plan: WritePlan, msgs: list[TxCommitMessage], xid: str
+) -> None:
+    """Before the prepare of a replicated target's batch: every staging table the tasks
+    wrote is on the server the driver reaches. Staging lives on one replica; a URL that
+    leads to several (a load balancer) would let the tasks stage on one and the driver's
+    MOVE run on another, which would find its staging missing after the commit point."""
+    info = plan.target_info
+    if info is None or not info.is_replicated:
+        return
+    names = sorted({t for m in msgs for t in m.staging})
+    missing = [t for t, rows in handle.warehouse.staging_view(names).items() if rows is None]
+    if missing:
+        raise ConfigError(
+            f"job {plan.config.job}: xid {xid}: staging table(s) {', '.join(missing[:3])} "
+            f"written by this batch's tasks are not on the replica of {plan.config.table} "
+            f"the driver reaches: the url (or a shard URL) leads to more than one server "
+            f"(a load balancer?). Nothing was committed; name one server per shard, or use "
+            f"mode=dedup. Tables left on the other replica are dropped by `txsink recover "
+            f"--job {plan.config.job}` pointed at it"
+        )
 
 
 def sweep_strays(handle: Any, xid: str, incoming: set[str]) -> None:
