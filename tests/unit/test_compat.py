@@ -253,6 +253,14 @@ def test_each_blocker_names_table_and_remedy(engine: str, word: str) -> None:
     assert any(word in b for b in blockers)
 
 
+def test_a_target_on_an_auxiliary_zookeeper_is_refused_in_attach_mode() -> None:
+    aux = info("ReplicatedMergeTree", zookeeper_path="zk2:/clickhouse/t", replica_name="r1")
+    blockers = attach_blockers(aux)
+    assert len(blockers) == 1 and "auxiliary ZooKeeper 'zk2'" in blockers[0]
+    own = info("ReplicatedMergeTree", zookeeper_path="/clickhouse/t", replica_name="r1")
+    assert attach_blockers(own) == []
+
+
 def test_dependent_materialized_views_block_attach_and_are_named() -> None:
     blockers = attach_blockers(info(dependent_views=("db.mv_counts", "other.mv")))
     assert len(blockers) == 1

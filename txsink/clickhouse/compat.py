@@ -172,6 +172,12 @@ def attach_blockers(info: TargetInfo) -> list[str]:
             f"target {t} uses {info.engine} (ClickHouse Cloud): txsink creates its staging "
             f"tables per replica, which SharedMergeTree has no notion of; {remedy}"
         )
+    elif info.is_replicated and info.zookeeper_path and not info.zookeeper_path.startswith("/"):
+        out.append(
+            f"target {t} is replicated through the auxiliary ZooKeeper "
+            f"{info.zookeeper_path.split(':', 1)[0]!r} ({info.zookeeper_path}); txsink's "
+            f"staging for such tables is not built or tested yet; {remedy}"
+        )
     elif info.is_replicated and not (info.zookeeper_path and info.replica_name):
         out.append(
             f"target {t} uses {info.engine} but system.replicas does not list it on this "
@@ -230,7 +236,8 @@ def staging_engine_clause(
     ]  # fmt: skip
     settings += [f"{k} = {v}" for k, v in staging_settings.items()]
     engine_args = ", ".join([_sql_string(keeper_path), _sql_string(target.replica_name), *args])
-    return f"ENGINE = {name}({engine_args}) {body.strip()} SETTINGS {', '.join(settings)}"
+    tail = f" SETTINGS {', '.join(settings)}" if settings else ""
+    return f"ENGINE = {name}({engine_args}) {body.strip()}{tail}"
 
 
 def split_engine(engine_full: str) -> tuple[str, list[str], str]:

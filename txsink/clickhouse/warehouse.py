@@ -322,7 +322,9 @@ class ClickHouseWarehouse:
             f"(SELECT groupArray((name, query)) FROM system.projections {sub}), "
             "(SELECT groupArray((name, value)) FROM system.merge_tree_settings "
             f"WHERE name IN {{names:Array(String)}}), {mvs}, "
-            f"(SELECT groupArray((zookeeper_path, replica_name)) FROM system.replicas {sub}) "
+            "(SELECT groupArray((if(zookeeper_name IN ('', 'default'), '', "
+            "zookeeper_name || ':') || zookeeper_path, replica_name)) "
+            f"FROM system.replicas {sub}) "
             "FROM system.tables WHERE database = {db:String} AND name = {t:String}",
             parameters={"db": db, "t": name, "names": list(MERGE_TREE_SETTING_KEYS)},
             what=f"inspect {target}",
