@@ -321,19 +321,6 @@ def test_target_info_flags_engines_without_partitions(
     assert any(engine in b and "mode=dedup" in b for b in attach_blockers(info))
 
 
-def test_target_info_flags_distributed(wh: ClickHouseWarehouse, ch: Any, fresh_db: str) -> None:
-    ch.command(f"CREATE TABLE {fresh_db}.local {TARGETS['by_month']}")
-    clusters = [r[0] for r in ch.query("SELECT DISTINCT cluster FROM system.clusters").result_rows]
-    if not clusters:
-        pytest.skip("this engine has no clusters configured: Distributed cannot be created")
-    ch.command(
-        f"CREATE TABLE {fresh_db}.dist AS {fresh_db}.local "
-        f"ENGINE = Distributed('{clusters[0]}', '{fresh_db}', 'local')"
-    )
-    info = wh.target_info(f"{fresh_db}.dist")
-    assert any("Distributed" in b for b in attach_blockers(info))
-
-
 def test_unknown_tables_are_config_errors_naming_the_table(
     wh: ClickHouseWarehouse, client: Client, fresh_db: str
 ) -> None:

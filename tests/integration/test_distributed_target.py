@@ -26,8 +26,9 @@ import pytest
 from pyspark.sql.types import LongType, StructField, StructType
 
 from tests.integration.conftest import free_port
+from txsink.clickhouse.compat import attach_blockers
 from txsink.config import WriterConfig
-from txsink.driver import open_registry
+from txsink.driver import borrowed_warehouse, open_registry
 from txsink.embedded.stack import StackInfo
 from txsink.errors import ConfigError, UnavailableError
 from txsink.ops.verify import verify_job
@@ -144,7 +145,12 @@ def config(url: str, table: str, keeper: str, **extra: str) -> WriterConfig:
 def test_validation_resolves_the_cluster_of_a_distributed_table(
     servers: list[str], db: str, stack: StackInfo
 ) -> None:
-    plan = validate(config(servers[0], f"{db}.dist", stack.keeper), SCHEMA)
+    entry = config(servers[0], f"{db}.dist", stack.keeper)
+    with borrowed_warehouse(entry) as warehouse:  # the table itself cannot take MOVE
+        info = warehouse.target_info(entry.table)
+    assert info.engine == "Distributed"
+    assert any("Distributed" in b and "mode=dedup" in b for b in attach_blockers(info))
+    plan = validate(entry, SCHEMA)
     assert plan.mode == "attach"
     assert plan.config.table == f"{db}.local"
     assert plan.config.shards == tuple(servers)  # shard 2's first replica, not 127.0.0.9
