@@ -251,13 +251,13 @@ def split_engine(engine_full: str) -> tuple[str, list[str], str]:
     args: list[str] = []
     if rest.lstrip().startswith("("):
         rest = rest.lstrip()
-        end = _closing_paren(rest)
+        end = closing_paren(rest)
         args = split_top_level(rest[1:end])
         rest = rest[end + 1 :]
     return name, args, rest
 
 
-def _closing_paren(text: str) -> int:
+def closing_paren(text: str) -> int:
     """Index of the parenthesis closing the one ``text`` starts with (quote-aware)."""
     depth, quote, i = 0, "", 0
     while i < len(text):

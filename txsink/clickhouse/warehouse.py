@@ -49,6 +49,7 @@ from txsink.clickhouse.compat import (
     ColumnInfo,
     TargetInfo,
     check_move_compat,
+    closing_paren,
     plan_column_catch_up,
     split_top_level,
     staging_engine_clause,
@@ -828,25 +829,10 @@ def ttl_columns(create_query: str) -> tuple[str, ...]:
     start = create_query.find("(")
     if start < 0:
         return ()
-    depth, quote, end, escaped = 0, "", len(create_query), False
-    for i in range(start, len(create_query)):
-        ch = create_query[i]
-        if quote:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == quote:
-                quote = ""
-        elif ch in "'`":
-            quote = ch
-        elif ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-            if depth == 0:
-                end = i
-                break
+    try:
+        end = start + closing_paren(create_query[start:])
+    except ValueError:
+        end = len(create_query)
     found = []
     for element in split_top_level(create_query[start + 1 : end]):
         m = re.match(r"^(`(?:[^`\\]|\\.)+`|[A-Za-z_][A-Za-z0-9_]*)\s+(.*)$", element, re.DOTALL)
