@@ -42,3 +42,15 @@ def test_a_batch_of_4000_tasks_drops_its_staging_in_statements_the_server_parses
     ClickHouseWarehouse(rec).drop_stagings([name(p) for p in range(4000)])  # type: ignore[arg-type]
     assert len(rec.sql) == 4000 // MAX_COMMANDS
     assert max(len(s.encode()) for s in rec.sql) <= MAX_QUERY_SIZE // 4
+
+
+def test_a_bad_partition_id_anywhere_stops_the_publish_before_its_first_statement() -> None:
+    import pytest
+
+    from txsink.errors import ConfigError
+
+    rec = Recorder()
+    pids = [f"2024{i:04d}" for i in range(MAX_COMMANDS + 5)] + ["bad id'; DROP"]
+    with pytest.raises(ConfigError, match="not a ClickHouse partition id"):
+        ClickHouseWarehouse(rec).move_partitions(name(0), pids, "analytics.events")  # type: ignore[arg-type]
+    assert rec.sql == []

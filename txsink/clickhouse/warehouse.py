@@ -606,18 +606,19 @@ class ClickHouseWarehouse:
         """Publish staged partitions of one staging table, in ALTERs of up to
         ``MAX_COMMANDS`` MOVE commands (one round trip for most tasks: each command is
         atomic per partition, not the statement). Idempotent: a partition already moved
-        moves nothing, so a repeat moves only what is left."""
-        for at in range(0, len(partition_ids), MAX_COMMANDS):
-            self._move(staging, partition_ids[at : at + MAX_COMMANDS], target)
-
-    def _move(self, staging: str, partition_ids: Sequence[str], target: str) -> None:
-        fq = self._staging(staging, "move partitions out of")
+        moves nothing, so a repeat moves only what is left. Every id is checked before the
+        first statement: a bad one must not stop the publish half-way."""
         for partition_id in partition_ids:
             if not _PARTITION_ID_RE.match(partition_id):
                 raise ConfigError(
                     f"partition id {partition_id!r} of staging {staging} is not a ClickHouse "
                     "partition id; the manifest is corrupt: run `txsink verify`"
                 )
+        for at in range(0, len(partition_ids), MAX_COMMANDS):
+            self._move(staging, partition_ids[at : at + MAX_COMMANDS], target)
+
+    def _move(self, staging: str, partition_ids: Sequence[str], target: str) -> None:
+        fq = self._staging(staging, "move partitions out of")
         if not partition_ids:
             return
         db, name = split_table(target)
