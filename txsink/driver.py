@@ -331,6 +331,26 @@ def check_tables(job: str, stored: dict[str, Any] | None, tables: Iterable[str])
         )
 
 
+def identity_refusal(job: str, stored: dict[str, Any], meta: dict[str, Any]) -> str | None:
+    """Why a writer whose job meta would be ``meta`` must not write job ``job`` as
+    ``stored`` (its Keeper meta) records it: another target table, or another shard list
+    (None when it may). Checked before any row is written (validation) and again at the
+    takeover of every run (:func:`check_job_identity`)."""
+    if stored.get("target") and stored["target"] != meta["target"]:
+        return (
+            f"job {job} writes to {stored['target']}, not {meta['target']}; a job keeps one "
+            f"target for its whole life: choose a new job name"
+        )
+    if stored and list(stored.get("shards") or []) != list(meta.get("shards") or []):
+        return (
+            f"job {job} writes the shards {stored.get('shards') or [stored.get('url')]}, "
+            f"this writer names {meta.get('shards') or [meta.get('url')]}. A job keeps its "
+            f"shard list, in order, for its whole life (staging tables and the records name "
+            f"shards by their place in it). Give the same shards option, or a new job name"
+        )
+    return None
+
+
 def check_job_identity(handle: JobHandle, meta: dict[str, Any]) -> None:
     """Refuse a writer that would reuse a job's xids for a different query or table.
 
@@ -350,18 +370,9 @@ def check_job_identity(handle: JobHandle, meta: dict[str, Any]) -> None:
         )
     if meta.get("targets"):
         check_tables(job, stored, meta["targets"])
-    if stored.get("target") and stored["target"] != meta["target"]:
-        raise ConfigError(
-            f"job {job} writes to {stored['target']}, not {meta['target']}; a job keeps one "
-            f"target for its whole life: choose a new job name"
-        )
-    if list(stored.get("shards") or []) != list(meta.get("shards") or []):
-        raise ConfigError(
-            f"job {job} writes the shards {stored.get('shards') or [stored.get('url')]}, "
-            f"this writer names {meta.get('shards') or [meta.get('url')]}. A job keeps its "
-            f"shard list, in order, for its whole life (staging tables and the records name "
-            f"shards by their place in it). Give the same shards option, or a new job name"
-        )
+    refusal = identity_refusal(job, stored, meta)
+    if refusal:
+        raise ConfigError(refusal)
     old, new = stored.get("query_id") or "", meta.get("query_id") or ""
     if old and new and old != new and handle.registry.ledger(job).get("committed", 0):
         raise ConfigError(

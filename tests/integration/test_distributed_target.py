@@ -41,23 +41,27 @@ SCHEMA = StructType(
 )
 
 
-def cluster_config(hosts: tuple[str, ...], weights: tuple[int, ...] | None = None) -> str:
-    """``<remote_servers>``: cluster ``three`` (one replica per host, a second, unused
-    replica on shard 2 listed first in the file but numbered after the first), and cluster
-    ``weighted`` with unequal weights."""
-    shards = []
-    for k, host in enumerate(hosts):
-        replicas = f"<replica><host>{host}</host><port>9000</port></replica>"
-        if k == 1:
-            replicas += "<replica><host>127.0.0.9</host><port>9000</port></replica>"
-        shards.append(f"<shard>{replicas}</shard>")
+def cluster_config(hosts: tuple[str, ...]) -> str:
+    """``<remote_servers>``: cluster ``three`` (one replica per host), ``weighted``
+    (weights 1, 2, 1) and ``replicas`` (shard 2 lists a second replica, on 127.0.0.9);
+    macro ``{cluster}`` = ``three``."""
+
+    def replica(host: str) -> str:
+        return f"<replica><host>{host}</host><port>9000</port></replica>"
+
+    three = "".join(f"<shard>{replica(h)}</shard>" for h in hosts)
     weighted = "".join(
-        f"<shard><weight>{w}</weight><replica><host>{h}</host><port>9000</port></replica></shard>"
-        for h, w in zip(hosts, weights or (1, 2, 1), strict=True)
+        f"<shard><weight>{w}</weight>{replica(h)}</shard>"
+        for h, w in zip(hosts, (1, 2, 1), strict=True)
+    )
+    replicas = "".join(
+        f"<shard>{replica(h)}{replica('127.0.0.9') if k == 1 else ''}</shard>"
+        for k, h in enumerate(hosts)
     )
     return (
-        f"<clickhouse><remote_servers><{CLUSTER}>{''.join(shards)}</{CLUSTER}>"
-        f"<weighted>{weighted}</weighted></remote_servers></clickhouse>\n"
+        f"<clickhouse><macros><cluster>{CLUSTER}</cluster></macros><remote_servers>"
+        f"<{CLUSTER}>{three}</{CLUSTER}><weighted>{weighted}</weighted>"
+        f"<replicas>{replicas}</replicas></remote_servers></clickhouse>\n"
     )
 
 
@@ -109,8 +113,10 @@ def client(url: str) -> Any:
 @pytest.fixture
 def db(servers: list[str]) -> Iterator[str]:
     """A database holding ``local`` on every server and Distributed tables on the first:
-    ``dist`` (intHash64(id)), ``dist_rand`` (rand()), ``dist_mod`` (id % 3, which txsink
-    cannot reproduce) and ``dist_weighted`` (unequal shard weights)."""
+    ``dist`` (intHash64(id)), ``dist_rand`` (rand()), ``dist_macro`` (cluster
+    ``'{cluster}'``), ``dist_mod`` (id % 3, which txsink cannot reproduce),
+    ``dist_weighted`` (shard weights) and ``dist_replicas`` (a shard with two replicas over
+    a local table that is not replicated)."""
     name = f"dt_{uuid.uuid4().hex[:10]}"
     clients = [client(u) for u in servers]
     for c in clients:
@@ -122,6 +128,8 @@ def db(servers: list[str]) -> Iterator[str]:
     for table, cluster, key in (
         ("dist", CLUSTER, "intHash64(id)"),
         ("dist_rand", CLUSTER, "rand()"),
+        ("dist_macro", "{cluster}", "intHash64(id)"),
+        ("dist_replicas", "replicas", "intHash64(id)"),
         ("dist_mod", CLUSTER, "id % 3"),
         ("dist_weighted", "weighted", "intHash64(id)"),
     ):
@@ -153,16 +161,18 @@ def test_validation_resolves_the_cluster_of_a_distributed_table(
     plan = validate(entry, SCHEMA)
     assert plan.mode == "attach"
     assert plan.config.table == f"{db}.local"
-    assert plan.config.shards == tuple(servers)  # shard 2's first replica, not 127.0.0.9
+    assert plan.config.shards == tuple(servers)
     assert plan.config.url == servers[0]
     assert plan.config.shard_by == "id"
 
     spread = validate(config(servers[0], f"{db}.dist_rand", stack.keeper), SCHEMA).config
     assert (spread.shards, spread.shard_by) == (tuple(servers), "")
+    macro = validate(config(servers[0], f"{db}.dist_macro", stack.keeper), SCHEMA).config
+    assert (macro.shards, macro.table) == (tuple(servers), f"{db}.local")
 
     # the port of every shard's server can differ from the entry URL's
     other = config(servers[0], f"{db}.dist", stack.keeper, shard_http_port="8123")
-    with pytest.raises(UnavailableError, match=r"127\.0\.0\.1:8123"):
+    with pytest.raises(UnavailableError, match=r"127\.0\.0\.1:8123.*set shard_http_port"):
         validate(other, SCHEMA)
 
 
@@ -171,11 +181,14 @@ def test_a_sharding_key_txsink_cannot_reproduce_is_refused_or_left_to_dedup(
 ) -> None:
     with pytest.raises(ConfigError, match=r"id % 3.*cannot reproduce"):
         validate(config(servers[0], f"{db}.dist_mod", stack.keeper, mode="attach"), SCHEMA)
-    with pytest.raises(ConfigError, match="different weights"):
+    with pytest.raises(ConfigError, match="weights"):
         validate(config(servers[0], f"{db}.dist_weighted", stack.keeper, mode="attach"), SCHEMA)
+    with pytest.raises(ConfigError, match=r"several replicas.*not a replicated table"):
+        validate(config(servers[0], f"{db}.dist_replicas", stack.keeper, mode="attach"), SCHEMA)
     # mode=auto keeps what it did before: dedup through the Distributed table itself
-    auto = validate(config(servers[0], f"{db}.dist_mod", stack.keeper), SCHEMA)
-    assert (auto.mode, auto.config.table, auto.config.shards) == ("dedup", f"{db}.dist_mod", ())
+    for table in ("dist_mod", "dist_replicas"):
+        auto = validate(config(servers[0], f"{db}.{table}", stack.keeper), SCHEMA)
+        assert (auto.mode, auto.config.table, auto.config.shards) == ("dedup", f"{db}.{table}", ())
     # and mode=dedup never discovers shards
     dedup = validate(config(servers[0], f"{db}.dist", stack.keeper, mode="dedup"), SCHEMA)
     assert (dedup.mode, dedup.config.shards) == ("dedup", ())

@@ -245,3 +245,42 @@ def test_a_prepared_xid_with_a_lost_table_is_an_alarm_not_half_a_commit():
     with pytest.raises(RecoveryAlarm):
         Transactor(registry, wh, JOB).begin("run-2")
     assert wh.target_ids(FACTS) == [] and wh.target_ids(DAILY) == []
+
+
+def test_a_transaction_over_tables_on_different_servers_is_refused_before_staging(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Distributed table is written on its cluster's shards; the transaction's handle
+    reaches one server list, so a table elsewhere would be PREPARED with staging its
+    publish cannot find."""
+    import dataclasses
+
+    import txsink.spark.validate as validate_module
+    from txsink.config import WriterConfig
+    from txsink.spark import multi
+    from txsink.spark.writer import WritePlan
+
+    def fake_validate(config: WriterConfig, schema: object) -> WritePlan:
+        if config.table == "shop.orders":  # Distributed: resolved onto its shards
+            config = dataclasses.replace(
+                config,
+                table="shop.orders_local",
+                shards=("http://a:1", "http://b:1"),
+                url="http://a:1",
+            )
+        return WritePlan(config, "attach")
+
+    staged: list[str] = []
+    monkeypatch.setattr(validate_module, "validate", fake_validate)
+    monkeypatch.setattr(multi, "stage", lambda plan, df: staged.append(plan.config.table) or [])
+    monkeypatch.setattr(multi.w, "batch_mode", lambda plan, messages, xid: Mode.ATTACH)
+
+    class Df:
+        schema = None
+
+    options = {"url": "http://h:8123", "keeper": "k:2181", "job": "j"}
+    tx = multi.Transaction(None, None, 1, options)
+    tx.write(Df(), table="shop.orders")
+    with pytest.raises(ConfigError, match="one transaction publishes on one server"):
+        tx.write(Df(), table="shop.customers")
+    assert staged == ["shop.orders_local"]

@@ -115,3 +115,13 @@ def test_an_attach_batch_whose_xid_has_dedup_state_is_refused_not_staged_again()
     with pytest.raises(ConfigError, match="dedup-mode state"):
         tx.commit_batch(epoch, "b5", 5, "db.t", [StagedPart(table, "p", 1)])
     assert wh.target_ids("db.t") == [] and reg.get("j", "b5") is None
+
+
+def test_a_sharded_job_cannot_be_switched_to_dedup() -> None:
+    """Its target is a local table on every shard: dedup would insert through another
+    table, visible before the commit refuses it."""
+    reg = MemoryRegistry()
+    reg.ensure_job("j", {"target": "db.t_local", "mode": "attach", "shards": ["http://a:1"]})
+    with pytest.raises(ConfigError, match="takes attach mode only"):
+        change_mode(Stores(reg, None), "j", "dedup", stale_after=600, force=True)  # type: ignore[arg-type]
+    assert reg.job_meta("j")["mode"] == "attach"  # type: ignore[index]

@@ -190,7 +190,17 @@ def test_cluster_urls_take_each_shards_first_replica_whatever_server_was_asked()
         (
             "Distributed('c', 'db', 'l', intHash64(id))",
             [ClusterReplica(1, 1, 1, "a"), ClusterReplica(2, 2, 1, "b")],
-            "different weights",
+            "weights",
+        ),
+        (  # equal but not 1: ClickHouse picks from slots [0, 0, 1, 1], not key % 2
+            "Distributed('c', 'db', 'l', intHash64(id))",
+            [ClusterReplica(1, 2, 1, "a"), ClusterReplica(2, 2, 1, "b")],
+            "weights",
+        ),
+        (
+            "Distributed('c', 'db', 'l', intHash64(id))",
+            [ClusterReplica(1, 1, 1, "h"), ClusterReplica(2, 1, 1, "h")],
+            "several shards on one host",
         ),
         (
             "Distributed('c', 'db', 'l')",
@@ -238,3 +248,24 @@ def test_per_shard_verify_honours_allow_other_writers() -> None:
         checked = vf._reconcile_shards(Sharded(), "j", meta, [], "db.t", ledger, result, allowed)
         assert result.clean is clean, [a.message for a in result.anomalies]
         assert [c["target_rows"] for c in checked] == [110, 100]
+
+
+def test_a_writer_the_jobs_first_commit_rules_out_is_refused_before_it_writes() -> None:
+    """Dedup-mode tasks insert into the target itself: another target or shard list must
+    be refused at validation, not at the commit after the rows are visible."""
+    from txsink.spark.validate import check_identity
+
+    sharded = {"target": "shop.orders_local", "shards": ["http://a:1", "http://b:1"]}
+    through_dist = WriterConfig.from_options({**BASE, "url": "http://a:1", "table": "shop.orders"})
+    with pytest.raises(ConfigError, match=r"writes to shop\.orders_local, not shop\.orders"):
+        check_identity(through_dist, sharded)
+    local = WriterConfig.from_options(
+        {**BASE, "shards": "http://a:1,http://b:1", "table": "shop.orders_local"}
+    )
+    check_identity(local, sharded)
+    reordered = WriterConfig.from_options(
+        {**BASE, "shards": "http://b:1,http://a:1", "table": "shop.orders_local"}
+    )
+    with pytest.raises(ConfigError, match="keeps its shard list"):
+        check_identity(reordered, sharded)
+    check_identity(through_dist, None)  # a new job

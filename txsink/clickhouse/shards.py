@@ -159,12 +159,12 @@ def cluster_urls(
     first: dict[int, ClusterReplica] = {}
     for r in sorted(replicas, key=lambda r: (r.shard_num, r.replica_num)):
         first.setdefault(r.shard_num, r)
-    weights = {r.shard_weight for r in first.values()}
-    if len(weights) > 1:
+    if any(r.shard_weight != 1 for r in first.values()):
         raise ConfigError(
-            f"cluster {target.cluster!r} gives its shards different weights "
+            f"cluster {target.cluster!r} gives its shards weights "
             f"({', '.join(f'{k}: {r.shard_weight}' for k, r in sorted(first.items()))}); "
-            f"txsink routes rows over equal shards only. Give shards= and shard_by= instead"
+            f"txsink routes rows as ClickHouse does with every weight 1 only (key % shards; "
+            f"other weights pick shards from a table of slots). Give shards= and shard_by="
         )
     if len(first) > 1 and not target.sharding_key:
         raise ConfigError(
@@ -173,7 +173,22 @@ def cluster_urls(
             f"(intHash64(<column>) or rand())"
         )
     hosts = [r.host_name for _, r in sorted(first.items())]
-    return tuple(f"{scheme}://{_bracketed(h)}:{port}" for h in hosts)
+    urls = tuple(f"{scheme}://{_bracketed(h)}:{port}" for h in hosts)
+    if len(set(urls)) != len(urls):
+        raise ConfigError(
+            f"cluster {target.cluster!r} puts several shards on one host "
+            f"({', '.join(urls)} over HTTP port {port}); txsink reaches a shard by its host "
+            f"and one HTTP port. Give shards= with each shard's URL"
+        )
+    return urls
+
+
+def replicas_per_shard(replicas: Sequence[ClusterReplica]) -> dict[int, int]:
+    """How many replicas each shard of a cluster lists."""
+    out: dict[int, int] = {}
+    for r in replicas:
+        out[r.shard_num] = out.get(r.shard_num, 0) + 1
+    return out
 
 
 def _bracketed(host: str) -> str:

@@ -399,6 +399,20 @@ class ClickHouseWarehouse:
                 views.add(f"{dbs[0]}.{names[0]}")
         return tuple(sorted(views))
 
+    def expand_macros(self, text: str) -> str:
+        """``text`` with every ``{name}`` replaced by the server's macro of that name (a
+        Distributed table's ``engine_full`` keeps ``'{cluster}'`` as written)."""
+        names = sorted(set(re.findall(r"\{([A-Za-z_][A-Za-z0-9_]*)\}", text)))
+        if not names:
+            return text
+        rows = self.client.query_rows(
+            "SELECT " + ", ".join(f"getMacro({quote_literal(n)})" for n in names),
+            what=f"expand the macros of {text!r}",
+        )
+        for name, value in zip(names, rows[0], strict=True):
+            text = text.replace("{" + name + "}", str(value))
+        return text
+
     def cluster_replicas(self, cluster: str) -> list[ClusterReplica]:
         """The rows of ``system.clusters`` for ``cluster`` on this server (the shards a
         ``Distributed`` table over it writes to)."""

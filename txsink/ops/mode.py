@@ -63,6 +63,13 @@ def change_mode(
             f"transaction commits). Write the table that needs dedup mode with "
             f"txsink.foreach_batch under a new job name"
         )
+    if meta.get("shards") and new != "attach":
+        raise ConfigError(
+            f"job {job} writes one xid across the shards {', '.join(meta['shards'])} (its "
+            f"target {meta.get('target')} is a local table on each), which takes attach mode "
+            f"only. To go on in dedup mode through a Distributed table, start a new job "
+            f"(mode=dedup) after this one's last batch committed"
+        )
     if old == new:
         return ModeChange(job, old, new, changed=False)
     owner = registry.owner(job)

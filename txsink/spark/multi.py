@@ -144,6 +144,14 @@ class Transaction:
         plan = validate(config, df.schema)
         if plan.mode != Mode.ATTACH.value:
             raise ConfigError(f"{refusal} (docs/modes.md)")
+        if self.tried and plan.config.shard_urls != self.tried[0].config.shard_urls:
+            first = self.tried[0].config
+            raise ConfigError(
+                f"table {plan.config.table} lives on {', '.join(plan.config.shard_urls)} and "
+                f"{first.table} on {', '.join(first.shard_urls)}: one transaction publishes on "
+                f"one server, or one list of shards, for all its tables (a Distributed table "
+                f"is written on its cluster's shards). Nothing of this table was written"
+            )
         plan = dataclasses.replace(plan, xid=self.xid, run_id=self.run_id, batch=self.batch)
         self.tried.append(plan)
         messages = stage(plan, df)

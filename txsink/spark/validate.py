@@ -46,7 +46,7 @@ from txsink.clickhouse.compat import (
     unwrap,
 )
 from txsink.config import WriterConfig
-from txsink.errors import ConfigError, SchemaMismatch
+from txsink.errors import ConfigError, SchemaMismatch, UnavailableError
 from txsink.protocol.visibility import batch_refusal
 from txsink.spark.dedup_write import view_tables
 from txsink.spark.writer import WritePlan
@@ -172,10 +172,30 @@ def validate(config: WriterConfig, schema: StructType) -> WritePlan:
 def read_pin(config: WriterConfig) -> tuple[str | None, str]:
     """(the job's pinned mode or None, the Keeper store's namespace); also proves Keeper
     reachable (UnavailableError names it otherwise)."""
+    meta, namespace = read_job(config)
+    return pinned_mode(meta, config.table), namespace
+
+
+def read_job(config: WriterConfig) -> tuple[dict[str, Any] | None, str]:
+    """(the job's Keeper meta or None, the Keeper store's namespace)."""
     from txsink.driver import borrowed_registry
 
     with borrowed_registry(config) as registry:
-        return pinned_mode(registry.job_meta(config.job), config.table), registry.namespace()
+        return registry.job_meta(config.job), registry.namespace()
+
+
+def check_identity(config: WriterConfig, meta: dict[str, Any] | None) -> None:
+    """Refuse, before a task writes, a writer the job's first commit rules out (another
+    target, another shard list): dedup-mode tasks insert into the target itself, so
+    learning it at the commit would leave their rows visible and the batch refused."""
+    from txsink.driver import identity_refusal
+
+    if not meta or isinstance(meta.get("targets"), dict):
+        return  # a transaction's tables are checked by txsink.transaction
+    mine = {"target": config.table, "shards": list(config.shards), "url": config.url}
+    refusal = identity_refusal(config.job, meta, mine)
+    if refusal:
+        raise ConfigError(f"{refusal}. Nothing was written")
 
 
 def _validate(config: WriterConfig, schema: StructType) -> WritePlan:
@@ -207,7 +227,9 @@ def _validate(config: WriterConfig, schema: StructType) -> WritePlan:
                 )
         if config.shards:
             check_sharded(config, schema, infos)
-        pinned, namespace = read_pin(config)
+        meta, namespace = read_job(config)
+        check_identity(config, meta)
+        pinned = pinned_mode(meta, config.table)
         views: tuple[TargetInfo, ...] = ()
         if info.dependent_views and (pinned or config.mode) != "attach":
             views = view_tables(warehouse, info)
@@ -234,49 +256,80 @@ def over_cluster(
     over its cluster's local tables (shards from ``system.clusters``, ``shard_by`` from
     its sharding key: :func:`txsink.clickhouse.shards.parse_distributed`); None where
     dedup mode through the Distributed table is what is asked (``mode=dedup``, a job
-    pinned to dedup) or what ``mode=auto`` falls back to when attach cannot be had."""
-    from txsink.clickhouse.shards import cluster_urls, parse_distributed
+    pinned to dedup) or what ``mode=auto`` falls back to because the cluster's *shape*
+    rules attach out (a sharding key txsink cannot reproduce, weights, replicas without
+    replicated local tables, an attach blocker on a local table). Anything else (a shard
+    that does not answer, a missing local table, a schema that does not fit, refused
+    credentials) is raised as it is: a new job must not be pinned to dedup for good
+    because of a passing problem."""
+    from txsink.clickhouse.shards import cluster_urls, parse_distributed, replicas_per_shard
+    from txsink.driver import borrowed_warehouse
 
     pinned = read_pin(config)[0]
     if "dedup" in (config.mode, pinned):
         return None
-    try:
-        target = parse_distributed(info)
-        url = urlparse(config.url)
-        port = config.shard_http_port or url.port or (8443 if url.scheme == "https" else 8123)
-        urls = cluster_urls(target, warehouse.cluster_replicas(target.cluster), url.scheme, port)
-        sharded = dataclasses.replace(
-            config,
-            url=urls[0],
-            table=target.local_table,
-            shards=urls,
-            shard_by=target.shard_by,
-            shard_http_port=None,
-        )
-        plan = _validate(sharded, schema)
-    except ConfigError as exc:
+
+    def no_cluster(reason: str) -> WritePlan | None:
+        """Raise where attach was asked or pinned; else warn, and None: dedup mode."""
         if "attach" in (config.mode, pinned):
             raise ConfigError(
                 f"job {config.job}: {config.table} is a Distributed table; attach mode writes "
                 f"one xid into its local tables on every shard, which is impossible here: "
-                f"{exc}"
-            ) from exc
+                f"{reason}. Nothing was written"
+            )
         log.warning(
             "job %s: %s is Distributed and its shards cannot take one attach-mode xid "
             "(%s); mode=auto inserts through it in dedup mode",
-            config.job,
-            config.table,
-            exc,
-        )
+            config.job, config.table, reason,
+        )  # fmt: skip
         return None
+
+    try:
+        target = parse_distributed(info)
+    except ConfigError as exc:
+        return no_cluster(str(exc))
+    target = dataclasses.replace(target, cluster=warehouse.expand_macros(target.cluster))
+    replicas = warehouse.cluster_replicas(target.cluster)
+    url = urlparse(config.url)
+    port = config.shard_http_port or url.port or (8443 if url.scheme == "https" else 8123)
+    try:
+        urls = cluster_urls(target, replicas, url.scheme, port)
+    except ConfigError as exc:
+        return no_cluster(str(exc))
+    sharded = dataclasses.replace(
+        config,
+        url=urls[0],
+        table=target.local_table,
+        shards=urls,
+        shard_by=target.shard_by,
+        shard_http_port=None,
+    )
+    found = f"{config.table}'s cluster {target.cluster} (system.clusters on {config.url})"
+    try:
+        with borrowed_warehouse(sharded) as shards:
+            infos = shards.target_infos(sharded.table)
+        blockers = sorted({b for i in infos for b in attach_blockers(i)})
+        several = sorted(k for k, n in replicas_per_shard(replicas).items() if n > 1)
+        if several and not all(i.is_replicated for i in infos):
+            blockers.append(
+                f"shard(s) {', '.join(map(str, several))} of {found} list several replicas "
+                f"but {sharded.table} is not a replicated table: the Distributed table writes "
+                f"every replica itself, txsink would write only the first"
+            )
+        if blockers:
+            return no_cluster("; ".join(blockers))
+        plan = _validate(sharded, schema)
+    except UnavailableError as exc:
+        raise UnavailableError(
+            f"{exc}. The shard URLs {', '.join(urls)} were found from {found}: their hosts "
+            f"must answer HTTP on port {port} from the driver and the executors (set "
+            f"shard_http_port, or give shards= with each shard's URL, or use mode=dedup)",
+            code=exc.code,
+        ) from exc
     log.info(
         "job %s: %s is Distributed over cluster %s: one xid into %s on %s",
-        config.job,
-        config.table,
-        target.cluster,
-        target.local_table,
-        ", ".join(urls),
-    )
+        config.job, config.table, target.cluster, target.local_table, ", ".join(urls),
+    )  # fmt: skip
     return plan
 
 
