@@ -153,13 +153,19 @@ class DropRefused(MemoryWarehouse):
 def test_a_commit_recorded_committed_is_not_reported_failed_when_dropping_staging_fails() -> None:
     """Else a save without txn_version, re-run by its caller, writes its rows twice."""
     wh = DropRefused()
+    assert_committed_despite_cleanup(wh)
+    assert wh.staging  # left for recovery, which drops staging of committed xids
+
+
+def assert_committed_despite_cleanup(wh: MemoryWarehouse) -> None:
+    """One two-row batch committed through ``wh``: reported committed, rows published,
+    record COMMITTED, whatever ``wh`` does to the cleanup after COMMITTED."""
     reg = MemoryRegistry()
     tx = Transactor(reg, wh, JOB, publish_retry_s=0.2, sleep=lambda s: None)
     epoch = tx.begin("run-1")
     parts = stage_batch(wh, epoch.number, 0, [(1, "a"), (2, "b")], 2, 0)
     assert tx.commit_batch(epoch, "b0", 0, TARGET, parts, streaming=True).action == "committed"
     assert wh.target_ids(TARGET) == [1, 2]
-    assert wh.staging  # left for recovery, which drops staging of committed xids
     assert reg.get(JOB, "b0").state is XidState.COMMITTED
 
 
@@ -174,14 +180,7 @@ def test_a_committed_xid_whose_server_stays_down_for_the_cleanup_is_not_reported
         def settle(self, names: Sequence[str]) -> bool:
             return False
 
-    wh = DownAfterCommit()
-    reg = MemoryRegistry()
-    tx = Transactor(reg, wh, JOB, publish_retry_s=0.2, sleep=lambda s: None)
-    epoch = tx.begin("run-1")
-    parts = stage_batch(wh, epoch.number, 0, [(1, "a"), (2, "b")], 2, 0)
-    assert tx.commit_batch(epoch, "b0", 0, TARGET, parts, streaming=True).action == "committed"
-    assert wh.target_ids(TARGET) == [1, 2]
-    assert reg.get(JOB, "b0").state is XidState.COMMITTED
+    assert_committed_despite_cleanup(DownAfterCommit())
 
 
 def test_a_publish_that_fails_before_committed_still_raises() -> None:
