@@ -451,13 +451,13 @@ class ClickHouseWarehouse:
         and the driver moves it through the same URL.
         """
         fq = self._staging(table, "create")
-        fresh = expected is None or expected.is_replicated
-        wanted = self.target_info(target) if fresh or expected is None else expected
-        if expected is not None and expected.is_replicated and wanted.is_replicated:
+        reuse = expected is not None and not expected.is_replicated
+        wanted = expected if expected is not None and reuse else self.target_info(target)
+        if expected is not None and not reuse and wanted.is_replicated:
             check_same_replica(expected, wanted, self.client)
         staged = self._create(fq, target, table, wanted)
         problem = check_move_compat(staged, wanted)
-        if problem and not fresh:
+        if problem and reuse:
             wanted = self.target_info(target)
             problem = check_move_compat(staged, wanted)
             if problem and wanted.is_replicated:  # its engine clause came from the stale view

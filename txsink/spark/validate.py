@@ -198,15 +198,19 @@ def check_identity(config: WriterConfig, meta: dict[str, Any] | None) -> None:
         raise ConfigError(f"{refusal}. Nothing was written")
 
 
-def _validate(config: WriterConfig, schema: StructType) -> WritePlan:
+def _validate(
+    config: WriterConfig, schema: StructType, infos: list[TargetInfo] | None = None
+) -> WritePlan:
+    """The plan for ``config``; ``infos``: the target on each server, if already read."""
     from txsink.driver import borrowed_warehouse
 
     with borrowed_warehouse(config) as warehouse:
-        infos = (
-            warehouse.target_infos(config.table)
-            if config.shards
-            else [warehouse.target_info(config.table)]
-        )
+        if infos is None:
+            infos = (
+                warehouse.target_infos(config.table)
+                if config.shards
+                else [warehouse.target_info(config.table)]
+            )
         info = infos[0]
         if info.engine == "Distributed" and not config.shards:
             over = over_cluster(config, schema, info, warehouse)
@@ -318,7 +322,7 @@ def over_cluster(
             )
         if blockers:
             return no_cluster("; ".join(blockers))
-        plan = _validate(sharded, schema)
+        plan = _validate(sharded, schema, infos)
     except UnavailableError as exc:
         raise UnavailableError(
             f"{exc}. The shard URLs {', '.join(urls)} were found from {found}: their hosts "
