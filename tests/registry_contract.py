@@ -230,6 +230,26 @@ class RegistryContract:
         assert registry.get(JOB, "x-1") == record
         assert registry.ledger(JOB) == EMPTY_LEDGER
 
+    def test_amend_adds_facts_to_a_prepared_record_fenced_and_idempotent(
+        self, registry: Registry
+    ) -> None:
+        epoch = registry.take_epoch(JOB, "a")
+        rec = prepared(registry, epoch, "b1")
+        facts = {"cut": {"s/p": {"aa": 3}}}
+        amended = registry.amend(epoch, rec, facts)
+        assert amended.version == rec.version + 1 and amended.cut("s", "p") == {"aa": 3}
+        again = registry.amend(epoch, rec, facts)  # a re-run after a lost reply
+        assert again.version == amended.version
+        stored = registry.get(JOB, "b1")
+        assert stored is not None and stored.cut("s", "p") == {"aa": 3}
+        assert stored.manifest == rec.manifest and stored.state is XidState.PREPARED
+        newer = registry.take_epoch(JOB, "b")
+        with pytest.raises(FencedError):
+            registry.amend(epoch, stored, {"cut": {"s/p": {"bb": 1}}})
+        done = registry.commit(newer, stored, 1.0)
+        with pytest.raises(RetryableConflict):
+            registry.amend(newer, done, {"cut": {}})
+
     def test_new_epoch_rolls_forward_an_xid_prepared_by_the_old_one(
         self, registry: Registry
     ) -> None:

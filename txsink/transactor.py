@@ -371,12 +371,13 @@ class Transactor:
         if visibility.is_batch(record):
             return self._finish_batch(epoch, record)
         view = self.warehouse.staging_view(record.staging_tables) if record.manifest else {}
-        staged = self._staged_uuids(record, view) if resumed else {}
+        part_rows: dict[str, int] = {}
+        staged = self._staged_uuids(record, view, part_rows) if resumed else {}
         found: frozenset[str] = frozenset()
         by_target = plans.evidence_by_target(record, view, resumed=resumed, staged=staged)
         for table, wanted in by_target.items():
             found |= self.warehouse.published_uuids(table, wanted)
-        ops = plans.plan_publish(record, view, found, staged)
+        ops = plans.plan_publish(record, view, found, staged, part_rows)
         hint = "Nothing was published for it automatically; see docs/operations.md#lost-staging"
         return self._execute(epoch, record, ops, hint)
 
@@ -397,7 +398,21 @@ class Transactor:
             if isinstance(op, _Drops):
                 self.warehouse.drop_stagings(op.tables)
                 continue
-            if isinstance(op, plans.Evidence) and op.kind != "uuid":
+            if isinstance(op, plans.RecordCut):
+                cuts = dict(record.extra.get("cut", {}))
+                cuts[f"{op.staging}/{op.partition_id}"] = dict(op.cut)
+                log.warning(
+                    "job %s: xid %s: a server crash cut the MOVE of partition %s of %s between "
+                    "parts; %d of them are in the target already: recording them, dropping "
+                    "them from staging, moving the rest",
+                    self.job, record.xid, op.partition_id, op.staging, len(op.cut),
+                )  # fmt: skip
+                record = self.registry.amend(epoch, record, {"cut": cuts})
+                continue
+            if isinstance(op, plans.DropParts):
+                self.warehouse.drop_parts(op.staging, op.partition_id, op.evidence)
+                continue
+            if isinstance(op, plans.Evidence) and op.kind not in ("uuid", "cut"):
                 log.warning(
                     "job %s: xid %s: partition %s of %s has no rows left; counted as "
                     "published on %s evidence (docs/operations.md#evidence-of-publish)",
@@ -461,17 +476,23 @@ class Transactor:
         )
 
     def _staged_uuids(
-        self, record: XidRecord, view: plans.StagingView
+        self,
+        record: XidRecord,
+        view: plans.StagingView,
+        part_rows: dict[str, int] | None = None,
     ) -> dict[tuple[str, str], tuple[str, ...]]:
         """UUIDs of every part of each manifest partition still staged (a resumed publish:
-        an earlier MOVE may have been cut between parts by a server crash)."""
+        an earlier MOVE may have been cut between parts by a server crash); each part's
+        rows are added to ``part_rows`` (what a repair of a cut MOVE records)."""
         if record.mode is Mode.DEDUP or record.state is not XidState.PREPARED:
             return {}
         tables = {p.table for p in record.manifest if (view.get(p.table) or {}).get(p.partition_id)}
         out: dict[tuple[str, str], tuple[str, ...]] = {}
         for table in sorted(tables):
-            for pid, (_, uuids) in self.warehouse.staged_partitions(table, every_part=True).items():
-                out[(table, pid)] = uuids
+            for pid, parts in self.warehouse.staged_part_rows(table).items():
+                out[(table, pid)] = tuple(parts)
+                if part_rows is not None:
+                    part_rows.update(parts)
         return out
 
     def _refuse_dedup_leftovers(self, xid: str) -> None:

@@ -44,6 +44,13 @@ class MemoryWarehouse:
         """Rows per partition; the twin has no parts, so no part UUIDs (no evidence)."""
         return {p: (len(ids), ()) for p, ids in self.staging.get(table, {}).items() if ids}
 
+    def staged_part_rows(self, table: str) -> dict[str, dict[str, int]]:
+        """The twin has no parts, so no part UUIDs (no evidence)."""
+        return {}
+
+    def drop_parts(self, staging: str, partition_id: str, evidence: Sequence[str]) -> None:
+        """No parts in the twin: nothing is ever proven in the target part by part."""
+
     def drop_staging(self, table: str) -> None:
         self.staging.pop(table, None)
 

@@ -151,18 +151,51 @@ def test_a_partition_both_staged_and_in_the_target_is_not_moved_twice() -> None:
     assert [o.partition_id for o in ops if isinstance(o, plans.Publish)] == ["p2"]
 
 
-def test_a_move_cut_between_parts_by_a_server_crash_is_an_alarm_not_a_guess() -> None:
+def test_a_move_cut_between_parts_is_repaired_without_publishing_a_part_twice() -> None:
     """ClickHouse renames a MOVE's parts into the target one by one: a crash between two
     renames leaves some parts in the target and all rows still in staging. Neither
-    moving again (duplicates) nor calling it published (loses the rest) is sound."""
+    moving again (duplicates) nor calling it published (loses the rest) is sound: the
+    parts found in the target are recorded, dropped from staging, the rest moved."""
     small = "c" * 16  # a small part the manifest did not record (it keeps the 4 largest)
     rec = record(StagedPart("s1", "p1", 10, uuids=(U1,)))
     view = {"s1": {"p1": 10}}
     staged = {("s1", "p1"): (U1, small)}
+    rows = {U1: 7, small: 3}
     assert plans.evidence_wanted(rec, view, staged=staged) == (U1, small)
-    ops = plans.plan_publish(rec, view, frozenset({U1}), staged)
-    assert kinds(ops) == ["Alarm"] and "partly in" in ops[0].reason  # type: ignore[union-attr]
-    both = plans.plan_publish(rec, view, frozenset({U1, small}), staged)
+    ops = plans.plan_publish(rec, view, frozenset({small}), staged, rows)
+    assert kinds(ops) == ["RecordCut", "DropParts", "Publish", "RecordCommitted", "DropStaging"]
+    assert ops[0].cut == {small: 3}  # type: ignore[union-attr]
+    assert ops[1].evidence == (small,)  # type: ignore[union-attr]
+    assert ops[2].rows == 7  # type: ignore[union-attr]
+    # without the rows of the parts found, nothing is guessed
+    blind = plans.plan_publish(rec, view, frozenset({small}), staged)
+    assert kinds(blind) == ["Alarm"] and "partly in" in blind[0].reason  # type: ignore[union-attr]
+    both = plans.plan_publish(rec, view, frozenset({U1, small}), staged, rows)
     assert kinds(both) == ["uuid", "RecordCommitted", "DropStaging"]
-    none = plans.plan_publish(rec, view, frozenset(), staged)
+    none = plans.plan_publish(rec, view, frozenset(), staged, rows)
     assert kinds(none) == ["Publish", "RecordCommitted", "DropStaging"]
+
+
+def test_a_cut_repair_interrupted_at_every_step_replans_to_the_same_end() -> None:
+    """The recorded cut outlives the target's merges: after the record, after the drop,
+    after the move, a fresh look plans only what is left, even when the target no longer
+    shows the UUIDs of the parts it got from the cut MOVE."""
+    small = "c" * 16
+    cut = record(StagedPart("s1", "p1", 10, uuids=(U1,)))
+    cut = XidRecord(**{**cut.__dict__, "extra": {"cut": {"s1/p1": {small: 3}}}})
+    rows = {U1: 7, small: 3}
+    # recorded, not yet dropped; the target merged the cut part away (no UUID shows)
+    ops = plans.plan_publish(
+        cut, {"s1": {"p1": 10}}, frozenset(), {("s1", "p1"): (U1, small)}, rows
+    )
+    assert kinds(ops) == ["DropParts", "Publish", "RecordCommitted", "DropStaging"]
+    assert ops[1].rows == 7  # type: ignore[union-attr]
+    # dropped, not yet moved
+    ops = plans.plan_publish(cut, {"s1": {"p1": 7}}, frozenset(), {("s1", "p1"): (U1,)}, {U1: 7})
+    assert kinds(ops) == ["Publish", "RecordCommitted", "DropStaging"]
+    # moved: the usual evidence of an empty partition
+    ops = plans.plan_publish(cut, {"s1": {"p1": 0}}, frozenset({U1}), {}, {})
+    assert kinds(ops) == ["uuid", "RecordCommitted", "DropStaging"]
+    # counts that do not add up are never guessed at
+    ops = plans.plan_publish(cut, {"s1": {"p1": 5}}, frozenset(), {("s1", "p1"): (U1,)}, {U1: 5})
+    assert kinds(ops) == ["Alarm"]

@@ -268,6 +268,12 @@ class ShardedWarehouse:
             table, batches, block_rows=block_rows, block_bytes=block_bytes, settings=settings
         )
 
+    def staged_part_rows(self, table: str) -> dict[str, dict[str, int]]:
+        return self._on(table).staged_part_rows(table)
+
+    def drop_parts(self, staging: str, partition_id: str, evidence: Sequence[str]) -> None:
+        self._on(staging).drop_parts(staging, partition_id, evidence)
+
     def staged_partitions(
         self, table: str, every_part: bool = False
     ) -> dict[str, tuple[int, tuple[str, ...]]]:

@@ -153,6 +153,10 @@ class Warehouse(Protocol):
         self, table: str, every_part: bool = False
     ) -> dict[str, tuple[int, tuple[str, ...]]]: ...
 
+    def staged_part_rows(self, table: str) -> dict[str, dict[str, int]]: ...
+
+    def drop_parts(self, staging: str, partition_id: str, evidence: Sequence[str]) -> None: ...
+
     def published_uuids(self, target: str, uuids: Iterable[str]) -> frozenset[str]: ...
 
     def create_batch_staging(self, table: str, like: str) -> None: ...
@@ -260,6 +264,49 @@ class ClickHouseWarehouse:
             )
             for pid, parts in by_pid.items()
         }
+
+    def staged_part_rows(self, table: str) -> dict[str, dict[str, int]]:
+        """Every active part of one staging table: partition id -> {evidence id: rows}."""
+        self._staging(table, "read")
+        rows = self.client.query_rows(
+            "SELECT partition_id, rows, toString(uuid) FROM system.parts "
+            "WHERE active AND rows > 0 AND database = {db:String} AND table = {t:String}",
+            parameters={"db": self.staging_db, "t": table},
+            what=f"read staged parts of {self.staging_db}.{table}",
+        )
+        out: dict[str, dict[str, int]] = {}
+        for pid, n, uuid in rows:
+            for short in short_uuids([(int(n), str(uuid))], None):
+                out.setdefault(str(pid), {})[short] = int(n)
+        return out
+
+    def drop_parts(self, staging: str, partition_id: str, evidence: Sequence[str]) -> None:
+        """Drop the active parts of one staging partition whose evidence ids are
+        ``evidence`` (parts a cut MOVE already put in the target). Looked up by UUID at
+        the moment of the drop: a part gone already (a repeat after a lost reply) is
+        simply not dropped again."""
+        fq = self._staging(staging, "drop parts of")
+        wanted = sorted(set(evidence))
+        if not wanted:
+            return
+        names = self.client.query_rows(
+            "SELECT name FROM system.parts WHERE active AND database = {db:String} "
+            "AND table = {t:String} AND partition_id = {p:String} AND "
+            "substring(replaceAll(toString(uuid), '-', ''), 1, {n:UInt8}) IN {ids:Array(String)}",
+            parameters={"db": self.staging_db, "t": staging, "p": partition_id,
+                        "ids": wanted, "n": len(wanted[0])},
+            what=f"find the parts of {fq} already in the target",
+        )  # fmt: skip
+        for at in range(0, len(names), MAX_COMMANDS):
+            commands = ", ".join(
+                f"DROP PART {quote_literal(str(r[0]))}" for r in names[at : at + MAX_COMMANDS]
+            )
+            self.client.command(
+                f"ALTER TABLE {fq} {commands}",
+                idempotent=False,
+                table=f"{self.staging_db}.{staging}",
+                what=f"drop from {fq} the parts already in the target",
+            )
 
     def published_uuids(self, target: str, uuids: Iterable[str]) -> frozenset[str]:
         """Which evidence ids (short part UUIDs) the target's parts still show, active or

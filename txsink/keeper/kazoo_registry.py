@@ -614,6 +614,38 @@ class KazooRegistry:
         raise RetryableConflict(f"Keeper node {path} keeps changing; retry")
 
     @_step
+    def amend(self, epoch: Epoch, record: XidRecord, extra: dict[str, Any]) -> XidRecord:
+        """One fenced multi-op: compare-and-set the PREPARED xid node with ``extra`` merged
+        into its ``extra`` (facts a publish learned; its chunks never change). A lost reply
+        re-runs the step: the re-read finds the facts already there and returns."""
+        path = self._xid_path(epoch.job, record.xid)
+        epoch_path = self._epoch_path(epoch.job)
+        with self._conn.mapped(f"amend {path}"):
+            found = self._read_record(epoch.job, record.xid)
+            if found is None or found[0].state is not XidState.PREPARED:
+                self._fence_now(epoch)
+                raise RetryableConflict(f"xid {record.xid} is no longer PREPARED; re-read")
+            cur, node, stat = found
+            if all(cur.extra.get(k) == v for k, v in extra.items()):
+                return cur
+            done = replace(cur, extra={**cur.extra, **extra})
+            data = encode(repack(done, node))
+            check_request(
+                f"amend {path}", [(epoch_path, 0), (path, len(data))], self._acl_entries()
+            )
+
+            def ops(txn: Any) -> None:
+                txn.check(epoch_path, epoch.token)
+                txn.set_data(path, data, version=stat.version)
+
+            ok, results = self._conn.commit_txn(ops)
+            if isinstance(results[0], Exception):
+                self._raise_fenced(epoch)
+            if not ok:
+                raise RetryableConflict(f"xid {record.xid} changed under us; re-read and retry")
+            return replace(done, version=results[1].version)
+
+    @_step
     def commit(self, epoch: Epoch, record: XidRecord, committed_at: float) -> XidRecord:
         """One fenced multi-op: compare-and-set the xid node (the small record; its chunks
         never change) and the ledger."""

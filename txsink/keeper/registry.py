@@ -101,6 +101,7 @@ class Registry(Protocol):
     def prepare(self, epoch: Epoch, record: XidRecord) -> XidRecord: ...
     def abort(self, job: str, xid: str, tables: Iterable[str], now: float) -> XidRecord: ...
     def namespace(self) -> str: ...
+    def amend(self, epoch: Epoch, record: XidRecord, extra: dict[str, Any]) -> XidRecord: ...
     def commit(self, epoch: Epoch, record: XidRecord, committed_at: float) -> XidRecord: ...
     def ledger(self, job: str) -> dict[str, Any]: ...
     def delete(self, epoch: Epoch, xids: builtins.list[str]) -> None: ...
@@ -341,6 +342,28 @@ class MemoryRegistry:
                 return cur
             xids[xid] = (more.to_json(), found[1] + 1)
             return replace(more, version=found[1] + 1)
+
+    def amend(self, epoch: Epoch, record: XidRecord, extra: dict[str, Any]) -> XidRecord:
+        with self._lock:
+            self._fence(epoch)
+            found = self._nodes.get(epoch.job, {}).get(record.xid)
+            if found is None:
+                raise RetryableConflict(f"xid {record.xid} is no longer PREPARED; re-read")
+            node, version = found
+            cur = self._unpack(epoch.job, record.xid, node, version)
+            if cur.state is not XidState.PREPARED:
+                raise RetryableConflict(f"xid {record.xid} is no longer PREPARED; re-read")
+            if all(cur.extra.get(k) == v for k, v in extra.items()):
+                return cur
+            done = replace(cur, extra={**cur.extra, **extra})
+            new_node = repack(done, node)
+            check_request(
+                f"amend xid {record.xid} of job {epoch.job}",
+                [(self._path(epoch.job, "epoch"), 0),
+                 (self._path(epoch.job, f"xids/{record.xid}"), len(encode_json(new_node)))],
+            )  # fmt: skip
+            self._nodes[epoch.job][record.xid] = (new_node, version + 1)
+            return replace(done, version=version + 1)
 
     def commit(self, epoch: Epoch, record: XidRecord, committed_at: float) -> XidRecord:
         with self._lock:

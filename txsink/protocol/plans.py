@@ -13,7 +13,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from txsink.protocol.ids import parse_staging, staging_prefix
-from txsink.protocol.states import Mode, XidRecord, XidState
+from txsink.protocol.states import Mode, StagedPart, XidRecord, XidState
 
 # What the driver sees of one staging table: rows per partition id, or None if missing.
 StagingView = Mapping[str, Mapping[str, int] | None]
@@ -64,7 +64,35 @@ class Evidence:
     rows: int
 
 
-Operation = Prepare | Publish | RecordCommitted | DropStaging | Alarm | Evidence
+@dataclass(frozen=True)
+class RecordCut:
+    """Write into the PREPARED record (fenced) which parts of one staging partition a
+    cut MOVE left in the target, with their rows: ``cut`` (evidence id -> rows), every
+    such part known so far. Written before they are dropped from staging, so the record
+    still accounts for them once staging no longer shows them and the target has merged
+    them away."""
+
+    xid: str
+    staging: str
+    partition_id: str
+    cut: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class DropParts:
+    """Drop from one staging partition the parts ``evidence`` (evidence ids) that are in
+    the target already (recorded by :class:`RecordCut`), so the MOVE of the rest cannot
+    publish them twice."""
+
+    xid: str
+    staging: str
+    partition_id: str
+    evidence: tuple[str, ...]
+
+
+Operation = (
+    Prepare | Publish | RecordCommitted | DropStaging | Alarm | Evidence | RecordCut | DropParts
+)
 
 
 # Every part UUID of a fully staged manifest partition, as a resumed publish sees staging
@@ -119,6 +147,7 @@ def plan_publish(
     view: StagingView,
     published: AbstractSet[str] | None = None,
     staged: StagedUuids | None = None,
+    part_rows: Mapping[str, int] | None = None,
 ) -> list[Operation]:
     """Operations that finish ``record`` given the staging tables as they are now.
 
@@ -130,7 +159,9 @@ def plan_publish(
     again would duplicate it (Evidence ``uuid``; the staging copy is dropped with the
     table); none of them means the MOVE did not happen; some but not all is a MOVE the
     crash cut between parts (ClickHouse renames parts one by one): an Alarm, never a
-    guess in either direction. MOVE PARTITION is atomic per (staging table,
+    guess in either direction, but a repair (:func:`_repair_cut`: the parts found in
+    the target are recorded, dropped from staging, and the rest moved; ``part_rows``
+    gives each staged part's rows). MOVE PARTITION is atomic per (staging table,
     partition), so one with no rows left
     was published before a crash, *given evidence*:
 
@@ -183,17 +214,13 @@ def plan_publish(
         landed = any(u in found for u in part.uuids)
         current = (staged or {}).get((part.table, part.partition_id), ())
         there = [u for u in current if u in found]
-        if rows == part.rows and current and there and len(there) < len(current):
-            return [
-                Alarm(
-                    record.xid,
-                    f"partition {part.partition_id} of staging table {part.table} is partly in "
-                    f"{record.part_target(part)} already ({len(there)} of its {len(current)} "
-                    f"parts): a ClickHouse server crash cut a MOVE between parts. Drop the "
-                    f"parts found in the target from the staging table "
-                    f"(docs/operations.md#evidence-of-publish), then `txsink recover`",
-                )
-            ]
+        cut = record.cut(part.table, part.partition_id)
+        if rows and (cut or (rows == part.rows and there and len(there) < len(current))):
+            repair = _repair_cut(record, part, rows, current, found, part_rows or {})
+            if isinstance(repair, Alarm):
+                return [repair]
+            ops.extend(repair)
+            continue
         if rows == part.rows and current and there:
             ops.append(Evidence(record.xid, part.table, part.partition_id, "uuid", part.rows))
         elif rows == part.rows:
@@ -233,6 +260,60 @@ def plan_publish(
             ]
     ops.append(RecordCommitted(record.xid))
     ops.extend(DropStaging(t, f"published by xid {record.xid}") for t in listed)
+    return ops
+
+
+def _repair_cut(
+    record: XidRecord,
+    part: StagedPart,
+    rows: int,
+    current: tuple[str, ...],
+    found: AbstractSet[str],
+    part_rows: Mapping[str, int],
+) -> list[Operation] | Alarm:
+    """Finish a staging partition whose MOVE a server crash cut between parts.
+
+    ClickHouse renames a MOVE's parts into the target one by one and removes them from
+    the source afterwards, so a crash can leave some parts in both tables. Proof that a
+    staged part is in the target: its UUID there (``found``), or the record's cut facts
+    (written by an earlier repair, before it dropped anything: they survive the target's
+    merges). The repair records new facts (fenced), drops the proven parts from staging,
+    and moves the rest; every step re-plans to the same end after a crash. The counts must
+    add up: rows still staged plus rows of cut parts no longer staged equal the manifest's;
+    anything else is an Alarm."""
+    where = f"partition {part.partition_id} of staging table {part.table}"
+    cut = record.cut(part.table, part.partition_id)
+    new = {u: part_rows[u] for u in current if u in found and u not in cut and u in part_rows}
+    if any(u in found and u not in cut and u not in part_rows for u in current):
+        return Alarm(
+            record.xid,
+            f"{where} is partly in {record.part_target(part)} already: a ClickHouse server "
+            f"crash cut a MOVE between parts, and the rows of those parts could not be "
+            f"read. `txsink recover --job {record.job}` retries; see "
+            f"docs/operations.md#evidence-of-publish",
+        )
+    facts = {**cut, **new}
+    proven = tuple(u for u in current if u in facts)
+    gone = sum(n for u, n in facts.items() if u not in current)
+    if rows + gone != part.rows:
+        return Alarm(
+            record.xid,
+            f"{where} holds {rows} rows and {gone} rows of its parts are recorded as in "
+            f"{record.part_target(part)} already, the manifest of xid {record.xid} says "
+            f"{part.rows}: inspect with `txsink status --job {record.job}` "
+            f"(docs/operations.md#evidence-of-publish)",
+        )
+    ops: list[Operation] = []
+    if new:
+        ops.append(RecordCut(record.xid, part.table, part.partition_id, facts))
+    if proven:
+        ops.append(DropParts(record.xid, part.table, part.partition_id, proven))
+    left = rows - sum(facts[u] for u in proven)
+    if left > 0:
+        target = record.part_target(part)
+        ops.append(Publish(record.xid, part.table, part.partition_id, target, left))
+    else:
+        ops.append(Evidence(record.xid, part.table, part.partition_id, "cut", part.rows))
     return ops
 
 

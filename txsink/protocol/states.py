@@ -179,6 +179,13 @@ class XidRecord:
         """Distinct staging tables of the manifest, in manifest order."""
         return tuple(dict.fromkeys(p.table for p in self.manifest))
 
+    def cut(self, table: str, partition_id: str) -> dict[str, int]:
+        """Parts of one staging partition proven in the target after a server crash cut
+        a MOVE between parts (``extra["cut"]``, written before they are dropped from
+        staging): evidence id -> rows. Empty when no MOVE of it was ever cut."""
+        found = self.extra.get("cut", {}).get(f"{table}/{partition_id}", {})
+        return {str(u): int(n) for u, n in found.items()}
+
     def part_target(self, part: StagedPart) -> str:
         """The table ``part`` is published into."""
         return part.target or self.target

@@ -89,6 +89,46 @@ def test_a_server_crash_inside_move_that_left_rows_in_both_tables_publishes_noth
         handle.close()
 
 
+def test_a_move_cut_between_parts_by_a_server_crash_repairs_itself_with_no_operator(
+    nemesis: Services, ch: Any, target: str
+) -> None:
+    """ClickHouse renames a MOVE's parts into the target one by one and removes them from
+    the source only after: a server crash can leave some parts of a staging partition in
+    the target and every part still staged. Built here as the crash leaves it (two of a
+    partition's four parts copied with their UUIDs); the restart's recovery must finish
+    it alone (a repair interrupted at each step, with the target's UUIDs merged away, is
+    re-planned in tests/unit/test_publish_evidence.py)."""
+    handle = open_handle(nemesis, target)
+    try:
+        tx = handle.transactor
+        epoch = tx.begin("run-1")
+        parts = stage_parts(handle, "b1", range(0, 1000), blocks=4)
+        handle.registry.prepare(epoch, prepared_record(handle, epoch, "b1", parts))
+        staging = f"{handle.warehouse.staging_db}.{parts[0].table}"
+        scratch = f"{target}_scratch"
+        ch.command(f"CREATE TABLE {scratch} AS {staging}")
+        pid = parts[0].partition_id
+        ch.command(f"ALTER TABLE {scratch} ATTACH PARTITION ID '{pid}' FROM {staging}")
+        names = [r[0] for r in ch.query(
+            f"SELECT name FROM system.parts WHERE active AND database||'.'||table = "
+            f"'{scratch}' ORDER BY name").result_rows]  # fmt: skip
+        assert len(names) == 4
+        for name in names[2:]:
+            ch.command(f"ALTER TABLE {scratch} DROP PART '{name}'")
+        ch.command(f"ALTER TABLE {target} ATTACH PARTITION ID '{pid}' FROM {scratch}")
+        ch.command(f"DROP TABLE {scratch} SYNC")
+        inside = counts(ch, target)[0]
+        assert 0 < inside < 500  # the cut: part of partition p in the target, all of it staged
+        tx.begin("run-2")  # the restart's recovery repairs the cut and publishes
+        assert counts(ch, target) == (1000, 1000)
+        record = handle.registry.get(handle.config.job, "b1")
+        assert record is not None and record.state is XidState.COMMITTED
+        assert record.cut(parts[0].table, pid)  # the repair recorded what it found
+        assert handle.warehouse.list_staging(tx.prefix) == []
+    finally:
+        handle.close()
+
+
 def test_the_endpoint_killed_and_restarted_while_a_commit_publishes_ends_exact(
     nemesis: Services, ch: Any, target: str, caplog: pytest.LogCaptureFixture
 ) -> None:
