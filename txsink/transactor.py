@@ -28,6 +28,7 @@ import logging
 import os
 import socket
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -45,7 +46,12 @@ from txsink.faults import fault_point
 from txsink.keeper.registry import Registry, XidExists, superseded
 from txsink.protocol import plans, visibility
 from txsink.protocol.dedup import xid_key as dedup_xid_key
-from txsink.protocol.ids import batch_staging_name, parse_staging, staging_prefix
+from txsink.protocol.ids import (
+    batch_claim_name,
+    batch_staging_name,
+    parse_staging,
+    staging_prefix,
+)
 from txsink.protocol.states import Epoch, Mode, StagedPart, XidRecord, XidState
 
 log = logging.getLogger(__name__)
@@ -145,6 +151,8 @@ class Transactor:
         self.publish_retry_s = publish_retry_s
         self.sleep = sleep
         self._namespace = ""
+        # (xid, target) -> the name this runner renamed that batch staging table to
+        self._claims: dict[tuple[str, str], str] = {}
 
     @property
     def namespace(self) -> str:
@@ -430,8 +438,20 @@ class Transactor:
                     self.fault("driver.mid_commit")
             elif isinstance(op, visibility.CreateBatchStaging):
                 self.warehouse.create_batch_staging(op.table, op.like)
+            elif isinstance(op, visibility.ClaimBatch):
+                claimed = batch_claim_name(op.batch_staging, uuid.uuid4().hex)
+                self.warehouse.claim_staging(op.batch_staging, claimed)
+                self._claims[(record.xid, op.target)] = claimed
+                # a statement another finisher sent before the rename may still run
+                if not self._settle(epoch, record, time.monotonic() + self.publish_retry_s):
+                    raise UnavailableError(
+                        f"job {self.job}: xid {record.xid}: statements on its staging still "
+                        f"run after {self.publish_retry_s:g}s; nothing was attached"
+                    )
             elif isinstance(op, visibility.AttachAll):
-                self.warehouse.attach_all(op.batch_staging, op.target)
+                self.fault("driver.before_attach")
+                tag = self.attach_tag(record.xid, op.target)
+                self.warehouse.attach_all(op.batch_staging, op.target, tag)
                 self.fault("driver.after_attach")
             elif isinstance(op, plans.RecordCommitted):
                 self.fault("driver.after_commit")
@@ -442,18 +462,34 @@ class Transactor:
         return record
 
     def batch_tables(self, record: XidRecord) -> dict[str, str]:
-        """Target -> batch staging table of a ``visibility=batch`` record."""
-        return {
-            t: batch_staging_name(self.prefix, record.xid, t) for t in visibility.by_target(record)
-        }
+        """Target -> batch staging table of a ``visibility=batch`` record, under the name
+        a finisher claimed it with if one did (:class:`visibility.ClaimBatch`)."""
+        listed = self.warehouse.list_staging(f"{self.prefix}__{record.xid}")
+        out: dict[str, str] = {}
+        for target in visibility.by_target(record):
+            base = batch_staging_name(self.prefix, record.xid, target)
+            names = [t for t in listed if t == base or t.startswith(f"{base}_c")]
+            if len(names) > 1:
+                raise RecoveryAlarm(
+                    f"job {self.job}: xid {record.xid} (visibility=batch) has several batch "
+                    f"staging tables for {target}: {names}; nothing was attached. Inspect "
+                    f"them (docs/modes.md#visibility), then `txsink recover --job {self.job}`"
+                )
+            out[target] = names[0] if names else base
+        return out
+
+    def attach_tag(self, xid: str, target: str) -> str:
+        """The ``log_comment`` of the ATTACH that publishes ``xid`` into ``target``: the
+        same for every finisher, so any finisher finds any other's in the query log."""
+        return f"txsink attach {self.prefix} {xid} {target}"
 
     def _finish_batch(self, epoch: Epoch, record: XidRecord) -> XidRecord:
         """:meth:`finish` of a ``visibility=batch`` record: consolidate every task's staging
         of each table into its batch staging, then one ATTACH PARTITION ALL per table
         (:func:`visibility.plan_batch_publish`, re-planned from a fresh look after the
         consolidation)."""
-        batch_tables = self.batch_tables(record)
-        for _ in range(3):
+        for _ in range(5):
+            batch_tables = self.batch_tables(record)
             view = self.warehouse.staging_view([*record.staging_tables, *batch_tables.values()])
             staged = self._staged_uuids(record, view)
             batch_uuids: dict[str, tuple[str, ...]] = {}
@@ -463,8 +499,19 @@ class Transactor:
                     batch_uuids[table] = tuple(u for _, uuids in parts for u in uuids)
             wanted = visibility.batch_evidence_wanted(record, batch_tables, batch_uuids)
             published = {t: self.warehouse.published_uuids(t, u) for t, u in wanted.items()}
+            claimed = {
+                t for t, name in batch_tables.items() if self._claims.get((record.xid, t)) == name
+            }
+            logged = {
+                t
+                for t in claimed
+                if record.state is XidState.PREPARED
+                and self.warehouse.attach_logged(
+                    t, self.attach_tag(record.xid, t), record.created_at
+                )
+            }
             ops = visibility.plan_batch_publish(
-                record, batch_tables, view, staged, batch_uuids, published
+                record, batch_tables, view, staged, batch_uuids, published, claimed, logged
             )
             record = self._execute(epoch, record, ops, "See docs/modes.md#visibility")
             if not ops or not isinstance(ops[-1], visibility.Reobserve):

@@ -34,11 +34,38 @@ def test_fresh_batch_is_consolidated_first_then_replanned() -> None:
     assert [type(o) for o in ops[1:]] == [v.Consolidate, v.Consolidate, v.Reobserve]
 
 
-def test_consolidated_batch_not_in_target_is_attached_once_then_committed() -> None:
+def test_consolidated_batch_is_claimed_then_attached_once_then_committed() -> None:
     view = {S1: {}, S2: {}, B: {"0": 5, "1": 7}}
     ops = v.plan_batch_publish(record(), TABLES, view, {}, {B: ("aa", "bb")}, {"db.t": set()})
+    assert [type(o) for o in ops] == [v.ClaimBatch, v.Reobserve]  # never an ATTACH unclaimed
+    ops = v.plan_batch_publish(
+        record(), TABLES, view, {}, {B: ("aa", "bb")}, {"db.t": set()}, claimed={"db.t"}
+    )
     assert isinstance(ops[0], v.AttachAll)
     assert isinstance(ops[2], RecordCommitted)
+
+
+def test_an_attach_found_in_the_query_log_is_not_repeated_after_the_target_merged() -> None:
+    """The target merged the attached parts and cleaned up the old ones (no UUID shows):
+    the finished ATTACH in system.query_log is the evidence; nothing is attached again."""
+    view = {S1: {}, S2: {}, B: {"0": 5, "1": 7}}
+    ops = v.plan_batch_publish(
+        record(), TABLES, view, {}, {B: ("aa", "bb")}, {"db.t": set()},
+        claimed={"db.t"}, logged={"db.t"},
+    )  # fmt: skip
+    assert not any(isinstance(o, v.AttachAll) for o in ops)
+    assert isinstance(ops[0], Evidence) and ops[0].kind == "logged"
+    assert isinstance(ops[2], RecordCommitted)
+
+
+def test_claimed_batch_staging_names_parse_back_as_the_xids_batch_staging() -> None:
+    from txsink.protocol.ids import batch_claim_name
+
+    claimed = batch_claim_name(B, "0123456789")
+    name = parse_staging(claimed)
+    assert name is not None and name.batch and name.xid == "b1" and name.claim == "01234567"
+    assert batch_claim_name(claimed, "89abcdef") == f"{B}_c89abcdef"
+    assert plan_recovery("j", [record()], [claimed]).roll_back == ()
 
 
 def test_an_attach_that_landed_before_a_crash_is_not_attached_again() -> None:

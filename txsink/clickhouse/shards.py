@@ -331,7 +331,13 @@ class ShardedWarehouse:
     def create_batch_staging(self, table: str, like: str) -> None:
         raise ConfigError("visibility=batch cannot span shards; use visibility=partition")
 
-    def attach_all(self, staging: str, target: str) -> None:
+    def attach_all(self, staging: str, target: str, tag: str = "") -> None:
+        raise ConfigError("visibility=batch cannot span shards; use visibility=partition")
+
+    def claim_staging(self, staging: str, claimed: str) -> None:
+        raise ConfigError("visibility=batch cannot span shards; use visibility=partition")
+
+    def attach_logged(self, target: str, tag: str, since: float) -> bool:
         raise ConfigError("visibility=batch cannot span shards; use visibility=partition")
 
     def consolidate(self, staging: str, partition_id: str, batch_staging: str) -> None:

@@ -55,7 +55,7 @@ from txsink.clickhouse.compat import (
     staging_engine_clause,
     staging_keeper_path,
 )
-from txsink.errors import ConfigError, RecoveryAlarm, TxSinkError
+from txsink.errors import ConfigError, RecoveryAlarm, RetryableConflict, TxSinkError
 from txsink.protocol.ids import parse_staging
 from txsink.protocol.states import MAX_PART_UUIDS, short_uuids
 
@@ -161,7 +161,11 @@ class Warehouse(Protocol):
 
     def create_batch_staging(self, table: str, like: str) -> None: ...
 
-    def attach_all(self, staging: str, target: str) -> None: ...
+    def attach_all(self, staging: str, target: str, tag: str = "") -> None: ...
+
+    def claim_staging(self, staging: str, claimed: str) -> None: ...
+
+    def attach_logged(self, target: str, tag: str, since: float) -> bool: ...
 
     def settle(self, names: Iterable[str]) -> bool: ...
 
@@ -616,17 +620,27 @@ class ClickHouseWarehouse:
         self._staging(batch_staging, "move partitions into")
         self.move_partition(staging, partition_id, f"{self.staging_db}.{batch_staging}")
 
-    def attach_all(self, staging: str, target: str) -> None:
+    def attach_all(self, staging: str, target: str, tag: str = "") -> None:
         """``ATTACH PARTITION ALL FROM`` the batch staging: every part in one commit.
 
-        Not idempotent (it copies) and never retried blindly: the caller re-observes (part
-        UUIDs in the target) before any second attempt."""
+        Not idempotent (it copies) and never retried blindly: the caller claimed the
+        batch staging and re-observed (part UUIDs in the target, ``tag`` in the query
+        log) before. ``tag`` goes into ``system.query_log`` as the statement's
+        ``log_comment``, whatever the user's profile says about logging."""
         fq = self._staging(staging, "attach from")
         db, name = split_table(target)
+        logged = {
+            "log_queries": 1,
+            "log_comment": tag,
+            "log_queries_min_type": "QUERY_START",
+            "log_queries_min_query_duration_ms": 0,
+            "log_queries_probability": 1,
+        }
 
         def attach(note: str = "") -> None:
             self.client.command(
                 f"ALTER TABLE {qualified(db, name)} ATTACH PARTITION ALL FROM {fq}",
+                settings=logged if tag else None,
                 idempotent=False,
                 table=target,
                 what=f"ATTACH PARTITION ALL FROM {fq} into {target}{note}",
@@ -639,6 +653,51 @@ class ClickHouseWarehouse:
                 raise
             self._catch_up_columns(staging, target, exc)
             attach(" (after adding the target's new columns to batch staging)")
+
+    def claim_staging(self, staging: str, claimed: str) -> None:
+        """``RENAME TABLE staging TO claimed``: atomic, so of several finishers renaming
+        one batch staging table exactly one holds it afterwards; the others find it gone
+        (RetryableConflict: re-observe)."""
+        src = self._staging(staging, "claim")
+        dst = self._staging(claimed, "claim")
+        try:
+            self.client.command(
+                f"RENAME TABLE {src} TO {dst}",
+                idempotent=False,
+                table=f"{self.staging_db}.{staging}",
+                what=f"claim batch staging {src} as {dst}",
+            )
+        except TxSinkError as exc:
+            if exc.code not in (60, 81):  # UNKNOWN_TABLE / UNKNOWN_DATABASE: taken already
+                raise
+            raise RetryableConflict(
+                f"batch staging {src} was claimed by another finisher of its xid; re-observing"
+            ) from exc
+
+    def attach_logged(self, target: str, tag: str, since: float) -> bool:
+        """Whether ``system.query_log`` shows an ATTACH tagged ``tag`` (its
+        ``log_comment``) that finished, since the day before ``since`` (unix time).
+        Flushes the logs first. A server without a query log is a ConfigError: nothing
+        else proves an ATTACH whose parts the target has merged away."""
+        try:
+            self.client.command("SYSTEM FLUSH LOGS", what="flush the query log")
+            rows = self.client.query_rows(
+                "SELECT count() FROM system.query_log WHERE event_date >= "
+                "toDate(toDateTime({since:Int64})) - 1 AND type = 'QueryFinish' "
+                "AND log_comment = {tag:String} AND query_kind = 'Alter'",
+                parameters={"since": int(since), "tag": tag},
+                what=f"look in system.query_log for an ATTACH into {target}",
+            )
+        except TxSinkError as exc:
+            if exc.code not in (60, 497):  # no query_log table / no privilege to read it
+                raise
+            raise ConfigError(
+                f"visibility=batch into {target} needs system.query_log (readable by this "
+                f"user, and SYSTEM FLUSH LOGS) to prove an ATTACH landed: {exc}. Enable the "
+                f"server's <query_log> or use visibility=partition (docs/modes.md#visibility)",
+                code=exc.code,
+            ) from exc
+        return int(rows[0][0]) > 0
 
     def settle(self, names: Iterable[str]) -> bool:
         """True when the server answers and runs no statement whose text contains any of

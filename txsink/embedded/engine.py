@@ -51,6 +51,14 @@ IDLE_POOL = 8
 TRACK_IGNORED = frozenset({"database"})  # chdb reports it as a changed setting; USE owns it
 
 
+# system.query_log, as every ClickHouse server has it by default: the evidence that an
+# ATTACH of visibility=batch landed (docs/modes.md#visibility); flushed each second.
+QUERY_LOG_CONFIG = (
+    "<query_log><database>system</database><table>query_log</table>"
+    "<flush_interval_milliseconds>1000</flush_interval_milliseconds></query_log>"
+)
+
+
 @dataclass
 class EngineConn:
     """One chdb connection and what the endpoint knows about its state."""
@@ -79,10 +87,10 @@ class Session:
 class Engine:
     """Owns the chdb engine: connection pool, sessions, and running statements."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, replicated: bool | None = None) -> None:
         self.path = path
-        # given a Keeper (a config file), replicated tables exist and are read-only
-        self.replicated = "config-file=" in path
+        # given a Keeper (in its config file), replicated tables exist and are read-only
+        self.replicated = "config-file=" in path if replicated is None else replicated
         self._pool: list[EngineConn] = []
         self._pool_lock = threading.Lock()
         self._sessions: dict[str, Session] = {}

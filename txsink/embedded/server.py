@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from txsink.embedded.engine import Engine, EngineConn, Session
+from txsink.embedded.engine import QUERY_LOG_CONFIG, Engine, EngineConn, Session
 from txsink.embedded.http_errors import (
     CANNOT_PARSE_INPUT,
     ERROR_NAMES,
@@ -444,7 +444,12 @@ def serve(
     root = Path(data_dir)
     root.mkdir(parents=True, exist_ok=True)
     path = str(root / "chdb")
-    engine = Engine(f"file:{path}?config-file={config_file}" if config_file else path)
+    replicated = bool(config_file)
+    if not config_file:  # query_log as on a server (the evidence visibility=batch reads)
+        config_file = os.path.join(data_dir, "chdb-log-config.xml")
+        with open(config_file, "w", encoding="utf-8") as fh:
+            fh.write(f"<clickhouse>{QUERY_LOG_CONFIG}</clickhouse>\n")
+    engine = Engine(f"file:{path}?config-file={config_file}", replicated=replicated)
     handler = type("BoundHandler", (Handler,), {"engine": engine})
     server = Server((host, port), handler)
     stop = threading.Event()

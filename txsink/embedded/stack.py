@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from txsink.embedded import zookeeper
+from txsink.embedded.engine import QUERY_LOG_CONFIG
 from txsink.errors import ConfigError, UnavailableError
 
 DEFAULT_CLICKHOUSE_PORT = 18123
@@ -223,7 +224,10 @@ def keeper_config(keeper: str, macros: dict[str, str]) -> str:
     host, _, port = keeper.partition(":")
     nodes = f"<node><host>{host}</host><port>{port or 2181}</port></node>"
     tags = "".join(f"<{k}>{v}</{k}>" for k, v in macros.items())
-    return f"<clickhouse><zookeeper>{nodes}</zookeeper><macros>{tags}</macros></clickhouse>\n"
+    return (
+        f"<clickhouse><zookeeper>{nodes}</zookeeper><macros>{tags}</macros>"
+        f"{QUERY_LOG_CONFIG}</clickhouse>\n"
+    )
 
 
 def _configure_keeper(root: Path, name: str, zookeeper_port: int | None) -> None:

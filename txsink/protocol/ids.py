@@ -29,14 +29,14 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 JOB_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 _STAGING_RE = re.compile(
     r"^(?P<prefix>tx_[a-z0-9_]*_[0-9a-f]{8})__(?P<xid>[bu][0-9a-f]+)"
     r"__(?:r(?P<run>[0-9a-f]{8})_p(?P<part>\d+)_a(?P<attempt>\d+)_t(?P<tid>\d+)"
     r"(?:_s(?P<shard>\d+))?"
-    r"|all_(?P<tag>[0-9a-f]{8}))$"
+    r"|all_(?P<tag>[0-9a-f]{8})(?:_c(?P<claim>[0-9a-f]{8}))?)$"
 )
 
 
@@ -78,6 +78,7 @@ class StagingName:
     task_attempt_id: int
     target_tag: str = ""  # set for a batch staging table (then run etc. are empty)
     shard: int | None = None  # a sharded job's shard index (None: not sharded, shard 0)
+    claim: str = ""  # a batch staging table claimed by one finisher (visibility=batch)
 
     @property
     def batch(self) -> bool:
@@ -87,7 +88,8 @@ class StagingName:
     @property
     def table(self) -> str:
         if self.target_tag:
-            return f"{self.prefix}__{self.xid}__all_{self.target_tag}"
+            claimed = f"_c{self.claim}" if self.claim else ""
+            return f"{self.prefix}__{self.xid}__all_{self.target_tag}{claimed}"
         return (
             f"{self.prefix}__{self.xid}__r{self.run}_p{self.partition}"
             f"_a{self.attempt}_t{self.task_attempt_id}"
@@ -132,7 +134,7 @@ def parse_staging(table: str) -> StagingName | None:
     if not m:
         return None
     if m["tag"]:
-        return StagingName(m["prefix"], m["xid"], "", -1, -1, -1, m["tag"])
+        return StagingName(m["prefix"], m["xid"], "", -1, -1, -1, m["tag"], claim=m["claim"] or "")
     return StagingName(
         m["prefix"],
         m["xid"],
@@ -155,6 +157,16 @@ def batch_staging_name(prefix: str, xid: str, target: str) -> str:
     """The batch staging table of ``xid`` for ``target`` (``db.table``)."""
     tag = hashlib.sha1(target.encode()).hexdigest()[:8]  # noqa: S324 - a name, not security
     return StagingName(prefix, xid, "", -1, -1, -1, tag).table
+
+
+def batch_claim_name(batch_staging: str, token: str) -> str:
+    """The name one finisher renames a batch staging table (claimed or not) to before
+    its ATTACH (``token``: random hex of that finisher): RENAME is atomic, so exactly one
+    finisher holds the table under its own name at a time."""
+    name = parse_staging(batch_staging)
+    if name is None or not name.batch:
+        raise ValueError(f"{batch_staging} is not a batch staging table")
+    return replace(name, claim=token[:8]).table
 
 
 def dedup_token(job: str, xid: str, partition: int, block: int) -> str:

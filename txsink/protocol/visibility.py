@@ -17,17 +17,26 @@ evidence of what already happened:
   every one of its parts is there already (a server crash inside MOVE left the source); a
   partition with no rows left must show one of its recorded UUIDs in the batch staging;
   the plan then stops (``Reobserve``): the attach is planned from a fresh look;
-- attach (every manifest partition of the table is in the batch staging, counts equal):
-  none of the batch staging's part UUIDs in the target: attach, then drop the batch
-  staging; all of them: an earlier ATTACH landed (drop only); some: an Alarm;
+- claim (every manifest partition of the table is in the batch staging, counts equal,
+  none of its part UUIDs in the target): ``RENAME`` the batch staging to this finisher's
+  own name (:class:`ClaimBatch`), wait until no statement on the xid's staging runs,
+  re-observe;
+- attach (claimed): none of the batch staging's part UUIDs in the target and no finished
+  ATTACH of this xid into it in ``system.query_log``: attach, then drop the batch
+  staging; all of them, or the log entry: an earlier ATTACH landed (drop only); some of
+  the UUIDs: an Alarm;
 - batch staging missing and every task staging partition empty with UUIDs: attached and
   dropped before a crash (the batch staging is only ever dropped after its ATTACH, or
   after COMMITTED): counted as published (Evidence ``attached``).
 
-The window that remains (docs/modes.md#visibility): a crash between the ATTACH and the
-drop of the batch staging, followed by a merge in the target that replaces the attached
-parts *and* the cleanup of the replaced parts before the roll-forward looks, hides the
-evidence; the roll-forward would attach again.
+Two finishers of one xid (a takeover and ``txsink recover --force``, two recoverers, a
+superseded driver) can never both ATTACH: each attaches only from the name it renamed the
+table to, after it saw the server quiet and found no evidence (part UUIDs, which a merge
+in the target removes, or the ATTACH's ``log_comment`` in ``system.query_log``, which it
+does not). The window that remains (docs/modes.md#visibility): the *server* crashing
+within its log flush interval after an ATTACH committed, the driver dying before it
+recorded COMMITTED, and the target merging the attached parts and cleaning up the
+replaced ones before the roll-forward looks.
 """
 
 from __future__ import annotations
@@ -78,6 +87,20 @@ class AttachAll:
 
 
 @dataclass(frozen=True)
+class ClaimBatch:
+    """``RENAME TABLE batch_staging TO`` a name of this finisher's own (then re-observe,
+    once no statement on the xid's staging runs): the exclusive step before an ATTACH.
+    ATTACH copies, so two finishers must never both reach it: a finisher attaches only
+    from the name it renamed the table to, and only after it looked for evidence while
+    holding it. A claim taken from another finisher makes that one's ATTACH fail (no such
+    table); one already running is waited out before the evidence is read."""
+
+    xid: str
+    batch_staging: str
+    target: str
+
+
+@dataclass(frozen=True)
 class Reobserve:
     """Stop here, look at staging again and plan afresh (after consolidation)."""
 
@@ -85,6 +108,7 @@ class Reobserve:
 BatchOperation = (
     CreateBatchStaging
     | Consolidate
+    | ClaimBatch
     | AttachAll
     | Reobserve
     | RecordCommitted
@@ -134,6 +158,8 @@ def plan_batch_publish(
     staged: StagedUuids,
     batch_uuids: Mapping[str, tuple[str, ...]],
     published: Mapping[str, AbstractSet[str]],
+    claimed: AbstractSet[str] = frozenset(),
+    logged: AbstractSet[str] = frozenset(),
 ) -> list[BatchOperation]:
     """Operations that finish a ``visibility=batch`` record given what staging shows now.
 
@@ -142,6 +168,10 @@ def plan_batch_publish(
     every part UUID per (staging table, partition) of task staging partitions that still
     hold rows. ``batch_uuids``: every part UUID of each existing batch staging table.
     ``published``: per target, which of the looked-up UUIDs its parts show.
+    ``claimed``: targets whose batch staging (as named in ``batch_tables``) this finisher
+    renamed to its own name and found quiet since; ``logged``: targets whose ATTACH of
+    this xid the server's ``system.query_log`` shows finished (read while claimed: the
+    evidence that outlives the target's merges).
     """
     if record.state is XidState.COMMITTED:
         tables = [*record.staging_tables, *batch_tables.values()]
@@ -205,10 +235,15 @@ def plan_batch_publish(
             cut = f"{len(there)} of the {len(in_batch)} parts of batch staging {bst}"
             return [_alarm(record, f"{cut} are in {target} already: an ATTACH cut between parts")]
         total = sum(wanted.values())
-        if not there:
-            attach.append(AttachAll(record.xid, bst, target, total))
-        else:
+        if there:
             attach.append(Evidence(record.xid, bst, "all", "uuid", total))
+        elif target in logged:
+            attach.append(Evidence(record.xid, bst, "all", "logged", total))
+        elif target not in claimed:
+            ops.append(ClaimBatch(record.xid, bst, target))
+            continue
+        else:
+            attach.append(AttachAll(record.xid, bst, target, total))
         attach.append(DropStaging(bst, f"attached by xid {record.xid}"))
     if ops:
         return [*ops, Reobserve()]
