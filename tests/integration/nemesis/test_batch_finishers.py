@@ -1,0 +1,132 @@
+"""visibility=batch publishes with ATTACH, which copies: two finishers of one PREPARED xid
+(a takeover and a forced recover, two recoverers, a superseded driver) must never both
+attach it, and a roll-forward that comes after the target merged the attached parts away
+(their UUIDs gone) must still see that the ATTACH landed. Real engine behind the real
+HTTP endpoint, real ZooKeeper, the real Transactor, one connection per finisher.
+
+The invariant: count() == uniqExact(id) == rows produced, after every trial.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from tests.integration.conftest import client_for
+from tests.integration.nemesis.test_clickhouse_faults import stage_parts
+from tests.integration.nemesis.test_keeper_faults import at, open_handle
+from tests.integration.test_rollback_races import counts, prepared_record
+from tests.nemesis.services import Services
+from txsink.driver import JobHandle, open_job
+from txsink.errors import TxSinkError
+from txsink.protocol.states import XidState
+
+TRIALS = 30
+ROWS = 200
+
+
+def batch_prepared(handle: JobHandle, epoch: Any, xid: str, ids: range) -> None:
+    parts = stage_parts(handle, xid, ids, blocks=2)
+    record = prepared_record(handle, epoch, xid, parts)
+    record = dataclasses.replace(record, extra={"visibility": "batch"})
+    handle.registry.prepare(epoch, record)
+
+
+def test_two_finishers_racing_on_a_batch_xid_never_attach_it_twice(
+    nemesis: Services, ch: Any, target: str
+) -> None:
+    first = open_handle(nemesis, target)
+    second = open_job(first.config)
+    try:
+        epoch = first.transactor.begin("writer")
+        for trial in range(TRIALS):
+            xid = f"b{trial + 1}"
+            batch_prepared(first, epoch, xid, range(trial * ROWS, (trial + 1) * ROWS))
+            go = threading.Barrier(2)
+            failures: list[str] = []
+
+            def finish(handle: JobHandle, owner: str, failures: list[str] = failures) -> None:
+                go.wait()
+                try:
+                    handle.transactor.begin(owner)  # takes the job, rolls the xid forward
+                except TxSinkError as exc:  # the loser is fenced or finds it done
+                    failures.append(f"{owner}: {exc}")
+
+            runners = [
+                threading.Thread(target=finish, args=(h, f"{n}-{trial}"))
+                for n, h in (("recover-a", first), ("recover-b", second))
+            ]
+            for runner in runners:
+                runner.start()
+            for runner in runners:
+                runner.join(120)
+            epoch = first.transactor.begin(f"writer-{trial}")  # whatever is left, finished
+            assert counts(ch, target) == ((trial + 1) * ROWS, (trial + 1) * ROWS), failures
+            record = first.registry.get(first.config.job, xid)
+            assert record is not None and record.state is XidState.COMMITTED
+        assert first.warehouse.list_staging(first.transactor.prefix) == []
+    finally:
+        first.close()
+        second.close()
+
+
+class Crash(BaseException):
+    """The driver dies here (nothing below catches a BaseException)."""
+
+
+def test_a_roll_forward_after_the_target_merged_the_attached_parts_away_attaches_nothing(
+    nemesis: Services, ch: Any, target: str
+) -> None:
+    """The driver dies right after the ATTACH; the target then merges the attached parts
+    and cleans up the replaced ones (seconds here, ``old_parts_lifetime`` on a server), so
+    no UUID shows the ATTACH landed. The finished ATTACH in system.query_log does."""
+    ch.command(
+        f"ALTER TABLE {target} MODIFY SETTING old_parts_lifetime = 1, "
+        "cleanup_delay_period = 1, cleanup_delay_period_random_add = 0"
+    )
+    crashed = open_handle(nemesis, target)
+    try:
+        tx = crashed.transactor
+        epoch = tx.begin("run-1")
+        batch_prepared(crashed, epoch, "b1", range(0, ROWS))
+        record = crashed.registry.get(crashed.config.job, "b1")
+        assert record is not None
+
+        def die() -> None:
+            raise Crash
+
+        tx.fault = at("driver.after_attach", die)
+        with pytest.raises(Crash):
+            tx.publish(epoch, record)
+        assert counts(ch, target) == (ROWS, ROWS)
+        ch.command(f"OPTIMIZE TABLE {target} FINAL")
+        db, name = target.split(".")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # the attached parts merged and cleaned up
+            left = ch.query(
+                "SELECT count() FROM system.parts WHERE database = {d:String} AND "
+                "table = {t:String} AND level = 0",
+                parameters={"d": db, "t": name},
+            ).result_rows[0][0]
+            if left == 0:
+                break
+            time.sleep(0.5)
+        assert left == 0, "the target kept the attached parts: the test proves nothing"
+        later = open_job(crashed.config)  # the restart, another process
+        try:
+            later.transactor.begin("run-2")
+        finally:
+            later.close()
+        fresh = client_for(nemesis.info)
+        try:
+            assert counts(fresh, target) == (ROWS, ROWS)
+        finally:
+            fresh.close()
+        done = crashed.registry.get(crashed.config.job, "b1")
+        assert done is not None and done.state is XidState.COMMITTED
+    finally:
+        crashed.close()
