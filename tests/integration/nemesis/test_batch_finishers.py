@@ -49,7 +49,12 @@ def test_two_finishers_racing_on_a_batch_xid_never_attach_it_twice(
             go = threading.Barrier(2)
             failures: list[str] = []
 
-            def finish(handle: JobHandle, owner: str, failures: list[str] = failures) -> None:
+            def finish(
+                handle: JobHandle,
+                owner: str,
+                failures: list[str] = failures,
+                go: threading.Barrier = go,
+            ) -> None:
                 go.wait()
                 try:
                     handle.transactor.begin(owner)  # takes the job, rolls the xid forward
