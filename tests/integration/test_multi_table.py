@@ -16,6 +16,7 @@ import txsink
 from tests.integration.sparkjob import Job, new_job, staging_left
 from txsink.demo import daily_ddl, daily_table, target_ddl
 from txsink.driver import open_registry
+from txsink.errors import ConfigError
 from txsink.faults import EXIT_CODE
 from txsink.ops.verify import verify_job
 from txsink.protocol.states import XidState
@@ -113,6 +114,32 @@ def test_an_exception_inside_the_block_leaves_nothing_visible_and_no_staging(
         tx.write(df, table=facts)
         tx.write(agg, table=daily)
     assert ch.query(f"SELECT count() FROM {facts}").result_rows[0][0] == 3000
+
+
+@pytest.mark.parametrize("first, second", [("partition", "batch"), ("batch", "partition")])
+def test_a_transaction_mixing_visibilities_is_refused_and_leaves_nothing(
+    spark, stack, ch, fresh_db, first, second
+):
+    """One xid is published one way: a second table whose options say another visibility
+    than the first's is refused before it stages, and the first table's staging is rolled
+    back (before, the second table silently took the first write's visibility)."""
+    facts, daily = _tables(ch, fresh_db)
+    df, agg = _frames(spark, n=300)
+    job = f"mt-{uuid.uuid4().hex[:8]}"
+    with (
+        pytest.raises(ConfigError, match="visibility"),
+        txsink.transaction(spark, txn_version=1, **_opts(stack, job)) as tx,
+    ):
+        tx.write(df, table=facts, visibility=first)
+        tx.write(agg, table=daily, visibility=second)
+    assert ch.query(f"SELECT count() FROM {facts}").result_rows[0][0] == 0
+    assert ch.query(f"SELECT count() FROM {daily}").result_rows[0][0] == 0
+    fake = Job(job, facts, None, None, stack.url, stack.keeper, 0, 0, None)  # type: ignore[arg-type]
+    assert staging_left(ch, fake) == []
+    with txsink.transaction(spark, txn_version=1, **_opts(stack, job)) as tx:
+        tx.write(df, table=facts, visibility="batch")
+        tx.write(agg, table=daily, visibility="batch")
+    assert ch.query(f"SELECT count(), uniqExact(id) FROM {facts}").result_rows[0] == (300, 300)
 
 
 def _config(stack, job, table):

@@ -139,6 +139,15 @@ class Transaction:
         )
         if config.mode == Mode.DEDUP.value:
             raise ConfigError(refusal)
+        if self.tried and config.visibility != self.tried[0].config.visibility:
+            first = self.tried[0].config
+            raise ConfigError(
+                f"table {config.table} is written with visibility={config.visibility} and "
+                f"{first.table} with visibility={first.visibility}: one transaction is one "
+                f"xid, published one way for all its tables. Give every tx.write (or "
+                f"txsink.transaction itself) the same visibility option. Nothing of "
+                f"{config.table} was written; the staging of the others is rolled back"
+            )
         from txsink.spark.validate import validate
 
         plan = validate(config, df.schema)
