@@ -437,7 +437,7 @@ class Transactor:
                 if moved == 1:
                     self.fault("driver.mid_commit")
             elif isinstance(op, visibility.CreateBatchStaging):
-                self.warehouse.create_batch_staging(op.table, op.like)
+                self.warehouse.create_batch_staging(op.table, op.like, op.target)
             elif isinstance(op, visibility.ClaimBatch):
                 claimed = batch_claim_name(op.batch_staging, uuid.uuid4().hex)
                 self.warehouse.claim_staging(op.batch_staging, claimed)

@@ -328,7 +328,7 @@ class ShardedWarehouse:
 
     # -- visibility=batch: one ATTACH per table cannot span servers ---------------------
 
-    def create_batch_staging(self, table: str, like: str) -> None:
+    def create_batch_staging(self, table: str, like: str, target: str = "") -> None:
         raise ConfigError("visibility=batch cannot span shards; use visibility=partition")
 
     def attach_all(self, staging: str, target: str, tag: str = "") -> None:

@@ -159,7 +159,7 @@ class Warehouse(Protocol):
 
     def published_uuids(self, target: str, uuids: Iterable[str]) -> frozenset[str]: ...
 
-    def create_batch_staging(self, table: str, like: str) -> None: ...
+    def create_batch_staging(self, table: str, like: str, target: str = "") -> None: ...
 
     def attach_all(self, staging: str, target: str, tag: str = "") -> None: ...
 
@@ -601,18 +601,31 @@ class ClickHouseWarehouse:
                 table=f"{self.staging_db}.{tables[at]}",
             )
 
-    def create_batch_staging(self, table: str, like: str) -> None:
-        """Create the batch staging ``table`` (``visibility=batch``) as a copy of the task
-        staging table ``like`` (same protections, same structure as the target).
-        Idempotent: an existing table is kept (it may already hold consolidated rows)."""
+    def create_batch_staging(self, table: str, like: str, target: str = "") -> None:
+        """Create the batch staging ``table`` (``visibility=batch``) as a copy of the
+        ``target`` as it is now (with the staging settings and protections of
+        :meth:`create_staging`), or of the task staging table ``like`` when no target is
+        given. From the target, not from a task's staging: a task staged before an
+        ``ADD COLUMN`` on the target would give it the old structure, and the newer tasks'
+        staging could not be moved into it; older task staging catches up with a newer
+        batch staging like any staging with its target. Idempotent: an existing table is
+        kept (another finisher may already have moved rows into it), never replaced."""
         fq = self._staging(table, "create")
-        src = self._staging(like, "copy")
+        if target:
+            db, name = split_table(target)
+            src = qualified(db, name)
+        else:
+            src = self._staging(like, "copy")
+        settings = ", ".join(f"{k} = {v}" for k, v in STAGING_SETTINGS.items())
         self.client.command(
-            f"CREATE TABLE IF NOT EXISTS {fq} AS {src}",
+            f"CREATE TABLE IF NOT EXISTS {fq} AS {src}"
+            + (f" SETTINGS {settings}" if target else ""),
             idempotent=True,
             table=f"{self.staging_db}.{table}",
             what=f"create batch staging {fq} AS {src}",
         )
+        if target:
+            self._protect(fq, self.target_info(f"{self.staging_db}.{table}", views=False))
 
     def consolidate(self, staging: str, partition_id: str, batch_staging: str) -> None:
         """MOVE one task staging partition into the batch staging table (readers of the

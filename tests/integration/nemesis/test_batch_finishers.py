@@ -135,3 +135,33 @@ def test_a_roll_forward_after_the_target_merged_the_attached_parts_away_attaches
         assert done is not None and done.state is XidState.COMMITTED
     finally:
         crashed.close()
+
+
+def test_a_column_added_between_two_tasks_of_a_batch_xid_is_published_exact(
+    nemesis: Services, ch: Any, target: str
+) -> None:
+    """``ALTER TABLE target ADD COLUMN`` after the first task staged and before the second:
+    the batch staging is made from the target as it is at publish time, so the older
+    task's staging catches up with it and the newer one moves as it is (before, the batch
+    staging copied the first task's older staging and every publish raised RecoveryAlarm)."""
+    handle = open_handle(nemesis, target)
+    try:
+        tx = handle.transactor
+        epoch = tx.begin("run-1")
+        old = stage_parts(handle, "b1", range(0, ROWS), blocks=1)
+        ch.command(f"ALTER TABLE {target} ADD COLUMN note String DEFAULT 'added'")
+        newer = stage_parts(handle, "b1", range(ROWS, 2 * ROWS), blocks=1, task=1)
+        record = prepared_record(handle, epoch, "b1", [*old, *newer])
+        record = dataclasses.replace(record, extra={"visibility": "batch"})
+        handle.registry.prepare(epoch, record)
+        stored = handle.registry.get(handle.config.job, "b1")
+        assert stored is not None
+        tx.publish(epoch, stored, resumed=False)
+        assert counts(ch, target) == (2 * ROWS, 2 * ROWS)
+        notes = ch.query(f"SELECT uniqExact(note), any(note) FROM {target}").result_rows[0]
+        assert notes == (1, "added")
+        done = handle.registry.get(handle.config.job, "b1")
+        assert done is not None and done.state is XidState.COMMITTED
+        assert handle.warehouse.list_staging(tx.prefix) == []
+    finally:
+        handle.close()

@@ -26,11 +26,14 @@ from txsink.protocol.ids import staging_name
 from txsink.protocol.states import StagedPart, XidState
 
 
-def stage_parts(handle: JobHandle, xid: str, ids: range, blocks: int = 1) -> list[StagedPart]:
-    """One task's staging holding ``ids`` over two partitions, in ``blocks`` inserts (one
-    part per block and partition), with the part UUIDs a task message carries."""
+def stage_parts(
+    handle: JobHandle, xid: str, ids: range, blocks: int = 1, task: int = 0
+) -> list[StagedPart]:
+    """One task's staging (Spark partition ``task``) holding ``ids`` over two partitions,
+    in ``blocks`` inserts (one part per block and partition), with the part UUIDs a task
+    message carries."""
     cfg = handle.config
-    name = staging_name(cfg.job, xid, "0000000a", 0, 0, ids.start, handle.transactor.namespace)
+    name = staging_name(cfg.job, xid, "0000000a", task, 0, ids.start, handle.transactor.namespace)
     handle.warehouse.create_staging(cfg.table, name.table)
     step = max(1, len(ids) // blocks)
     for start in range(ids.start, ids.stop, step):
