@@ -81,6 +81,13 @@ class RegistryContract:
         assert registry.list("nobody") == []
         assert registry.ledger("nobody") == EMPTY_LEDGER
 
+    def test_sync_works_before_the_job_exists_and_changes_nothing(self, registry: Registry) -> None:
+        registry.sync("nobody")  # a new run syncs before its first write
+        assert registry.job_meta("nobody") is None and registry.list_jobs() == []
+        registry.ensure_job(JOB, {"target": "db.events"})
+        registry.sync(JOB)
+        assert registry.job_meta(JOB) == {"target": "db.events"}
+
     def test_list_jobs_lists_ensured_jobs_sorted(self, registry: Registry) -> None:
         assert registry.list_jobs() == []
         for job in ("b-job", "a-job", "c-job"):

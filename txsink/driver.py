@@ -396,6 +396,9 @@ def epoch_for_run(
     must not roll them back.
     """
     registry, job = handle.registry, handle.config.job
+    # Synced: a new Python worker's session may sit on a server that has not seen this
+    # run take the job yet, and would make the run take it over again from itself.
+    registry.sync(job)
     current = registry.current_epoch(job)
     if current is not None and current.owner == run_id:
         return current

@@ -227,6 +227,9 @@ class Transactor:
             created_at=started,
             extra=dict(extra or {}),
         )
+        # Decisive reads (skip, roll forward, refuse, drop strays): synced, so a lagging
+        # Keeper server cannot show a record as it was before another runner moved it.
+        self.registry.sync(self.job)
         existing = self.registry.get(self.job, xid)
         last_batch = self.registry.ledger(self.job).get("last_batch")
 
@@ -335,6 +338,7 @@ class Transactor:
         recovery drops); else ``exc`` is raised. A commit reported failed after COMMITTED
         would make a caller re-running a save without ``txn_version`` write it twice."""
         try:
+            self.registry.sync(self.job)  # another runner may have recorded it
             now = self.registry.get(self.job, record.xid)
         except TxSinkError:
             now = None
@@ -555,6 +559,10 @@ class Transactor:
             )
 
     def _check_fence(self, epoch: Epoch) -> None:
+        """FencedError unless ``epoch`` still holds the job. Synced: a server that lags
+        the leader would show a superseded writer its own epoch, and the check guards
+        ClickHouse statements (MOVEs) that no Keeper write fences."""
+        self.registry.sync(self.job)
         current = self.registry.current_epoch(self.job)
         if current is None or current.token != epoch.token:
             raise superseded(epoch, current)
@@ -569,6 +577,9 @@ class Transactor:
         """
         if not tables:
             return []
+        # The tombstone's create / compare-and-set orders the roll-back whatever abort()
+        # read first; synced so that first read rarely has to be paid for with a write.
+        self.registry.sync(self.job)
         record = self.registry.abort(self.job, xid, tables, self.clock())
         doomed = plans.droppable(record, tables)
         kept = sorted(set(tables) - set(doomed))
@@ -651,6 +662,7 @@ class Transactor:
         keep: set[str] | frozenset[str] = frozenset(),
     ) -> RecoveryReport:
         """Roll PREPARED xids forward and drop staging no PREPARED xid references."""
+        self.registry.sync(self.job)  # the listing decides every roll-forward and drop
         records = self.registry.list(self.job)
         tables = [t for t in self.warehouse.list_staging(self.prefix) if t not in keep]
         plan = plans.plan_recovery(self.job, records, tables, self.namespace)

@@ -309,6 +309,14 @@ class KazooConn:
 
     # -- primitive reads and writes (callers wrap them in mapped) -----------------------
 
+    def sync(self, path: str) -> None:
+        """Make this session's next reads at least as new as every write the ensemble
+        acknowledged before now: ZooKeeper's ``sync`` goes through the leader, and the
+        session's server answers it only once it has applied everything up to that
+        point. One round trip to the leader; it fails (UnavailableError, in
+        :meth:`mapped`) rather than return while the server is cut off from it."""
+        self.wait(self.client.sync_async(path))
+
     def read(self, path: str) -> tuple[dict[str, Any] | None, Any] | None:
         """(decoded data, stat) of ``path``, or None if the node does not exist."""
         try:

@@ -190,7 +190,9 @@ class KazooRegistry:
         raise superseded(epoch, self.current_epoch(epoch.job))
 
     def _fence_now(self, epoch: Epoch) -> None:
-        """Raise FencedError if ``epoch`` is stale (a read, for checks done outside a txn)."""
+        """Raise FencedError if ``epoch`` is stale (a read, for checks done outside a txn;
+        synced first, so a lagging server cannot show a superseded writer its own epoch)."""
+        self._conn.sync(self._epoch_path(epoch.job))
         cur = self.current_epoch(epoch.job)
         if cur is None or cur.token != epoch.token:
             self._raise_fenced(epoch)
@@ -223,6 +225,14 @@ class KazooRegistry:
                 except BadVersionError:
                     continue
         raise RetryableConflict(f"job {job}: meta at {path} keeps changing; retry")
+
+    @_step
+    def sync(self, job: str) -> None:
+        """Bring this session up to date with the ensemble's leader (see
+        :meth:`KazooConn.sync`) before a read that decides an action."""
+        path = self._job(job)
+        with self._conn.mapped(f"sync {path}"):
+            self._conn.sync(path)
 
     @_step
     def job_meta(self, job: str) -> dict[str, Any] | None:
@@ -504,7 +514,9 @@ class KazooRegistry:
             # tombstone (never adopting a table the tombstone rolled back).
             incoming, over = record, None  # over: version of the tombstone we replace
             if len(record.manifest) > SMALL_MANIFEST:
-                # A replay must not write megabytes of chunks to learn the xid exists.
+                # A replay must not write megabytes of chunks to learn the xid exists;
+                # synced, so a lagging server does not hide the record it would find.
+                self._conn.sync(path)
                 over, record = self._over_existing(epoch, incoming)
             for _ in range(MAX_CAS_ROUNDS):
                 packed = self._stage_chunks(epoch, record)

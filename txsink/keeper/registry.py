@@ -20,6 +20,13 @@ Every state change is fenced: one Keeper transaction checks that the epoch node 
 the writer's token and then creates or compare-and-sets the record. A writer whose epoch
 was superseded gets :class:`txsink.errors.FencedError`.
 
+Reads may be stale: a ZooKeeper follower answers from its own copy of the tree, which can
+lag the leader (by a moment, or for ``syncLimit`` ticks when it is cut off). A session
+always sees its own writes, not yet other sessions'. :meth:`Registry.sync` brings the
+session up to every write the ensemble acknowledged before it; callers use it before a
+read whose answer decides an action that no fenced write re-checks (see
+docs/architecture.md, "Stale reads").
+
 :class:`MemoryRegistry` is the in-memory twin with identical semantics, for unit tests.
 """
 
@@ -88,6 +95,7 @@ class Registry(Protocol):
     """What the transaction layer needs from Keeper."""
 
     def ensure_job(self, job: str, meta: dict[str, Any]) -> dict[str, Any]: ...
+    def sync(self, job: str) -> None: ...
     def job_meta(self, job: str) -> dict[str, Any] | None: ...
     def set_job_meta(self, job: str, meta: dict[str, Any]) -> None: ...
     def blob_children(self, job: str, key: str) -> builtins.list[str]: ...
@@ -191,6 +199,9 @@ class MemoryRegistry:
         check_request(f"ensure job {path}", [(path, len(encode_json(meta)))])
         with self._lock:
             return self._jobs.setdefault(job, dict(meta))
+
+    def sync(self, job: str) -> None:
+        """Nothing to do: this twin's reads are never stale."""
 
     def job_meta(self, job: str) -> dict[str, Any] | None:
         return self._jobs.get(job)
