@@ -241,6 +241,10 @@ def _validate(
         refusal = batch_refusal(config.table, info.engine, mode)
         if config.visibility == "batch" and refusal:
             raise ConfigError(f"job {config.job}: {refusal}. Nothing was written")
+        if config.visibility == "batch":
+            # the evidence of an ATTACH that outlives the target's merges (docs/modes.md):
+            # refused here, before anything is staged, not found missing after PREPARED
+            warehouse.attach_logged(config.table, f"txsink probe {config.job}", time.time())
         if mode == "attach":
             warehouse.ensure_staging_db()
     return WritePlan(
