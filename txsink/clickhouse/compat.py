@@ -563,11 +563,20 @@ def _element_name(arg: str) -> str | None:
 
 
 def unwrap(t: CHType) -> tuple[CHType, bool]:
-    """Strip LowCardinality/Nullable wrappers: (inner type, nullable)."""
+    """Strip LowCardinality/Nullable wrappers: (inner type, nullable).
+
+    ``SimpleAggregateFunction(f, T)`` is stored and inserted as plain ``T`` (ClickHouse
+    takes values of ``T`` for it, the function only applies when parts merge), so it
+    unwraps to ``T`` as well, for type checks and for the null check of each block."""
     nullable = False
-    while t.name in ("LowCardinality", "Nullable") and t.args:
-        nullable = nullable or t.name == "Nullable"
-        t = t.arg_type(0)
+    while t.args:
+        if t.name in ("LowCardinality", "Nullable"):
+            nullable = nullable or t.name == "Nullable"
+            t = t.arg_type(0)
+        elif t.name == "SimpleAggregateFunction" and len(t.args) >= 2:
+            t = t.arg_type(len(t.args) - 1)
+        else:
+            break
     return t, nullable
 
 
