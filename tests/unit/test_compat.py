@@ -485,3 +485,34 @@ def test_the_driver_refuses_to_prepare_staging_it_cannot_see_on_a_replicated_tar
         check_staging_reachable(SimpleNamespace(warehouse=Seen({"s1"})), plan, msgs, "b1")
     plain = WritePlan(config, "attach", target_info=TargetInfo("db", "t", "MergeTree"))
     check_staging_reachable(SimpleNamespace(warehouse=Seen(set())), plain, msgs, "b1")
+
+
+@pytest.mark.parametrize(
+    ("spark", "ch"),
+    [
+        ("bigint", "SimpleAggregateFunction(sum, UInt64)"),
+        ("bigint", "SimpleAggregateFunction(max, Int64)"),
+        ("double", "SimpleAggregateFunction(sum, Float64)"),
+        ("string", "SimpleAggregateFunction(anyLast, LowCardinality(String))"),
+        ("array<bigint>", "SimpleAggregateFunction(groupArrayArray, Array(Int64))"),
+        ("decimal(10,2)", "SimpleAggregateFunction(sum, Decimal(18, 2))"),
+    ],
+)
+def test_a_simple_aggregate_function_column_takes_values_of_its_inner_type(
+    spark: str, ch: str
+) -> None:
+    assert fits(spark, ch) == []
+
+
+def test_a_simple_aggregate_function_column_checks_its_inner_type_and_nullability() -> None:
+    assert unwrap(parse_ch_type("SimpleAggregateFunction(sum, UInt64)")) == (
+        parse_ch_type("UInt64"),
+        False,
+    )
+    assert unwrap(parse_ch_type("SimpleAggregateFunction(anyLast, Nullable(String))"))[1]
+    assert fits("string", "SimpleAggregateFunction(sum, UInt64)") != []
+    assert fits("bigint", "SimpleAggregateFunction(sum, Int32)") != []
+    # a nullable Spark column into a non-Nullable inner type is refused like a plain column
+    errors = fits("bigint", "SimpleAggregateFunction(sum, Int64)", nullable=True)
+    assert len(errors) == 1 and "not Nullable" in errors[0]
+    assert fits("bigint", "SimpleAggregateFunction(anyLast, Nullable(Int64))", nullable=True) == []

@@ -24,7 +24,7 @@ import enum
 import logging
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlparse
@@ -33,6 +33,7 @@ import clickhouse_connect
 import tenacity
 from clickhouse_connect.driver import exceptions as ch_exc
 
+from txsink.clickhouse.compat import SettingValue
 from txsink.credentials import merge_url_credentials, redact_url, scrub, secrets_of
 from txsink.errors import ConfigError, RetryableConflict, TxSinkError, UnavailableError
 
@@ -47,7 +48,7 @@ TOO_MANY_SIMULTANEOUS_QUERIES = 202
 SOCKET_TIMEOUT = 209
 NETWORK_ERROR = 210
 TIMEOUT_EXCEEDED = 159
-TOO_MANY_PARTS = 252
+TOO_MANY_PARTS = 252  # also "Too many partitions for single INSERT block": see below
 ACCESS_DENIED = 497
 AUTHENTICATION_FAILED = 516
 REQUIRED_PASSWORD = 194
@@ -67,6 +68,13 @@ _AMBIGUOUS_CODES = frozenset(
 _AUTH_CODES = frozenset({ACCESS_DENIED, AUTHENTICATION_FAILED, REQUIRED_PASSWORD})
 
 _CODE_RE = re.compile(r"\bCode:\s*(\d+)\.")
+# Code 252 is shared: "Too many parts" is back-pressure (merges catch up, a retry can
+# pass), "Too many partitions for single INSERT block" refuses the block's content itself
+# and fails the same way on every retry until max_partitions_per_insert_block is raised.
+_TOO_MANY_PARTITIONS_RE = re.compile(
+    r"Too many partitions for (?:a )?single INSERT block|max_partitions_per_insert_block",
+    re.IGNORECASE,
+)
 _IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _REFUSED_RE = re.compile(
     r"Connection refused|Failed to establish a new connection|Name or service not known|"
@@ -177,6 +185,8 @@ def classify(exc: BaseException) -> Transience:
     if isinstance(exc, TxSinkError):
         return Transience.PERMANENT
     code = error_code(exc)
+    if too_many_partitions(exc):
+        return Transience.PERMANENT
     if code in _REJECTED_CODES:
         return Transience.REJECTED
     if code in _AMBIGUOUS_CODES:
@@ -189,6 +199,14 @@ def classify(exc: BaseException) -> Transience:
     if _AMBIGUOUS_RE.search(text) or isinstance(exc, (ConnectionError, TimeoutError)):
         return Transience.AMBIGUOUS
     return Transience.PERMANENT
+
+
+def too_many_partitions(exc: BaseException) -> bool:
+    """Whether ``exc`` is ClickHouse's refusal of a block spanning more partitions than
+    ``max_partitions_per_insert_block`` (code 252, told from TOO_MANY_PARTS by its text)."""
+    return error_code(exc) == TOO_MANY_PARTS and bool(
+        _TOO_MANY_PARTITIONS_RE.search(_chain_text(exc))
+    )
 
 
 def _chain_text(exc: BaseException) -> str:
@@ -244,6 +262,17 @@ def map_error(
         return ConfigError(
             f"ClickHouse at {url} refused {what}: check user/password options and the "
             f"user's grants: {detail}",
+            code=code,
+        )
+    if too_many_partitions(exc):
+        return ConfigError(
+            f"ClickHouse at {url} refused {what}: the block spans more target partitions "
+            f"than the max_partitions_per_insert_block setting allows (code {code}; not "
+            f"back-pressure: a retry fails the same way). txsink lifts that setting for "
+            f"its own inserts (max_partitions_per_insert_block=0), so the writer's user "
+            f"cannot change it (a settings constraint or readonly profile?): allow it in "
+            f"the user's profile, or write fewer partitions per Spark partition "
+            f"(docs/operations.md#too-many-partitions): {detail}",
             code=code,
         )
     kind = classify(exc)
@@ -370,6 +399,7 @@ class Client:
         self.url = redact_url(url)
         self.retry = retry or RetryPolicy()
         self._secrets = secrets
+        self._known: dict[str, bool] = {}  # setting name -> the server has it
 
     def __repr__(self) -> str:
         return f"Client({self.url!r})"
@@ -446,6 +476,34 @@ class Client:
             table=f"{db}.{table}",
         )
 
+    def effective_settings(self, names: Iterable[str]) -> dict[str, SettingValue]:
+        """The settings ``names`` as this connection's user has them (profile and server
+        defaults applied), with their constraints; names the server does not know are
+        absent. Remembers which names exist (see :meth:`known`)."""
+        wanted = sorted(set(names))
+        rows = self.query_rows(
+            "SELECT name, value, changed, readonly, min, max "
+            "FROM system.settings WHERE name IN {names:Array(String)}",
+            parameters={"names": wanted},
+            what="read the effective settings of the writer's user (system.settings)",
+        )
+        found = {
+            str(n): SettingValue(str(n), str(v), bool(c), bool(ro), _opt(lo), _opt(hi))
+            for n, v, c, ro, lo, hi in rows
+        }
+        self._known.update((n, n in found) for n in wanted)
+        return found
+
+    def known(self, settings: Mapping[str, Any], optional: Iterable[str]) -> dict[str, Any]:
+        """``settings`` without the ``optional`` names this server does not know (older
+        servers refuse an unknown setting; 26.x ones override older spellings, so they
+        must be sent where they exist). One read of ``system.settings`` per client."""
+        maybe = [n for n in optional if n in settings]
+        unknown = [n for n in maybe if n not in self._known]
+        if unknown:
+            self.effective_settings(unknown)
+        return {k: v for k, v in settings.items() if k not in maybe or self._known.get(k)}
+
     def ping(self) -> bool:
         try:
             return bool(self.raw.ping())
@@ -463,6 +521,10 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _opt(value: Any) -> str | None:
+    return None if value is None else str(value)
 
 
 def _what(sql: str) -> str:

@@ -18,7 +18,8 @@ Invariants:
   and column TTLs are removed and table settings (persistent, unlike ``SYSTEM STOP
   MERGES``) disable merges and insert deduplication and give every part a UUID (the
   evidence of publish, see :func:`~txsink.protocol.plans.plan_publish`); staging inserts
-  run with ``insert_deduplicate=0``, ``async_insert=0`` and ``optimize_on_insert=0``;
+  run with :data:`~.compat.STAGING_INSERT_SETTINGS` (no deduplication in either spelling,
+  no async insert, no ``optimize_on_insert``, no partition limit per block);
 - ``move_partition`` is idempotent: moving a partition id the staging table no longer
   holds moves nothing and does not fail. When the target gained columns after the
   staging was created, the staging table gets the same columns first (nothing else
@@ -44,6 +45,8 @@ from txsink.clickhouse.client import (
     split_table,
 )
 from txsink.clickhouse.compat import (
+    OPTIONAL_INSERT_SETTINGS,
+    STAGING_INSERT_SETTINGS,
     AddColumn,
     ClusterReplica,
     ColumnInfo,
@@ -97,10 +100,6 @@ STAGING_SETTINGS = {
     "inactive_parts_to_delay_insert": 0,
     "inactive_parts_to_throw_insert": 0,
 }
-# Per-insert settings of staging inserts: no block deduplication (two identical slices
-# are two slices), no async buffering (26.x enables it by default: rows must be in parts
-# when the insert returns), no merging of rows on insert (Replacing/Summing/...).
-STAGING_INSERT_SETTINGS = {"insert_deduplicate": 0, "async_insert": 0, "optimize_on_insert": 0}
 _TTL_RE = re.compile(r"\sTTL\s", re.IGNORECASE)
 _QUOTED_RE = re.compile(r"'(?:[^'\\]|\\.)*'")
 
@@ -847,7 +846,7 @@ class ClickHouseWarehouse:
         rows = size = blocks = 0
         for block in iter_blocks(batches, block_rows=block_rows, block_bytes=block_bytes):
             extra = settings(blocks) if callable(settings) else settings
-            block_settings = {**base, **(extra or {})}
+            block_settings = self.client.known({**base, **(extra or {})}, OPTIONAL_INSERT_SETTINGS)
             idempotent = bool(block_settings.get("insert_deduplication_token"))
             self.client.insert_arrow(
                 db, name, block, settings=block_settings or None, idempotent=idempotent

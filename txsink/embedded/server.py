@@ -436,11 +436,17 @@ class Server(ThreadingHTTPServer):
 
 
 def serve(
-    data_dir: str, port: int, host: str = "127.0.0.1", config_file: str | None = None
+    data_dir: str,
+    port: int,
+    host: str = "127.0.0.1",
+    config_file: str | None = None,
+    profile: dict[str, str] | None = None,
 ) -> None:
     """Run the endpoint until SIGTERM/SIGINT. ``config_file``: a ClickHouse server config
     chdb reads (``<zookeeper>``, ``<macros>``: see
-    :func:`txsink.embedded.stack.keeper_config`)."""
+    :func:`txsink.embedded.stack.keeper_config`). ``profile``: settings every connection
+    starts from, as a user's settings profile would set them on a server (chdb has no
+    users; tests of what a profile does to txsink use it)."""
     root = Path(data_dir)
     root.mkdir(parents=True, exist_ok=True)
     path = str(root / "chdb")
@@ -449,7 +455,9 @@ def serve(
         config_file = os.path.join(data_dir, "chdb-log-config.xml")
         with open(config_file, "w", encoding="utf-8") as fh:
             fh.write(f"<clickhouse>{QUERY_LOG_CONFIG}</clickhouse>\n")
-    engine = Engine(f"file:{path}?config-file={config_file}", replicated=replicated)
+    engine = Engine(
+        f"file:{path}?config-file={config_file}", profile=profile, replicated=replicated
+    )
     handler = type("BoundHandler", (Handler,), {"engine": engine})
     server = Server((host, port), handler)
     stop = threading.Event()
@@ -486,15 +494,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--config-file", help="ClickHouse config for chdb (e.g. <zookeeper>, <macros>)"
     )
+    parser.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a settings-profile default of every connection (repeatable), e.g. "
+        "deduplicate_insert=disable",
+    )
     parser.add_argument("--log-level", default=os.environ.get("TXSINK_EMBEDDED_LOG", "INFO"))
     args = parser.parse_args(argv)
+    profile = dict(item.split("=", 1) for item in args.setting if "=" in item)
     Path(args.data).mkdir(parents=True, exist_ok=True)
     logging.basicConfig(
         filename=str(Path(args.data) / "clickhouse-http.log"),
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s",
     )
-    serve(args.data, args.port, args.host, args.config_file)
+    serve(args.data, args.port, args.host, args.config_file, profile)
     return 0
 
 

@@ -13,8 +13,10 @@ Used where partitions cannot be moved (see docs/modes.md). One Spark task attemp
    ``dedup/<xid>/p<partition>``; before sending a block not yet recorded, writes a BEFORE
    record listing it (so any block that may have landed can be verified on replay);
 4. inserts it with ``insert_deduplication_token = dedup_token(job, xid, partition, block)``
-   (plus ``insert_deduplicate=1``, ``deduplicate_blocks_in_dependent_materialized_views=1``
-   and ``insert_distributed_sync=1``), or skips it (SAME), or raises
+   (plus every setting dedup relies on, in both spellings where 26.x overrides the old
+   one: ``insert_deduplicate=1`` and ``deduplicate_insert='enable'``, ``async_insert=0``,
+   ``deduplicate_blocks_in_dependent_materialized_views=1``, ``insert_distributed_sync=1``,
+   ``max_partitions_per_insert_block=0``), or skips it (SAME), or raises
    :class:`~txsink.errors.ContentChanged`;
 5. writes AFTER once every block is acknowledged and returns a commit message whose parts
    name the target, the Spark partition, rows, blocks and a digest of the partition.
@@ -42,7 +44,12 @@ import pyarrow as pa
 from pyarrow import ipc
 
 from txsink.clickhouse.client import split_table
-from txsink.clickhouse.compat import WINDOW_SECONDS_KEY, TargetInfo, dedup_window
+from txsink.clickhouse.compat import (
+    DEDUP_INSERT_SETTINGS,
+    WINDOW_SECONDS_KEY,
+    TargetInfo,
+    dedup_window,
+)
 from txsink.clickhouse.warehouse import iter_blocks, parse_settings_clause
 from txsink.driver import open_registry, open_warehouse
 from txsink.errors import ConfigError, ContentChanged, DedupWindowExceeded
@@ -88,16 +95,12 @@ def fingerprint(index: int, block: pa.Table) -> dedup.BlockFingerprint:
 
 
 def insert_settings(job: str, xid: str, partition: int, index: int) -> dict[str, Any]:
-    """Per-block insert settings of dedup mode."""
+    """Per-block insert settings of dedup mode: the block's token and every setting the
+    guarantee relies on (:data:`~txsink.clickhouse.compat.DEDUP_INSERT_SETTINGS`; the
+    warehouse leaves out the 26.x spellings an older server does not know)."""
     return {
         "insert_deduplication_token": dedup_token(job, xid, partition, index),
-        "insert_deduplicate": 1,
-        # without it a replayed block is dropped from the target but its materialized
-        # views receive it again (checked on chdb 26.9: tests/integration/test_dedup_mode.py)
-        "deduplicate_blocks_in_dependent_materialized_views": 1,
-        # Distributed targets: insert synchronously into the shards, whose local tables
-        # deduplicate; harmless for other engines (alias of distributed_foreground_insert)
-        "insert_distributed_sync": 1,
+        **DEDUP_INSERT_SETTINGS,
     }
 
 

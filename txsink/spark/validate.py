@@ -35,6 +35,8 @@ from urllib.parse import urlparse
 from pyspark.sql.types import StructType
 
 from txsink.clickhouse.compat import (
+    DEDUP_INSERT_SETTINGS,
+    STAGING_INSERT_SETTINGS,
     ColumnInfo,
     SparkField,
     TargetInfo,
@@ -42,6 +44,7 @@ from txsink.clickhouse.compat import (
     check_schema,
     dedup_blockers,
     dedup_notes,
+    insert_settings_problems,
     parse_ch_type,
     unwrap,
 )
@@ -238,6 +241,7 @@ def _validate(
         if info.dependent_views and (pinned or config.mode) != "attach":
             views = view_tables(warehouse, info)
         mode = resolve_mode(config, info, views, pinned)
+        check_insert_settings(config, warehouse, mode)
         refusal = batch_refusal(config.table, info.engine, mode)
         if config.visibility == "batch" and refusal:
             raise ConfigError(f"job {config.job}: {refusal}. Nothing was written")
@@ -255,6 +259,36 @@ def _validate(
         shard_infos=tuple(infos) if mode == "attach" and config.shards else (),
         namespace=namespace,
     )
+
+
+def check_insert_settings(config: WriterConfig, warehouse: Any, mode: str) -> None:
+    """Refuse, before anything is written, a writer whose user cannot run txsink's inserts
+    with the settings they rely on (:func:`~txsink.clickhouse.compat.insert_settings_problems`
+    over ``system.settings`` read as that user); log the profile defaults txsink
+    overrides (``deduplicate_insert='disable'`` and the like)."""
+    wanted = STAGING_INSERT_SETTINGS if mode == "attach" else DEDUP_INSERT_SETTINGS
+    user = config.user or "default"
+    for server in getattr(warehouse, "shards", None) or [warehouse]:
+        client = server.client
+        effective = client.effective_settings([*wanted, "readonly"])
+        problems = insert_settings_problems(effective, wanted, user=user, mode=mode)
+        if problems:
+            raise ConfigError(
+                f"job {config.job}: the settings of ClickHouse user {user} on {client.url} "
+                f"would break the exactly-once guarantee of {mode} mode for {config.table}; "
+                f"nothing was written:\n  - " + "\n  - ".join(problems)
+            )
+        overridden = sorted(
+            f"{n}={v.value}"
+            for n, v in effective.items()
+            if n in wanted and v.changed and str(wanted[n]) != v.value
+        )
+        if overridden:
+            log.info(
+                "job %s: user %s on %s has %s by default; txsink sends its own values with "
+                "every insert",
+                config.job, user, client.url, ", ".join(overridden),
+            )  # fmt: skip
 
 
 def over_cluster(

@@ -1,0 +1,172 @@
+"""Insert settings txsink relies on: code 252 told apart by its message, the 26.x
+spellings sent only where the server knows them, and a writer's profile that would break
+the guarantee refused by name (pure: no services)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from txsink.clickhouse.client import (
+    Client,
+    RetryPolicy,
+    Transience,
+    classify,
+    map_error,
+    too_many_partitions,
+)
+from txsink.clickhouse.compat import (
+    DEDUP_INSERT_SETTINGS,
+    STAGING_INSERT_SETTINGS,
+    SettingValue,
+    insert_settings_problems,
+)
+from txsink.errors import ConfigError, RetryableConflict
+from txsink.spark.dedup_write import insert_settings
+
+PARTITIONS = (
+    "Code: 252. DB::Exception: Too many partitions for single INSERT block (more than "
+    "100). The limit is controlled by 'max_partitions_per_insert_block' setting. Large "
+    "number of partitions is a common misconception. (TOO_MANY_PARTS) (version 26.9.2.1)"
+)
+PARTS = (
+    "Code: 252. DB::Exception: Too many parts (300 with average size of 1.00 KiB) in "
+    "table 'db.t'. Merges are processing significantly slower than inserts. "
+    "(TOO_MANY_PARTS) (version 26.9.2.1)"
+)
+
+
+class ServerError(Exception):
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.code = 252
+
+
+def test_too_many_partitions_per_block_is_never_back_pressure() -> None:
+    exc = ServerError(PARTITIONS)
+    assert too_many_partitions(exc)
+    assert classify(exc) is Transience.PERMANENT
+    mapped = map_error(exc, url="http://h:8123", what="INSERT of 150 rows into db.t")
+    assert isinstance(mapped, ConfigError) and mapped.code == 252
+    text = str(mapped)
+    assert "max_partitions_per_insert_block" in text and "busy" not in text
+    assert "db.t" in text and "not back-pressure" in text
+
+
+def test_too_many_parts_stays_back_pressure_and_is_retried() -> None:
+    exc = ServerError(PARTS)
+    assert not too_many_partitions(exc)
+    assert classify(exc) is Transience.REJECTED
+    assert isinstance(map_error(exc, url="http://h:8123", what="INSERT"), RetryableConflict)
+
+
+def test_a_block_refused_for_its_partitions_is_sent_once_not_retried() -> None:
+    calls: list[int] = []
+
+    def insert() -> None:
+        calls.append(1)
+        raise ServerError(PARTITIONS)
+
+    policy = RetryPolicy(attempts=5, sleep=lambda _: None)
+    with pytest.raises(ServerError):
+        policy.run(insert, idempotent=True, what="INSERT")
+    assert len(calls) == 1
+
+
+def test_staging_and_dedup_inserts_pin_both_spellings_of_deduplication() -> None:
+    assert STAGING_INSERT_SETTINGS["insert_deduplicate"] == 0
+    assert STAGING_INSERT_SETTINGS["deduplicate_insert"] == "disable"
+    assert STAGING_INSERT_SETTINGS["max_partitions_per_insert_block"] == 0
+    block = insert_settings("job", "b1", 3, 0)
+    assert block["insert_deduplication_token"]
+    assert block["insert_deduplicate"] == 1 and block["deduplicate_insert"] == "enable"
+    assert block["async_insert"] == 0 and block["max_partitions_per_insert_block"] == 0
+    assert {k: block[k] for k in DEDUP_INSERT_SETTINGS} == DEDUP_INSERT_SETTINGS
+
+
+class _Result:
+    def __init__(self, rows: list[tuple[Any, ...]]) -> None:
+        self.result_rows = rows
+
+
+class _Raw:
+    """The two calls Client.known makes of clickhouse-connect, with a server's settings."""
+
+    def __init__(self, names: set[str]) -> None:
+        self.names = names
+        self.queries = 0
+
+    def query(self, sql: str, parameters: dict[str, Any], settings: Any) -> _Result:
+        self.queries += 1
+        return _Result([(n, "0", 0, 0, None, None) for n in parameters["names"] if n in self.names])
+
+
+def test_a_setting_the_server_does_not_know_is_left_out_and_looked_up_once() -> None:
+    old = _Raw({"insert_deduplicate", "async_insert"})  # a server before deduplicate_insert
+    client = Client(old, "http://old:8123")
+    for _ in range(3):
+        sent = client.known(dict(STAGING_INSERT_SETTINGS), ["deduplicate_insert"])
+        assert "deduplicate_insert" not in sent and sent["insert_deduplicate"] == 0
+    assert old.queries == 1
+    new = Client(_Raw({"deduplicate_insert"}), "http://new:8123")
+    assert new.known(dict(STAGING_INSERT_SETTINGS), ["deduplicate_insert"]) == (
+        STAGING_INSERT_SETTINGS
+    )
+
+
+def _eff(**values: SettingValue) -> dict[str, SettingValue]:
+    return dict(values)
+
+
+def test_profile_defaults_that_txsink_overrides_are_accepted() -> None:
+    effective = _eff(
+        deduplicate_insert=SettingValue("deduplicate_insert", "disable", True, False),
+        async_insert=SettingValue("async_insert", "1", True, False),
+        readonly=SettingValue("readonly", "0", False, False),
+    )
+    assert insert_settings_problems(effective, DEDUP_INSERT_SETTINGS, user="u", mode="dedup") == []
+
+
+@pytest.mark.parametrize(
+    ("effective", "words"),
+    [
+        (
+            {"deduplicate_insert": SettingValue("deduplicate_insert", "disable", True, True)},
+            ["deduplicate_insert=disable", "needs deduplicate_insert=enable", "user etl"],
+        ),
+        (
+            {"async_insert": SettingValue("async_insert", "1", True, True)},
+            ["async_insert=1", "needs async_insert=0", "synchronous"],
+        ),
+        (
+            {
+                "max_partitions_per_insert_block": SettingValue(
+                    "max_partitions_per_insert_block", "100", False, False, "1", "1000"
+                )
+            },
+            [
+                "max_partitions_per_insert_block is bounded",
+                "needs max_partitions_per_insert_block=0",
+            ],
+        ),
+        ({"readonly": SettingValue("readonly", "1", True, False)}, ["readonly=1", "user etl"]),
+    ],
+)
+def test_a_profile_that_forbids_a_needed_setting_is_refused_naming_it(
+    effective: dict[str, SettingValue], words: list[str]
+) -> None:
+    problems = insert_settings_problems(effective, DEDUP_INSERT_SETTINGS, user="etl", mode="dedup")
+    assert len(problems) == 1
+    for word in words:
+        assert word in problems[0]
+    assert "profile" in problems[0]
+
+
+def test_a_constraint_that_already_holds_the_needed_value_is_fine() -> None:
+    effective = {"async_insert": SettingValue("async_insert", "0", True, True)}
+    assert (
+        insert_settings_problems(effective, STAGING_INSERT_SETTINGS, user="u", mode="attach") == []
+    )
+    bools = {"async_insert": SettingValue("async_insert", "false", True, True)}
+    assert insert_settings_problems(bools, STAGING_INSERT_SETTINGS, user="u", mode="attach") == []
