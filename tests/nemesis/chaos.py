@@ -43,6 +43,7 @@ from tests.nemesis import proxy as fp
 from tests.nemesis.services import Services
 from txsink.demo import job_args, job_command, make_source, target_ddl
 from txsink.embedded import stack as embedded
+from txsink.embedded.crash import CRASH_FLAG, CRASH_LOG
 from txsink.keeper.kazoo_registry import KazooRegistry
 
 log = logging.getLogger("txsink.nemesis")
@@ -105,8 +106,9 @@ class Arena:
             *("--option", f"keeper_timeout={KEEPER_TIMEOUT}"),
             *("--option", "retry_attempts=3"),
         ]
-        if self.mode == "dedup":
-            extra += ["--option", "block_rows=500"]
+        # several blocks per task: several parts per staged partition (a MOVE can be cut
+        # between them: clickhouse-crash-inside-move), several dedup blocks per task
+        extra += ["--option", "block_rows=500"]
         return job_args(
             self.work / "src",
             self.work / "ckpt",
@@ -209,6 +211,26 @@ def _outage(name: str) -> Any:
         return True, f"{name} down {down:.1f}s"
 
     return fault
+
+
+def _crash_inside_move(arena: Arena, rng: random.Random, wait: float) -> tuple[bool, str]:
+    """The ClickHouse server crashes inside a MOVE PARTITION, some of the partition's parts
+    already in the target and all still in staging (:mod:`txsink.embedded.crash` makes
+    that state on the next MOVE of a partition with two or more parts, then exits like
+    kill -9); restarted on the same data after a pause."""
+    data = arena.services.root / "clickhouse"
+    pid = arena.services.pid("clickhouse")
+    (data / CRASH_FLAG).touch()
+    deadline = time.monotonic() + wait
+    while pid is not None and arena.services.pid("clickhouse") == pid:
+        if time.monotonic() > deadline:
+            (data / CRASH_FLAG).unlink(missing_ok=True)
+            return False, "no MOVE of a partition with two or more parts came"
+        time.sleep(0.05)
+    time.sleep(rng.uniform(0.5, 2.0))
+    arena.services.restart()
+    lines = (data / CRASH_LOG).read_text().splitlines()
+    return True, f"crashed inside a MOVE: {lines[-1] if lines else '?'} were in the target"
 
 
 def _reset(proxy_of: Callable[[Arena], fp.FaultProxy]) -> Any:
@@ -335,6 +357,7 @@ def _zk_multi(needle: bytes) -> Any:
 
 FAULTS: dict[str, Any] = {
     "clickhouse-kill": _outage("clickhouse"),
+    "clickhouse-crash-inside-move": _crash_inside_move,
     "zookeeper-kill": _outage("zookeeper"),
     "keeper-session-expiry": _blackhole(ZK, KEEPER_TIMEOUT + 1.0, KEEPER_TIMEOUT + 2.5),
     "lost-reply-create-staging": _drop(
@@ -364,7 +387,12 @@ FAULTS: dict[str, Any] = {
     "executor-worker-kill": _worker_kill,
     "driver-kill": _driver_kill,
 }
-ATTACH_ONLY = {"lost-reply-create-staging", "lost-reply-move", "lost-reply-drop-staging"}
+ATTACH_ONLY = {
+    "lost-reply-create-staging",
+    "lost-reply-move",
+    "lost-reply-drop-staging",
+    "clickhouse-crash-inside-move",
+}
 DEDUP_ONLY = {"lost-reply-keeper-dedup-state"}
 
 

@@ -114,6 +114,10 @@ class Engine:
         self._release(first)
 
     # connections -------------------------------------------------------------
+    def text(self, ec: EngineConn, sql: str) -> str:
+        """The result of ``sql`` as TabSeparated text (for the endpoint's own statements)."""
+        return self._query_text(ec, sql)
+
     def _query_text(self, ec: EngineConn, sql: str) -> str:
         with self._global:
             return bytes(ec.conn.query(sql, "TabSeparated").bytes()).decode()

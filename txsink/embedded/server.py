@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
+from txsink.embedded.crash import cut_move_if_armed
 from txsink.embedded.engine import QUERY_LOG_CONFIG, Engine, EngineConn, Session
 from txsink.embedded.http_errors import (
     CANNOT_PARSE_INPUT,
@@ -116,6 +117,7 @@ class Handler(BaseHTTPRequestHandler):
     server_version = "txsink-embedded"
     timeout = KEEP_ALIVE_SECONDS
     engine: Engine
+    data_dir: Path | None = None  # the endpoint's data directory (test faults: crash.py)
     display_name = socket.gethostname()
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -282,6 +284,8 @@ class Handler(BaseHTTPRequestHandler):
                 raise HttpError(SYNTAX_ERROR, "Query is not valid UTF-8") from None
             if not sql.strip():
                 raise HttpError(SYNTAX_ERROR, "Empty query")
+            if self.data_dir is not None:
+                cut_move_if_armed(self.engine, ec, sql, self.data_dir)
             self._run(
                 ec=ec, session=session, sql=sql, params=params, binds=binds, query_id=query_id
             )
@@ -458,7 +462,7 @@ def serve(
     engine = Engine(
         f"file:{path}?config-file={config_file}", profile=profile, replicated=replicated
     )
-    handler = type("BoundHandler", (Handler,), {"engine": engine})
+    handler = type("BoundHandler", (Handler,), {"engine": engine, "data_dir": root})
     server = Server((host, port), handler)
     stop = threading.Event()
 

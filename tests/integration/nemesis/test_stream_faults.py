@@ -28,6 +28,7 @@ ATTACH = [
     "lost-reply-keeper-commit",
     "lost-reply-drop-staging",
     "clickhouse-kill",
+    "clickhouse-crash-inside-move",
     "zookeeper-kill",
     "executor-worker-kill",
     "clickhouse-connection-reset",
