@@ -247,8 +247,12 @@ class RegistryContract:
         assert amended.version == rec.version + 1 and amended.cut("s", "p") == {"aa": 3}
         again = registry.amend(epoch, rec, facts)  # a re-run after a lost reply
         assert again.version == amended.version
+        # facts of another partition, from a copy read before the first amend: both kept
+        both = registry.amend(epoch, rec, {"cut": {"s/q": {"bb": 1}}})
+        assert both.cut("s", "p") == {"aa": 3} and both.cut("s", "q") == {"bb": 1}
         stored = registry.get(JOB, "b1")
         assert stored is not None and stored.cut("s", "p") == {"aa": 3}
+        assert stored.cut("s", "q") == {"bb": 1}
         assert stored.manifest == rec.manifest and stored.state is XidState.PREPARED
         newer = registry.take_epoch(JOB, "b")
         with pytest.raises(FencedError):

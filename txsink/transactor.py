@@ -443,6 +443,7 @@ class Transactor:
             elif isinstance(op, visibility.CreateBatchStaging):
                 self.warehouse.create_batch_staging(op.table, op.like, op.target)
             elif isinstance(op, visibility.ClaimBatch):
+                self._check_fence(epoch)  # a superseded finisher takes nothing from the live one
                 claimed = batch_claim_name(op.batch_staging, uuid.uuid4().hex)
                 self.warehouse.claim_staging(op.batch_staging, claimed)
                 self._claims[(record.xid, op.target)] = claimed
@@ -453,8 +454,12 @@ class Transactor:
                         f"run after {self.publish_retry_s:g}s; nothing was attached"
                     )
             elif isinstance(op, visibility.AttachAll):
+                # a claim serves one ATTACH: one whose outcome is unknown (a lost reply, a
+                # request still queued on the server) is never followed by a second from
+                # the same name; the next round renames again, which makes it fail
+                self._claims.pop((record.xid, op.target), None)
                 self.fault("driver.before_attach")
-                tag = self.attach_tag(record.xid, op.target)
+                tag = self.attach_tag(record, op.target)
                 self.warehouse.attach_all(op.batch_staging, op.target, tag)
                 self.fault("driver.after_attach")
             elif isinstance(op, plans.RecordCommitted):
@@ -474,25 +479,35 @@ class Transactor:
             base = batch_staging_name(self.prefix, record.xid, target)
             names = [t for t in listed if t == base or t.startswith(f"{base}_c")]
             if len(names) > 1:
-                raise RecoveryAlarm(
-                    f"job {self.job}: xid {record.xid} (visibility=batch) has several batch "
-                    f"staging tables for {target}: {names}; nothing was attached. Inspect "
-                    f"them (docs/modes.md#visibility), then `txsink recover --job {self.job}`"
-                )
+                # a finisher's late CREATE IF NOT EXISTS after another claimed the full one
+                # makes an empty twin (nothing can be moved into it: every task partition
+                # is consolidated before a claim); it is dropped with the xid's staging
+                sizes = self.warehouse.staging_view(names)
+                full = [n for n in names if any((sizes.get(n) or {}).values())]
+                if len(full) > 1:
+                    raise RecoveryAlarm(
+                        f"job {self.job}: xid {record.xid} (visibility=batch) has several "
+                        f"batch staging tables with rows for {target}: {full}; nothing was "
+                        f"attached. Inspect them (docs/modes.md#visibility), then `txsink "
+                        f"recover --job {self.job}`"
+                    )
+                names = full or names
             out[target] = names[0] if names else base
         return out
 
-    def attach_tag(self, xid: str, target: str) -> str:
-        """The ``log_comment`` of the ATTACH that publishes ``xid`` into ``target``: the
-        same for every finisher, so any finisher finds any other's in the query log."""
-        return f"txsink attach {self.prefix} {xid} {target}"
+    def attach_tag(self, record: XidRecord, target: str) -> str:
+        """The ``log_comment`` of the ATTACH that publishes ``record`` into ``target``: the
+        same for every finisher of this prepare (its ``created_at`` tells it from an xid
+        of the same name in a job deleted and created again), so any finisher finds any
+        other's in the query log."""
+        return f"txsink attach {self.prefix} {record.xid} {record.created_at:.6f} {target}"
 
     def _finish_batch(self, epoch: Epoch, record: XidRecord) -> XidRecord:
         """:meth:`finish` of a ``visibility=batch`` record: consolidate every task's staging
         of each table into its batch staging, then one ATTACH PARTITION ALL per table
         (:func:`visibility.plan_batch_publish`, re-planned from a fresh look after the
         consolidation)."""
-        for _ in range(5):
+        for _ in range(8):
             batch_tables = self.batch_tables(record)
             view = self.warehouse.staging_view([*record.staging_tables, *batch_tables.values()])
             staged = self._staged_uuids(record, view)
@@ -506,13 +521,14 @@ class Transactor:
             claimed = {
                 t for t, name in batch_tables.items() if self._claims.get((record.xid, t)) == name
             }
+            # the query log is read while this finisher holds the claim (nobody can attach
+            # meanwhile), or when no batch staging shows at all
+            missing = {t for t, name in batch_tables.items() if view.get(name) is None}
             logged = {
                 t
-                for t in claimed
+                for t in sorted(claimed | missing)
                 if record.state is XidState.PREPARED
-                and self.warehouse.attach_logged(
-                    t, self.attach_tag(record.xid, t), record.created_at
-                )
+                and self.warehouse.attach_logged(t, self.attach_tag(record, t), record.created_at)
             }
             ops = visibility.plan_batch_publish(
                 record, batch_tables, view, staged, batch_uuids, published, claimed, logged
@@ -520,10 +536,9 @@ class Transactor:
             record = self._execute(epoch, record, ops, "See docs/modes.md#visibility")
             if not ops or not isinstance(ops[-1], visibility.Reobserve):
                 return record
-        raise RecoveryAlarm(
-            f"job {self.job}: xid {record.xid} (visibility=batch): staging kept changing while "
-            f"it was consolidated; see docs/modes.md#visibility, then `txsink recover --job "
-            f"{self.job}`"
+        raise RetryableConflict(  # re-observed by publish() until publish_retry_s
+            f"job {self.job}: xid {record.xid} (visibility=batch): its staging kept changing "
+            f"(another finisher at work?); see docs/modes.md#visibility"
         )
 
     def _staged_uuids(

@@ -42,7 +42,8 @@ def test_consolidated_batch_is_claimed_then_attached_once_then_committed() -> No
         record(), TABLES, view, {}, {B: ("aa", "bb")}, {"db.t": set()}, claimed={"db.t"}
     )
     assert isinstance(ops[0], v.AttachAll)
-    assert isinstance(ops[2], RecordCommitted)
+    assert isinstance(ops[1], RecordCommitted)
+    assert ops[-1] == v.DropStaging(B, "attached by xid b1")  # only after COMMITTED
 
 
 def test_an_attach_found_in_the_query_log_is_not_repeated_after_the_target_merged() -> None:
@@ -55,7 +56,7 @@ def test_an_attach_found_in_the_query_log_is_not_repeated_after_the_target_merge
     )  # fmt: skip
     assert not any(isinstance(o, v.AttachAll) for o in ops)
     assert isinstance(ops[0], Evidence) and ops[0].kind == "logged"
-    assert isinstance(ops[2], RecordCommitted)
+    assert isinstance(ops[1], RecordCommitted)
 
 
 def test_claimed_batch_staging_names_parse_back_as_the_xids_batch_staging() -> None:
@@ -78,10 +79,32 @@ def test_an_attach_that_landed_before_a_crash_is_not_attached_again() -> None:
 
 def test_an_attach_cut_between_parts_or_vanished_rows_is_an_alarm() -> None:
     view = {S1: {}, S2: {}, B: {"0": 5, "1": 7}}
-    ops = v.plan_batch_publish(record(), TABLES, view, {}, {B: ("aa", "bb")}, {"db.t": {"aa"}})
+    partly = {"db.t": {"aa"}}
+    ops = v.plan_batch_publish(record(), TABLES, view, {}, {B: ("aa", "bb")}, partly)
+    assert isinstance(ops[0], v.ClaimBatch)  # claimed first: the query log may prove it
+    ops = v.plan_batch_publish(
+        record(), TABLES, view, {}, {B: ("aa", "bb")}, partly, claimed={"db.t"}
+    )
     assert isinstance(ops[0], Alarm)
+    # the target merged some attached parts away: the query log proves the ATTACH
+    ops = v.plan_batch_publish(
+        record(), TABLES, view, {}, {B: ("aa", "bb")}, partly, claimed={"db.t"}, logged={"db.t"}
+    )
+    assert isinstance(ops[0], Evidence) and ops[0].kind == "logged"
     view = {S1: {}, S2: {}, B: {}}
     assert isinstance(v.plan_batch_publish(record(), TABLES, view, {}, {}, {})[0], Alarm)
+
+
+def test_a_batch_staging_seen_missing_is_published_only_with_the_query_logs_proof() -> None:
+    """Every task partition empty and no batch staging: a finisher renamed it between
+    this one's listing and its look (it may never attach: killed, fenced), or an older
+    txsink attached and dropped it. Never COMMITTED on that alone."""
+    view = {S1: {}, S2: {}, B: None}
+    ops = v.plan_batch_publish(record(), TABLES, view, {}, {}, {})
+    assert [type(o) for o in ops] == [v.Reobserve]
+    ops = v.plan_batch_publish(record(), TABLES, view, {}, {}, {}, logged={"db.t"})
+    assert isinstance(ops[0], Evidence) and ops[0].kind == "logged"
+    assert any(isinstance(o, RecordCommitted) for o in ops)
 
 
 def test_partly_consolidated_batch_moves_only_what_is_left() -> None:

@@ -693,9 +693,11 @@ class ClickHouseWarehouse:
         else proves an ATTACH whose parts the target has merged away."""
         try:
             self.client.command("SYSTEM FLUSH LOGS", what="flush the query log")
+            # merge(): a server upgrade that changes the log's columns renames the old
+            # table to query_log_0, _1, ...; the entry may be there
             rows = self.client.query_rows(
-                "SELECT count() FROM system.query_log WHERE event_date >= "
-                "toDate(toDateTime({since:Int64})) - 1 AND type = 'QueryFinish' "
+                "SELECT count() FROM merge('system', '^query_log(_[0-9]+)?$') WHERE "
+                "event_date >= toDate(toDateTime({since:Int64})) - 7 AND type = 'QueryFinish' "
                 "AND log_comment = {tag:String} AND query_kind = 'Alter'",
                 parameters={"since": int(since), "tag": tag},
                 what=f"look in system.query_log for an ATTACH into {target}",

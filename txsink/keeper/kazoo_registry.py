@@ -59,6 +59,7 @@ from txsink.keeper.registry import (
     BlobConflict,
     XidExists,
     committed_record,
+    merged_extra,
     over_tombstone,
     superseded,
     tombstone,
@@ -638,9 +639,9 @@ class KazooRegistry:
                 self._fence_now(epoch)
                 raise RetryableConflict(f"xid {record.xid} is no longer PREPARED; re-read")
             cur, node, stat = found
-            if all(cur.extra.get(k) == v for k, v in extra.items()):
+            if merged_extra(cur.extra, extra) == cur.extra:
                 return cur
-            done = replace(cur, extra={**cur.extra, **extra})
+            done = replace(cur, extra=merged_extra(cur.extra, extra))
             data = encode(repack(done, node))
             check_request(
                 f"amend {path}", [(epoch_path, 0), (path, len(data))], self._acl_entries()

@@ -135,6 +135,17 @@ def committed_record(
     return record.with_state(XidState.COMMITTED, committed_at=committed_at, extra=extra)
 
 
+def merged_extra(current: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:
+    """``current`` with ``facts`` added one level deep (what :meth:`Registry.amend` writes):
+    a dict under a key is merged key by key, so facts another finisher added since this
+    one read the record are kept."""
+    out = dict(current)
+    for key, value in facts.items():
+        old = out.get(key)
+        out[key] = {**old, **value} if isinstance(old, dict) and isinstance(value, dict) else value
+    return out
+
+
 def superseded(epoch: Epoch, current: Epoch | None) -> FencedError:
     """The error a writer whose ``epoch`` is no longer ``current`` gets."""
     return FencedError(
@@ -364,9 +375,9 @@ class MemoryRegistry:
             cur = self._unpack(epoch.job, record.xid, node, version)
             if cur.state is not XidState.PREPARED:
                 raise RetryableConflict(f"xid {record.xid} is no longer PREPARED; re-read")
-            if all(cur.extra.get(k) == v for k, v in extra.items()):
+            if merged_extra(cur.extra, extra) == cur.extra:
                 return cur
-            done = replace(cur, extra={**cur.extra, **extra})
+            done = replace(cur, extra=merged_extra(cur.extra, extra))
             new_node = repack(done, node)
             check_request(
                 f"amend xid {record.xid} of job {epoch.job}",

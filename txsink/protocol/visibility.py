@@ -25,9 +25,9 @@ evidence of what already happened:
   ATTACH of this xid into it in ``system.query_log``: attach, then drop the batch
   staging; all of them, or the log entry: an earlier ATTACH landed (drop only); some of
   the UUIDs: an Alarm;
-- batch staging missing and every task staging partition empty with UUIDs: attached and
-  dropped before a crash (the batch staging is only ever dropped after its ATTACH, or
-  after COMMITTED): counted as published (Evidence ``attached``).
+- batch staging missing under every name and every task staging partition empty with
+  UUIDs: counted as published only with the query log's proof (the batch staging is
+  dropped after COMMITTED; a missing one is a rename seen half-way: look again).
 
 Two finishers of one xid (a takeover and ``txsink recover --force``, two recoverers, a
 superseded driver) can never both ATTACH: each attaches only from the name it renamed the
@@ -175,10 +175,11 @@ def plan_batch_publish(
     """
     if record.state is XidState.COMMITTED:
         tables = [*record.staging_tables, *batch_tables.values()]
-        done = "published; xid committed"
-        return [DropStaging(t, done) for t in tables if view.get(t) is not None]
+        why = "published; xid committed"
+        return [DropStaging(t, why) for t in tables if view.get(t) is not None]
     ops: list[BatchOperation] = []
     attach: list[BatchOperation] = []
+    done: list[BatchOperation] = []
     for target, parts in by_target(record).items():
         bst = batch_tables[target]
         bview = view.get(bst)
@@ -217,10 +218,14 @@ def plan_batch_publish(
             ops += moves
             continue
         if bview is None:
-            # every task partition empty, batch staging gone: attached, then dropped (the
-            # batch staging is never dropped before its ATTACH while the xid is PREPARED)
+            # every task partition empty and no batch staging under any name: proven only
+            # by the query log (the batch staging is dropped after COMMITTED, so a missing
+            # one is a rename seen half-way, or an xid finished by an older txsink that
+            # dropped it right after its ATTACH); otherwise look again
+            if target not in logged:
+                return [Reobserve()]
             attach += [
-                Evidence(record.xid, p.table, p.partition_id, "attached", p.rows) for p in parts
+                Evidence(record.xid, p.table, p.partition_id, "logged", p.rows) for p in parts
             ]
             continue
         wanted: dict[str, int] = {}
@@ -231,26 +236,27 @@ def plan_batch_publish(
             return [_alarm(record, f"batch staging {bst} holds {got} rows per partition, the "
                            f"manifest says {wanted} for {target}")]  # fmt: skip
         there = in_batch & set(published.get(target, ()))
-        if there and there != in_batch:
-            cut = f"{len(there)} of the {len(in_batch)} parts of batch staging {bst}"
-            return [_alarm(record, f"{cut} are in {target} already: an ATTACH cut between parts")]
         total = sum(wanted.values())
-        if there:
+        if there and there == in_batch:
             attach.append(Evidence(record.xid, bst, "all", "uuid", total))
-        elif target in logged:
+        elif target in logged:  # also when the target merged some attached parts away
             attach.append(Evidence(record.xid, bst, "all", "logged", total))
         elif target not in claimed:
             ops.append(ClaimBatch(record.xid, bst, target))
             continue
+        elif there:
+            cut = f"{len(there)} of the {len(in_batch)} parts of batch staging {bst}"
+            return [_alarm(record, f"{cut} are in {target} already: an ATTACH cut between parts")]
         else:
             attach.append(AttachAll(record.xid, bst, target, total))
-        attach.append(DropStaging(bst, f"attached by xid {record.xid}"))
+        done.append(DropStaging(bst, f"attached by xid {record.xid}"))
     if ops:
         return [*ops, Reobserve()]
     return [
         *attach,
         RecordCommitted(record.xid),
         *(DropStaging(t, f"published by xid {record.xid}") for t in record.staging_tables),
+        *done,  # after COMMITTED: a PREPARED xid keeps its batch staging
     ]
 
 
