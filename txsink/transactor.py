@@ -510,7 +510,8 @@ class Transactor:
         for _ in range(8):
             batch_tables = self.batch_tables(record)
             view = self.warehouse.staging_view([*record.staging_tables, *batch_tables.values()])
-            staged = self._staged_uuids(record, view)
+            part_rows: dict[str, int] = {}
+            staged = self._staged_uuids(record, view, part_rows)
             batch_uuids: dict[str, tuple[str, ...]] = {}
             for table in batch_tables.values():
                 if view.get(table) is not None and record.state is XidState.PREPARED:
@@ -531,8 +532,9 @@ class Transactor:
                 and self.warehouse.attach_logged(t, self.attach_tag(record, t), record.created_at)
             }
             ops = visibility.plan_batch_publish(
-                record, batch_tables, view, staged, batch_uuids, published, claimed, logged
-            )
+                record, batch_tables, view, staged, batch_uuids, published, claimed, logged,
+                part_rows,
+            )  # fmt: skip
             record = self._execute(epoch, record, ops, "See docs/modes.md#visibility")
             if not ops or not isinstance(ops[-1], visibility.Reobserve):
                 return record

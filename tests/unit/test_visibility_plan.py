@@ -107,6 +107,20 @@ def test_a_batch_staging_seen_missing_is_published_only_with_the_query_logs_proo
     assert any(isinstance(o, RecordCommitted) for o in ops)
 
 
+def test_a_consolidating_move_cut_between_parts_is_repaired_into_the_batch_staging() -> None:
+    """A server crash cut the MOVE of a task partition into the batch staging: the parts
+    already there are recorded and dropped from the task staging, the rest consolidated
+    (before, an alarm on every restart)."""
+    view = {S1: {"0": 5}, S2: {"1": 7}, B: {"0": 2}}
+    staged = {(S1, "0"): ("aa", "cc"), (S2, "1"): ("bb",)}
+    ops = v.plan_batch_publish(
+        record(), TABLES, view, staged, {B: ("cc",)}, {}, part_rows={"aa": 3, "cc": 2, "bb": 7}
+    )
+    kinds = [type(o).__name__ for o in ops]
+    assert kinds == ["RecordCut", "DropParts", "Consolidate", "Consolidate", "Reobserve"]
+    assert ops[2] == v.Consolidate("b1", S1, "0", B, 3)
+
+
 def test_partly_consolidated_batch_moves_only_what_is_left() -> None:
     view = {S1: {}, S2: {"1": 7}, B: {"0": 5}}
     staged = {(S2, "1"): ("bb",)}

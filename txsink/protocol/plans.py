@@ -216,7 +216,7 @@ def plan_publish(
         there = [u for u in current if u in found]
         cut = record.cut(part.table, part.partition_id)
         if rows and (cut or (rows == part.rows and there and len(there) < len(current))):
-            repair = _repair_cut(record, part, rows, current, found, part_rows or {})
+            repair = repair_cut(record, part, rows, current, found, part_rows or {})
             if isinstance(repair, Alarm):
                 return [repair]
             ops.extend(repair)
@@ -263,7 +263,7 @@ def plan_publish(
     return ops
 
 
-def _repair_cut(
+def repair_cut(
     record: XidRecord,
     part: StagedPart,
     rows: int,

@@ -47,11 +47,15 @@ from dataclasses import dataclass
 
 from txsink.protocol.plans import (
     Alarm,
+    DropParts,
     DropStaging,
     Evidence,
+    Publish,
     RecordCommitted,
+    RecordCut,
     StagedUuids,
     StagingView,
+    repair_cut,
 )
 from txsink.protocol.states import Mode, StagedPart, XidRecord, XidState
 
@@ -115,6 +119,8 @@ BatchOperation = (
     | DropStaging
     | Alarm
     | Evidence
+    | RecordCut
+    | DropParts
 )
 
 
@@ -160,6 +166,7 @@ def plan_batch_publish(
     published: Mapping[str, AbstractSet[str]],
     claimed: AbstractSet[str] = frozenset(),
     logged: AbstractSet[str] = frozenset(),
+    part_rows: Mapping[str, int] | None = None,
 ) -> list[BatchOperation]:
     """Operations that finish a ``visibility=batch`` record given what staging shows now.
 
@@ -196,8 +203,19 @@ def plan_batch_publish(
             where = f"partition {part.partition_id} of {part.table}"
             if rows == part.rows and moved and len(moved) == len(current):
                 continue  # a server crash inside MOVE left the source; dropped with the table
-            if rows == part.rows and moved:
-                return [_alarm(record, f"{where} is partly in batch staging {bst}")]
+            cut = record.cut(part.table, part.partition_id)
+            if rows and (cut or (rows == part.rows and moved)):
+                # a server crash cut the consolidating MOVE between parts: the same repair
+                # as a publish's (plans.repair_cut), into the batch staging
+                repair = repair_cut(record, part, rows, current, in_batch, part_rows or {})
+                if isinstance(repair, Alarm):
+                    return [repair]
+                for o in repair:
+                    if isinstance(o, Publish):
+                        moves.append(Consolidate(o.xid, o.staging, o.partition_id, bst, o.rows))
+                    elif isinstance(o, (RecordCut, DropParts)):
+                        moves.append(o)
+                continue
             if rows == part.rows:
                 moves.append(Consolidate(record.xid, part.table, part.partition_id, bst, rows))
             elif rows != 0:
@@ -213,7 +231,7 @@ def plan_batch_publish(
             return [_alarm(record, f"batch staging {bst} is missing while part of the batch "
                            f"for {target} was moved out of task staging")]  # fmt: skip
         if moves:
-            like = next(m.staging for m in moves if isinstance(m, Consolidate))
+            like = next((m.staging for m in moves if isinstance(m, Consolidate)), parts[0].table)
             ops += [CreateBatchStaging(bst, target, like)] if bview is None else []
             ops += moves
             continue
@@ -245,8 +263,8 @@ def plan_batch_publish(
             ops.append(ClaimBatch(record.xid, bst, target))
             continue
         elif there:
-            cut = f"{len(there)} of the {len(in_batch)} parts of batch staging {bst}"
-            return [_alarm(record, f"{cut} are in {target} already: an ATTACH cut between parts")]
+            split = f"{len(there)} of the {len(in_batch)} parts of batch staging {bst}"
+            return [_alarm(record, f"{split} are in {target} already: an ATTACH cut between parts")]
         else:
             attach.append(AttachAll(record.xid, bst, target, total))
         done.append(DropStaging(bst, f"attached by xid {record.xid}"))

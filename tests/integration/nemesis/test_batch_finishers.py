@@ -165,3 +165,43 @@ def test_a_column_added_between_two_tasks_of_a_batch_xid_is_published_exact(
         assert handle.warehouse.list_staging(tx.prefix) == []
     finally:
         handle.close()
+
+
+def test_a_consolidating_move_cut_between_parts_repairs_itself_with_no_operator(
+    nemesis: Services, ch: Any, target: str
+) -> None:
+    """The server crashed inside the MOVE of a task partition into the batch staging: half
+    of its parts are in the batch staging, all still in the task staging (made as the
+    crash leaves it). The restart's recovery repairs the cut and publishes the batch."""
+    handle = open_handle(nemesis, target)
+    try:
+        tx = handle.transactor
+        epoch = tx.begin("run-1")
+        batch_prepared(handle, epoch, "b1", range(0, ROWS))
+        record = handle.registry.get(handle.config.job, "b1")
+        assert record is not None
+        part = record.manifest[0]
+        staging_db = handle.warehouse.staging_db
+        bst = tx.batch_tables(record)[target]
+        handle.warehouse.create_batch_staging(bst, part.table, target)
+        scratch = f"{target}_scratch"
+        ch.command(f"CREATE TABLE {scratch} AS {staging_db}.{part.table}")
+        pid = part.partition_id
+        ch.command(
+            f"ALTER TABLE {scratch} ATTACH PARTITION ID '{pid}' FROM {staging_db}.{part.table}"
+        )
+        names = [r[0] for r in ch.query(
+            f"SELECT name FROM system.parts WHERE active AND database || '.' || table = "
+            f"'{scratch}' ORDER BY name").result_rows]  # fmt: skip
+        assert len(names) == 2
+        ch.command(f"ALTER TABLE {scratch} DROP PART '{names[1]}'")
+        ch.command(f"ALTER TABLE {staging_db}.{bst} ATTACH PARTITION ID '{pid}' FROM {scratch}")
+        ch.command(f"DROP TABLE {scratch} SYNC")
+        tx.begin("run-2")  # the restart's recovery
+        assert counts(ch, target) == (ROWS, ROWS)
+        done = handle.registry.get(handle.config.job, "b1")
+        assert done is not None and done.state is XidState.COMMITTED
+        assert done.cut(part.table, pid)
+        assert handle.warehouse.list_staging(tx.prefix) == []
+    finally:
+        handle.close()
