@@ -250,16 +250,9 @@ class ClickHouseWarehouse:
         :func:`~txsink.protocol.states.short_uuids`) per partition of one staging table:
         those of the largest parts (what a manifest records), or of ``every_part`` (what
         a resumed publish compares with the target)."""
-        self._staging(table, "read")
-        rows = self.client.query_rows(
-            "SELECT partition_id, rows, toString(uuid) FROM system.parts "
-            "WHERE active AND rows > 0 AND database = {db:String} AND table = {t:String}",
-            parameters={"db": self.staging_db, "t": table},
-            what=f"read staged parts of {self.staging_db}.{table}",
-        )
         by_pid: dict[str, list[tuple[int, str]]] = {}
-        for pid, n, uuid in rows:
-            by_pid.setdefault(str(pid), []).append((int(n), str(uuid)))
+        for pid, n, uuid in self._staged_parts(table):
+            by_pid.setdefault(pid, []).append((n, uuid))
         return {
             pid: (
                 sum(n for n, _ in parts),
@@ -270,6 +263,14 @@ class ClickHouseWarehouse:
 
     def staged_part_rows(self, table: str) -> dict[str, dict[str, int]]:
         """Every active part of one staging table: partition id -> {evidence id: rows}."""
+        out: dict[str, dict[str, int]] = {}
+        for pid, n, uuid in self._staged_parts(table):
+            for short in short_uuids([(n, uuid)], None):
+                out.setdefault(pid, {})[short] = n
+        return out
+
+    def _staged_parts(self, table: str) -> list[tuple[str, int, str]]:
+        """(partition id, rows, UUID) of every active part of one staging table."""
         self._staging(table, "read")
         rows = self.client.query_rows(
             "SELECT partition_id, rows, toString(uuid) FROM system.parts "
@@ -277,11 +278,7 @@ class ClickHouseWarehouse:
             parameters={"db": self.staging_db, "t": table},
             what=f"read staged parts of {self.staging_db}.{table}",
         )
-        out: dict[str, dict[str, int]] = {}
-        for pid, n, uuid in rows:
-            for short in short_uuids([(int(n), str(uuid))], None):
-                out.setdefault(str(pid), {})[short] = int(n)
-        return out
+        return [(str(pid), int(n), str(uuid)) for pid, n, uuid in rows]
 
     def drop_parts(self, staging: str, partition_id: str, evidence: Sequence[str]) -> None:
         """Drop the active parts of one staging partition whose evidence ids are

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.integration.conftest import client_for
-from tests.integration.nemesis.test_clickhouse_faults import stage_parts
+from tests.integration.nemesis.test_clickhouse_faults import copy_some_parts, stage_parts
 from tests.integration.nemesis.test_keeper_faults import at, open_handle
 from tests.integration.test_rollback_races import counts, prepared_record
 from tests.nemesis.services import Services
@@ -184,19 +184,9 @@ def test_a_consolidating_move_cut_between_parts_repairs_itself_with_no_operator(
         staging_db = handle.warehouse.staging_db
         bst = tx.batch_tables(record)[target]
         handle.warehouse.create_batch_staging(bst, part.table, target)
-        scratch = f"{target}_scratch"
-        ch.command(f"CREATE TABLE {scratch} AS {staging_db}.{part.table}")
         pid = part.partition_id
-        ch.command(
-            f"ALTER TABLE {scratch} ATTACH PARTITION ID '{pid}' FROM {staging_db}.{part.table}"
-        )
-        names = [r[0] for r in ch.query(
-            f"SELECT name FROM system.parts WHERE active AND database || '.' || table = "
-            f"'{scratch}' ORDER BY name").result_rows]  # fmt: skip
-        assert len(names) == 2
-        ch.command(f"ALTER TABLE {scratch} DROP PART '{names[1]}'")
-        ch.command(f"ALTER TABLE {staging_db}.{bst} ATTACH PARTITION ID '{pid}' FROM {scratch}")
-        ch.command(f"DROP TABLE {scratch} SYNC")
+        source, dest = f"{staging_db}.{part.table}", f"{staging_db}.{bst}"
+        assert copy_some_parts(ch, source, dest, pid, keep=1) == 2
         tx.begin("run-2")  # the restart's recovery
         assert counts(ch, target) == (ROWS, ROWS)
         done = handle.registry.get(handle.config.job, "b1")

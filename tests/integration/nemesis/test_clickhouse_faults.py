@@ -44,6 +44,32 @@ def stage_parts(
     return [StagedPart(name.table, pid, n, uuids=u) for pid, (n, u) in sorted(staged.items())]
 
 
+def copy_some_parts(ch: Any, source: str, dest: str, partition_id: str, keep: int) -> int:
+    """What a server crash inside ``MOVE PARTITION`` leaves: the first ``keep`` parts of a
+    partition of ``source`` also in ``dest``, with their UUIDs (ATTACH keeps them), all
+    of them still in ``source``. Returns how many parts the partition has."""
+    scratch = f"{dest}_scratch"
+    ch.command(f"CREATE TABLE {scratch} AS {source}")
+    ch.command(f"ALTER TABLE {scratch} ATTACH PARTITION ID '{partition_id}' FROM {source}")
+    names = [r[0] for r in ch.query(
+        f"SELECT name FROM system.parts WHERE active AND database || '.' || table = "
+        f"'{scratch}' ORDER BY name").result_rows]  # fmt: skip
+    for name in names[keep:]:
+        ch.command(f"ALTER TABLE {scratch} DROP PART '{name}'")
+    ch.command(f"ALTER TABLE {dest} ATTACH PARTITION ID '{partition_id}' FROM {scratch}")
+    ch.command(f"DROP TABLE {scratch} SYNC")
+    return len(names)
+
+
+def prepared_in_staging(handle: JobHandle, blocks: int) -> tuple[Any, list[StagedPart], str]:
+    """Job taken, xid b1 staged (ids 0..999 in ``blocks`` inserts) and PREPARED: the
+    epoch, the manifest and the staging table's full name."""
+    epoch = handle.transactor.begin("run-1")
+    parts = stage_parts(handle, "b1", range(0, 1000), blocks=blocks)
+    handle.registry.prepare(epoch, prepared_record(handle, epoch, "b1", parts))
+    return epoch, parts, f"{handle.warehouse.staging_db}.{parts[0].table}"
+
+
 def test_settle_waits_for_a_statement_still_running_on_the_staging(
     nemesis: Services, ch: Any, target: str
 ) -> None:
@@ -75,10 +101,7 @@ def test_a_server_crash_inside_move_that_left_rows_in_both_tables_publishes_noth
     handle = open_handle(nemesis, target)
     try:
         tx = handle.transactor
-        epoch = tx.begin("run-1")
-        parts = stage_parts(handle, "b1", range(0, 1000), blocks=4)
-        handle.registry.prepare(epoch, prepared_record(handle, epoch, "b1", parts))
-        staging = f"{handle.warehouse.staging_db}.{parts[0].table}"
+        _, parts, staging = prepared_in_staging(handle, blocks=4)
         for part in parts:  # the crash: destination committed, source still there
             ch.command(
                 f"ALTER TABLE {target} ATTACH PARTITION ID '{part.partition_id}' FROM {staging}"
@@ -104,22 +127,9 @@ def test_a_move_cut_between_parts_by_a_server_crash_repairs_itself_with_no_opera
     handle = open_handle(nemesis, target)
     try:
         tx = handle.transactor
-        epoch = tx.begin("run-1")
-        parts = stage_parts(handle, "b1", range(0, 1000), blocks=4)
-        handle.registry.prepare(epoch, prepared_record(handle, epoch, "b1", parts))
-        staging = f"{handle.warehouse.staging_db}.{parts[0].table}"
-        scratch = f"{target}_scratch"
-        ch.command(f"CREATE TABLE {scratch} AS {staging}")
+        _, parts, staging = prepared_in_staging(handle, blocks=4)
         pid = parts[0].partition_id
-        ch.command(f"ALTER TABLE {scratch} ATTACH PARTITION ID '{pid}' FROM {staging}")
-        names = [r[0] for r in ch.query(
-            f"SELECT name FROM system.parts WHERE active AND database||'.'||table = "
-            f"'{scratch}' ORDER BY name").result_rows]  # fmt: skip
-        assert len(names) == 4
-        for name in names[2:]:
-            ch.command(f"ALTER TABLE {scratch} DROP PART '{name}'")
-        ch.command(f"ALTER TABLE {target} ATTACH PARTITION ID '{pid}' FROM {scratch}")
-        ch.command(f"DROP TABLE {scratch} SYNC")
+        assert copy_some_parts(ch, staging, target, pid, keep=2) == 4
         inside = counts(ch, target)[0]
         assert 0 < inside < 500  # the cut: part of partition p in the target, all of it staged
         tx.begin("run-2")  # the restart's recovery repairs the cut and publishes
