@@ -523,8 +523,14 @@ class Transactor:
                 t for t, name in batch_tables.items() if self._claims.get((record.xid, t)) == name
             }
             # the query log is read while this finisher holds the claim (nobody can attach
-            # meanwhile), or when no batch staging shows at all
-            missing = {t for t, name in batch_tables.items() if view.get(name) is None}
+            # meanwhile), or when no batch staging shows at all and every task partition
+            # of the table is empty (nothing else can prove such a batch published)
+            missing = {
+                t
+                for t, parts in visibility.by_target(record).items()
+                if view.get(batch_tables[t]) is None
+                and not any((view.get(p.table) or {}).get(p.partition_id) for p in parts)
+            }
             logged = {
                 t
                 for t in sorted(claimed | missing)
@@ -538,6 +544,13 @@ class Transactor:
             record = self._execute(epoch, record, ops, "See docs/modes.md#visibility")
             if not ops or not isinstance(ops[-1], visibility.Reobserve):
                 return record
+        if missing - logged and len(ops) == 1:  # looked again and again: not a rename
+            raise RecoveryAlarm(
+                f"job {self.job}: xid {record.xid} (visibility=batch): its task staging is "
+                f"empty, its batch staging for {sorted(missing - logged)} is missing under "
+                f"every name, and system.query_log shows no ATTACH of it: nothing proves "
+                f"it was published, nothing was guessed. See docs/operations.md#lost-staging"
+            )
         raise RetryableConflict(  # re-observed by publish() until publish_retry_s
             f"job {self.job}: xid {record.xid} (visibility=batch): its staging kept changing "
             f"(another finisher at work?); see docs/modes.md#visibility"

@@ -22,7 +22,7 @@ from tests.integration.nemesis.test_keeper_faults import at, open_handle
 from tests.integration.test_rollback_races import counts, prepared_record
 from tests.nemesis.services import Services
 from txsink.driver import JobHandle, open_job
-from txsink.errors import TxSinkError
+from txsink.errors import RecoveryAlarm, TxSinkError
 from txsink.protocol.states import XidState
 
 TRIALS = 30
@@ -193,5 +193,32 @@ def test_a_consolidating_move_cut_between_parts_repairs_itself_with_no_operator(
         assert done is not None and done.state is XidState.COMMITTED
         assert done.cut(part.table, pid)
         assert handle.warehouse.list_staging(tx.prefix) == []
+    finally:
+        handle.close()
+
+
+def test_a_batch_xid_whose_staging_vanished_is_an_alarm_not_committed(
+    nemesis: Services, ch: Any, target: str
+) -> None:
+    """Task staging emptied by a hand and no batch staging under any name: before, read as
+    "attached and dropped" and recorded COMMITTED with nothing in the target (a silent
+    loss). Only the query log may prove such a batch; without it, an alarm."""
+    handle = open_handle(nemesis, target)
+    try:
+        tx = handle.transactor
+        epoch = tx.begin("run-1")
+        batch_prepared(handle, epoch, "b1", range(0, ROWS))
+        record = handle.registry.get(handle.config.job, "b1")
+        assert record is not None
+        for part in record.manifest:
+            ch.command(
+                f"ALTER TABLE {handle.warehouse.staging_db}.{part.table} "
+                f"DROP PARTITION ID '{part.partition_id}'"
+            )
+        with pytest.raises(RecoveryAlarm, match="nothing proves"):
+            tx.begin("run-2")
+        assert counts(ch, target) == (0, 0)
+        still = handle.registry.get(handle.config.job, "b1")
+        assert still is not None and still.state is XidState.PREPARED
     finally:
         handle.close()
