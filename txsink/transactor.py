@@ -411,15 +411,14 @@ class Transactor:
                 self.warehouse.drop_stagings(op.tables)
                 continue
             if isinstance(op, plans.RecordCut):
-                cuts = dict(record.extra.get("cut", {}))
-                cuts[f"{op.staging}/{op.partition_id}"] = dict(op.cut)
                 log.warning(
                     "job %s: xid %s: a server crash cut the MOVE of partition %s of %s between "
                     "parts; %d of them are in the target already: recording them, dropping "
                     "them from staging, moving the rest",
                     self.job, record.xid, op.partition_id, op.staging, len(op.cut),
                 )  # fmt: skip
-                record = self.registry.amend(epoch, record, {"cut": cuts})
+                key = f"{op.staging}/{op.partition_id}"  # amend merges it into the others
+                record = self.registry.amend(epoch, record, {"cut": {key: dict(op.cut)}})
                 continue
             if isinstance(op, plans.DropParts):
                 self.warehouse.drop_parts(op.staging, op.partition_id, op.evidence)
