@@ -23,17 +23,22 @@ from tests.integration.test_rollback_races import counts, prepared_record
 from tests.nemesis.services import Services
 from txsink.driver import JobHandle, open_job
 from txsink.errors import RecoveryAlarm, TxSinkError
-from txsink.protocol.states import XidState
+from txsink.protocol.states import XidRecord, XidState
 
 TRIALS = 30
 ROWS = 200
 
 
-def batch_prepared(handle: JobHandle, epoch: Any, xid: str, ids: range) -> None:
+def batch_prepared(handle: JobHandle, epoch: Any, xid: str, ids: range) -> XidRecord:
+    """``ids`` staged by one task (two blocks) and ``xid`` PREPARED with visibility=batch:
+    the record as Keeper holds it."""
     parts = stage_parts(handle, xid, ids, blocks=2)
     record = prepared_record(handle, epoch, xid, parts)
     record = dataclasses.replace(record, extra={"visibility": "batch"})
     handle.registry.prepare(epoch, record)
+    stored = handle.registry.get(handle.config.job, xid)
+    assert stored is not None and stored.state is XidState.PREPARED
+    return stored
 
 
 def test_two_finishers_racing_on_a_batch_xid_never_attach_it_twice(
@@ -97,9 +102,7 @@ def test_a_roll_forward_after_the_target_merged_the_attached_parts_away_attaches
     try:
         tx = crashed.transactor
         epoch = tx.begin("run-1")
-        batch_prepared(crashed, epoch, "b1", range(0, ROWS))
-        record = crashed.registry.get(crashed.config.job, "b1")
-        assert record is not None
+        record = batch_prepared(crashed, epoch, "b1", range(0, ROWS))
 
         def die() -> None:
             raise Crash
@@ -177,9 +180,7 @@ def test_a_consolidating_move_cut_between_parts_repairs_itself_with_no_operator(
     try:
         tx = handle.transactor
         epoch = tx.begin("run-1")
-        batch_prepared(handle, epoch, "b1", range(0, ROWS))
-        record = handle.registry.get(handle.config.job, "b1")
-        assert record is not None
+        record = batch_prepared(handle, epoch, "b1", range(0, ROWS))
         part = record.manifest[0]
         staging_db = handle.warehouse.staging_db
         bst = tx.batch_tables(record)[target]
@@ -207,9 +208,7 @@ def test_a_batch_xid_whose_staging_vanished_is_an_alarm_not_committed(
     try:
         tx = handle.transactor
         epoch = tx.begin("run-1")
-        batch_prepared(handle, epoch, "b1", range(0, ROWS))
-        record = handle.registry.get(handle.config.job, "b1")
-        assert record is not None
+        record = batch_prepared(handle, epoch, "b1", range(0, ROWS))
         for part in record.manifest:
             ch.command(
                 f"ALTER TABLE {handle.warehouse.staging_db}.{part.table} "
