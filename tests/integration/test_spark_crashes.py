@@ -44,18 +44,22 @@ def test_random_kill_minus_9_of_the_driver_several_times_is_exact(stack, ch, fre
     assert_exact(ch, job)
     assert staging_left(ch, job) == []
 
+    # the same run, finished: a restart from its checkpoint rewrites nothing
+    assert job.run() == 0, job.log_tail()
+    assert_exact(ch, job)
 
-def test_a_task_that_fails_once_is_retried_and_its_dead_attempt_never_published(
+    # a new checkpoint under the old job name is refused, not silently skipped
+    job.checkpoint = tmp_path / "another-checkpoint"
+    assert job.run() != 0
+    assert "new checkpoint" in job.log_tail(20000)
+    assert_exact(ch, job)
+
+
+def test_a_task_failing_under_speculation_is_retried_and_its_dead_attempt_never_published(
     stack, ch, fresh_db, tmp_path
 ):
-    job = new_job(tmp_path, ch, fresh_db, stack.url, stack.keeper)
-    code = job.run("--master", "local[2,3]", fault="executor.mid_write", fault_after=0)
-    assert code == 0, job.log_tail()
-    assert_exact(ch, job)
-    assert staging_left(ch, job) == []
-
-
-def test_speculative_execution_on_is_still_exact(stack, ch, fresh_db, tmp_path):
+    """A task attempt dies mid-write (its staging half-filled) while speculation runs
+    duplicate attempts: only the attempts the driver's messages name are published."""
     job = new_job(tmp_path, ch, fresh_db, stack.url, stack.keeper)
     code = job.run(
         "--master",
@@ -68,9 +72,12 @@ def test_speculative_execution_on_is_still_exact(stack, ch, fresh_db, tmp_path):
         "spark.speculation.quantile=0.1",
         "--conf",
         "spark.speculation.minTaskRuntime=10ms",
+        fault="executor.mid_write",
+        fault_after=0,
     )
     assert code == 0, job.log_tail()
     assert_exact(ch, job)
+    assert staging_left(ch, job) == []
 
 
 def test_foreach_batch_helper_crashed_after_prepare_is_exact(stack, ch, fresh_db, tmp_path):
@@ -79,24 +86,6 @@ def test_foreach_batch_helper_crashed_after_prepare_is_exact(stack, ch, fresh_db
     assert job.run("--foreach") == 0, job.log_tail()
     assert_exact(ch, job)
     assert staging_left(ch, job) == []
-
-
-def test_restart_after_completion_rewrites_nothing(stack, ch, fresh_db, tmp_path):
-    job = new_job(tmp_path, ch, fresh_db, stack.url, stack.keeper, files=2)
-    assert job.run() == 0, job.log_tail()
-    assert job.run() == 0, job.log_tail()
-    assert_exact(ch, job)
-
-
-def test_a_new_checkpoint_under_an_old_job_name_is_refused_not_silently_skipped(
-    stack, ch, fresh_db, tmp_path
-):
-    job = new_job(tmp_path, ch, fresh_db, stack.url, stack.keeper, files=2)
-    assert job.run() == 0, job.log_tail()
-    job.checkpoint = tmp_path / "another-checkpoint"
-    assert job.run() != 0
-    assert "new checkpoint" in job.log_tail(20000)
-    assert_exact(ch, job)
 
 
 DEDUP_DDL = (
