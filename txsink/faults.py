@@ -25,9 +25,10 @@ POINTS = (
     "driver.after_record",
 )
 # Points only some paths reach (a job that does not use the feature never hits them):
-# between two tx.write calls of txsink.transaction, and after the one ATTACH PARTITION
-# ALL of visibility=batch (attached, batch staging not yet dropped).
-FEATURE_POINTS = ("driver.between_writes", "driver.after_attach")
+# between two tx.write calls of txsink.transaction, and around the one ATTACH PARTITION
+# ALL of visibility=batch (claimed but not attached; attached, batch staging not yet
+# dropped). POINTS + FEATURE_POINTS name every point the package has (a unit test checks).
+FEATURE_POINTS = ("driver.between_writes", "driver.before_attach", "driver.after_attach")
 EXIT_CODE = 137
 _counts: dict[str, int] = {}
 

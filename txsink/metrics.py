@@ -1,10 +1,18 @@
 """Writer metrics: counters and a commit-latency histogram, as a Prometheus textfile.
 
-Spark runs every driver-side commit in a fresh Python worker, so metrics cannot live in
-process memory. Totals that must be exact (batches, rows) come from the job's ledger in
-Keeper (``txsink status``); this module keeps the operational series in the textfile
-named by the ``metrics_textfile`` option (node_exporter's textfile collector format),
-updated with a read-modify-write under an exclusive lock and an atomic rename.
+Spark may reuse or replace the Python worker that runs a driver-side commit at any
+batch, and executors run in other processes and on other hosts, so metrics cannot live
+in process memory. Totals that must be exact (batches, rows) come from the job's ledger
+in Keeper (``txsink status``); this module keeps the operational series, per host, in
+the textfile named by the ``metrics_textfile`` option (node_exporter's textfile
+collector format): counters (:data:`COUNTERS`) and the histogram of a commit's seconds
+(prepare + publish + record, :data:`BUCKETS`).
+
+The running totals live next to it in ``<file>.state.json``; every update is a
+read-modify-write of that state under an exclusive ``flock`` on ``<file>.lock``, and
+both files are replaced by an atomic rename, so concurrent writers on one host never
+lose an increment and a scrape never reads half a file. Writing is best effort: a
+failure is logged, never raised into the commit.
 """
 
 from __future__ import annotations
@@ -84,11 +92,17 @@ def update(path: str, job: str, counters: dict[str, int], seconds: float | None 
 
 def count(config: WriterConfig, **counters: int) -> None:
     """Add to counters of the metrics textfile, if one is configured."""
+    _try_update(config, counters)
+
+
+def _try_update(
+    config: WriterConfig, counters: dict[str, int], seconds: float | None = None
+) -> None:
     if not config.metrics_textfile:
         return
     try:
-        update(config.metrics_textfile, config.job, counters)
-    except OSError as exc:
+        update(config.metrics_textfile, config.job, counters, seconds)
+    except OSError as exc:  # best effort: metrics never fail a commit
         log.warning("metrics textfile %s not written: %s", config.metrics_textfile, exc)
 
 
@@ -110,7 +124,4 @@ def record_commit(config: WriterConfig, result: Any, rows: int) -> None:
         "skipped": {"batches_skipped": 1},
         "rolled_forward": {"batches_rolled_forward": 1, "rows_committed": result.rows},
     }.get(result.action, {})
-    try:
-        update(config.metrics_textfile, config.job, counters, result.seconds)
-    except OSError as exc:
-        log.warning("metrics textfile %s not written: %s", config.metrics_textfile, exc)
+    _try_update(config, counters, result.seconds)

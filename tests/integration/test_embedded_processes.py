@@ -260,7 +260,7 @@ def test_kazoo_create_cas_and_watch(zk: KazooClient) -> None:
 def test_cli_up_three_shards_each_its_own_engine_then_down_stops_them_all(
     tmp_path: Path,
 ) -> None:
-    """`txsink embedded up --shards 3` (issue 11): three independent ClickHouse endpoints,
+    """`txsink embedded up --shards 3`: three independent ClickHouse endpoints,
     each its own engine and data dir and port, plus one ZooKeeper; status and down cover
     all; a shard killed -9 comes back on its own port with its data at the next `up`."""
     root = str(tmp_path / "cluster")

@@ -1,4 +1,4 @@
-"""The per-process pool of Keeper and ClickHouse connections (txsink.driver, issue 12):
+"""The per-process pool of Keeper and ClickHouse connections (txsink.driver):
 Spark reuses Python workers, so a task or commit borrows what an earlier one opened.
 What must hold: a borrower has its object alone; an object whose borrower raised, or that
 is no longer usable, is closed and never lent again; a forked child never touches its

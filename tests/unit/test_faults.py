@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
-from txsink.faults import EXIT_CODE, POINTS, fault_point
+import txsink
+from txsink.faults import EXIT_CODE, FEATURE_POINTS, POINTS, fault_point
 
 SCRIPT = (
     "from txsink.faults import fault_point\n"
@@ -56,3 +59,16 @@ def test_other_points_do_not_fire() -> None:
         fault_point(point)  # returns: nothing configured
     out = run({"TXSINK_FAULT": "executor.mid_write"})
     assert out.returncode == 0
+
+
+def test_every_fault_point_in_the_package_is_listed() -> None:
+    """Chaos schedules draw from POINTS and FEATURE_POINTS: a point the code reaches but
+    no list names is never crashed at."""
+    package = Path(txsink.__file__).parent
+    called = {
+        m.group(1)
+        for f in package.rglob("*.py")
+        for m in re.finditer(r"""\bfault(?:_point)?\(\s*["']([a-z_.]+)["']""", f.read_text())
+    }
+    assert called, "no fault point found: the pattern no longer matches the code"
+    assert called == set(POINTS) | set(FEATURE_POINTS)

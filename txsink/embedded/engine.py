@@ -330,8 +330,8 @@ class Engine:
     def _refuse_read_only(self, sql: str) -> None:
         """Answer TABLE_IS_READ_ONLY for an insert into a read-only replica at once.
 
-        chdb's streaming insert into one waits about 140 s for Keeper retries, then
-        reports success with nothing written (checked on 26.9): a silent loss."""
+        chdb 26.9's streaming insert into one waits about 140 s for Keeper retries, then
+        reports success with nothing written: a silent loss."""
         m = _INSERT_TABLE_RE.match(sql)
         if m is None:
             return
@@ -376,9 +376,9 @@ class Engine:
 
     def _refusal(self, query_id: str) -> HttpError | None:
         """The error the table raised for the finished insert ``query_id`` although chdb
-        reported success (seen on 26.9 for "Too many partitions for single INSERT block"
-        and CHECK constraints: the rows written it reports are the rows sent, the table
-        has none of them). ``system.errors`` keeps the last error of each code with its
+        reported success (chdb 26.9 does so for "Too many partitions for single INSERT
+        block" and CHECK constraints: the rows written it reports are the rows sent, the
+        table has none of them). ``system.errors`` keeps the last error of each code with its
         query id; another query failing with the same code in the few milliseconds before
         this read would hide the refusal (a test-stack limit, not a real server's)."""
         if not query_id:

@@ -20,8 +20,9 @@ interface for stock ``clickhouse_connect.get_client(host, port)`` in other proce
 
 The pieces: :mod:`~txsink.embedded.sqlscan` (statement and parameter scanning),
 :mod:`~txsink.embedded.transfer` (body framing, compression), :mod:`~txsink.embedded.engine`
-(chdb connections and sessions), :mod:`~txsink.embedded.http_errors` (error codes). This
-module owns the HTTP side: routing, the request flow, response headers, error rendering,
+(chdb connections and sessions), :mod:`~txsink.embedded.http_errors` (error codes),
+:mod:`~txsink.embedded.responses` (summaries, content types, error bodies, form fields).
+This module owns the HTTP side: routing, the request flow, sending headers and bodies,
 and the process (``serve``/``main``).
 
 Invariants: any failure while handling a request becomes an HTTP error and never takes
@@ -32,8 +33,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import email.parser
-import email.policy
 import json
 import logging
 import os
@@ -52,7 +51,6 @@ from txsink.embedded.crash import cut_move_if_armed
 from txsink.embedded.engine import QUERY_LOG_CONFIG, Engine, EngineConn, Session
 from txsink.embedded.http_errors import (
     CANNOT_PARSE_INPUT,
-    ERROR_NAMES,
     HTTP_LENGTH_REQUIRED,
     NOT_IMPLEMENTED,
     SYNTAX_ERROR,
@@ -61,6 +59,15 @@ from txsink.embedded.http_errors import (
     ClientGone,
     HttpError,
     engine_error,
+)
+from txsink.embedded.responses import (
+    EMPTY_SUMMARY,
+    STREAMABLE_FORMATS,
+    content_type_for,
+    error_body,
+    form_fields,
+    insert_summary,
+    query_summary,
 )
 from txsink.embedded.sqlscan import (
     InsertHeader,
@@ -76,37 +83,6 @@ log = logging.getLogger("txsink.embedded.server")
 MAX_QUERY_BYTES = 256 << 20  # a non-INSERT query (or INSERT without FORMAT) is buffered
 MAX_HEADER_SCAN = 1 << 20  # the INSERT ... FORMAT X header must fit in this prefix
 KEEP_ALIVE_SECONDS = 120
-
-# Output formats whose chunks may simply be concatenated (no header or footer per chunk).
-STREAMABLE_FORMATS = frozenset(
-    name.lower()
-    for name in (
-        "Native",
-        "RowBinary",
-        "TabSeparated",
-        "TSV",
-        "TabSeparatedRaw",
-        "TSVRaw",
-        "CSV",
-        "JSONEachRow",
-        "JSONCompactEachRow",
-        "JSONStringsEachRow",
-        "Values",
-    )
-)
-EMPTY_SUMMARY = {
-    k: "0"
-    for k in (
-        "read_rows",
-        "read_bytes",
-        "written_rows",
-        "written_bytes",
-        "total_rows_to_read",
-        "result_rows",
-        "result_bytes",
-        "elapsed_ns",
-    )
-}
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -131,11 +107,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Keep-Alive", f"timeout={KEEP_ALIVE_SECONDS}")
 
     def _send_error(self, err: HttpError, query_id: str) -> None:
-        message = str(err)
-        if not message.startswith("Code:"):
-            name = ERROR_NAMES.get(err.code, "UNKNOWN_EXCEPTION")
-            message = f"Code: {err.code}. DB::Exception: {message}. ({name})"
-        body = f"{message} (version {self.engine.version})\n".encode()
+        body = error_body(err, self.engine.version)
         self.send_response(err.status)
         self._common_headers(query_id)
         self.send_header("X-ClickHouse-Exception-Code", str(err.code))
@@ -232,7 +204,7 @@ class Handler(BaseHTTPRequestHandler):
         self._headers_sent = False
         content_type = self.headers.get("Content-Type", "")
         if content_type.startswith("multipart/form-data"):
-            params.update(self._form_fields(content_type, body))
+            params.update(form_fields(content_type, body.read_all(MAX_QUERY_BYTES)))
         if params.get("decompress") in ("1", "true"):
             raise HttpError(
                 NOT_IMPLEMENTED, "decompress=1 (ClickHouse native compression) is not supported"
@@ -264,16 +236,9 @@ class Handler(BaseHTTPRequestHandler):
                 result = self.engine.insert(
                     ec, header.sql, header.fmt, head[header.data_offset :], body
                 )
-                summary = {
-                    "read_rows": str(result.rows_written),
-                    "read_bytes": str(result.bytes_written),
-                    "written_rows": str(result.rows_written),
-                    "written_bytes": str(result.bytes_written),
-                    "total_rows_to_read": "0",
-                    "result_rows": str(result.rows_written),
-                    "result_bytes": str(result.bytes_written),
-                    "elapsed_ns": str(int((time.monotonic() - start) * 1e9)),
-                }
+                summary = insert_summary(
+                    result.rows_written, result.bytes_written, time.monotonic() - start
+                )
                 self._reply_empty(query_id, summary)
                 return
             if not body.fully_read:
@@ -291,21 +256,6 @@ class Handler(BaseHTTPRequestHandler):
             )
         if params.get("close_session") in ("1", "true") and session_id:
             self.engine.close_session(session_id)
-
-    def _form_fields(self, content_type: str, body: Body) -> dict[str, str]:
-        raw = body.read_all(MAX_QUERY_BYTES)
-        message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
-            b"Content-Type: " + content_type.encode() + b"\r\n\r\n" + raw
-        )
-        fields: dict[str, str] = {}
-        for part in message.iter_parts():
-            name = part.get_param("name", header="content-disposition")
-            if part.get_param("filename", header="content-disposition"):
-                raise HttpError(NOT_IMPLEMENTED, "External data tables are not supported")
-            payload = part.get_payload(decode=True)
-            if name and isinstance(payload, bytes):
-                fields[str(name)] = payload.decode()
-        return fields
 
     def _run(
         self,
@@ -330,16 +280,7 @@ class Handler(BaseHTTPRequestHandler):
         if kind in ("SET", "USE"):
             self.engine.after_state_change(ec, session)
         data = result.get_memview().view() if result is not None else memoryview(b"")
-        summary = {
-            "read_rows": str(result.rows_read()),
-            "read_bytes": str(result.bytes_read()),
-            "written_rows": str(result.rows_written()),
-            "written_bytes": str(result.bytes_written()),
-            "total_rows_to_read": str(result.rows_read()),
-            "result_rows": str(result.rows_read()),
-            "result_bytes": str(len(data)),
-            "elapsed_ns": str(int((time.monotonic() - start) * 1e9)),
-        }
+        summary = query_summary(result, len(data), time.monotonic() - start)
         encoding = self._response_encoding(params)
         payload: bytes | memoryview = data
         if encoding and len(data):
@@ -420,17 +361,6 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", "0")
         self.end_headers()
         self._headers_sent = True
-
-
-def content_type_for(fmt: str) -> str:
-    low = fmt.lower()
-    if low.startswith(("tabseparated", "tsv")):
-        return "text/tab-separated-values; charset=UTF-8"
-    if low.startswith("csv"):
-        return "text/csv; charset=UTF-8; header=absent"
-    if low.startswith("json"):
-        return "application/json; charset=UTF-8"
-    return "application/octet-stream"
 
 
 class Server(ThreadingHTTPServer):

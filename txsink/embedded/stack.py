@@ -218,8 +218,8 @@ def _argv(root: Path, name: str, port: int) -> list[str]:
 def keeper_config(keeper: str, macros: dict[str, str]) -> str:
     """A chdb config naming the ZooKeeper ``host:port`` and the server's ``<macros>``.
 
-    With it ``Replicated*MergeTree`` tables register in Keeper (checked on chdb 26.9), but
-    every one stays read-only: chdb never sets an interserver address, so no replica can
+    With it chdb (26.9) registers ``Replicated*MergeTree`` tables in Keeper, but every
+    one stays read-only: chdb never sets an interserver address, so no replica can
     announce itself. DDL, Keeper paths and their cleanup can be tested, inserts cannot."""
     host, _, port = keeper.partition(":")
     nodes = f"<node><host>{host}</host><port>{port or 2181}</port></node>"

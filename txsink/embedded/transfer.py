@@ -123,7 +123,6 @@ class Body:
         self._chunk_left = 0
         self._eof = not chunked and not length
         self._decompress = _decompressor(encoding)
-        self.raw_read = 0
 
     @property
     def fully_read(self) -> bool:
@@ -139,7 +138,6 @@ class Body:
             self._left -= len(data)
             if self._left <= 0:
                 self._eof = True
-            self.raw_read += len(data)
             return data  # type: ignore[no-any-return]
         if self._chunk_left == 0:
             line = self._rfile.readline(1024)
@@ -163,7 +161,6 @@ class Body:
         self._chunk_left -= len(data)
         if self._chunk_left == 0:
             self._rfile.readline(16)  # the CRLF after a chunk
-        self.raw_read += len(data)
         return data  # type: ignore[no-any-return]
 
     def read_chunk(self) -> bytes:
