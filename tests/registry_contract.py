@@ -24,8 +24,9 @@ import pytest
 from txsink.errors import FencedError, KeeperRequestTooLarge, RetryableConflict
 from txsink.keeper.manifest_codec import KEEPER_MAX_REQUEST, unpack_record
 from txsink.keeper.registry import CREATE, EMPTY_LEDGER, BlobConflict, Registry, XidExists
+from txsink.protocol.codec import encode_record
 from txsink.protocol.ids import staging_name
-from txsink.protocol.states import Epoch, Mode, StagedPart, XidRecord, XidState
+from txsink.protocol.states import Cut, Epoch, Mode, StagedPart, XidRecord, XidState
 
 JOB = "orders"
 OpenRegistry = Callable[[], Registry]
@@ -54,7 +55,7 @@ def make_record(
             for pid, rows in parts.items()
         ),
         created_at=1000.0,
-        extra={"attempt": 0},
+        unknown={"attempt": 0},  # a fact of a newer txsink: kept through every write
     )
 
 
@@ -132,7 +133,7 @@ class RegistryContract:
         assert stored.version == 0
         assert stored.state is XidState.PREPARED
         assert registry.get(JOB, "x-1") == stored
-        assert stored.to_json() == record.to_json()
+        assert encode_record(stored) == encode_record(record)
 
     def test_prepare_of_existing_xid_returns_the_existing_record(self, registry: Registry) -> None:
         epoch = registry.take_epoch(JOB, "driver-a")
@@ -186,8 +187,8 @@ class RegistryContract:
         done_one = registry.commit(epoch, one, committed_at=2000.0)
         done_two = registry.commit(epoch, two, committed_at=3000.0)
         assert done_one.state is XidState.COMMITTED and done_one.committed_at == 2000.0
-        assert [done_one.extra["seq"], done_two.extra["seq"]] == [1, 2]
-        assert done_one.extra["attempt"] == 0  # extra is kept, seq added
+        assert [done_one.seq, done_two.seq] == [1, 2]
+        assert done_one.unknown["attempt"] == 0  # unknown facts are kept, seq added
         assert done_one.version == one.version + 1
         assert registry.get(JOB, "x-1") == done_one
         assert registry.get(JOB, "x-2") == done_two
@@ -242,13 +243,13 @@ class RegistryContract:
     ) -> None:
         epoch = registry.take_epoch(JOB, "a")
         rec = prepared(registry, epoch, "b1")
-        facts = {"cut": {"s/p": {"aa": 3}}}
+        facts = [Cut("s", "p", {"aa": 3})]
         amended = registry.amend(epoch, rec, facts)
         assert amended.version == rec.version + 1 and amended.cut("s", "p") == {"aa": 3}
         again = registry.amend(epoch, rec, facts)  # a re-run after a lost reply
         assert again.version == amended.version
         # facts of another partition, from a copy read before the first amend: both kept
-        both = registry.amend(epoch, rec, {"cut": {"s/q": {"bb": 1}}})
+        both = registry.amend(epoch, rec, [Cut("s", "q", {"bb": 1})])
         assert both.cut("s", "p") == {"aa": 3} and both.cut("s", "q") == {"bb": 1}
         stored = registry.get(JOB, "b1")
         assert stored is not None and stored.cut("s", "p") == {"aa": 3}
@@ -256,10 +257,10 @@ class RegistryContract:
         assert stored.manifest == rec.manifest and stored.state is XidState.PREPARED
         newer = registry.take_epoch(JOB, "b")
         with pytest.raises(FencedError):
-            registry.amend(epoch, stored, {"cut": {"s/p": {"bb": 1}}})
+            registry.amend(epoch, stored, [Cut("s", "p", {"bb": 1})])
         done = registry.commit(newer, stored, 1.0)
         with pytest.raises(RetryableConflict):
-            registry.amend(newer, done, {"cut": {}})
+            registry.amend(newer, done, [])
 
     def test_new_epoch_rolls_forward_an_xid_prepared_by_the_old_one(
         self, registry: Registry
@@ -483,7 +484,7 @@ class RegistryContract:
         assert errors == []
         committed = [r for r in registry.list(JOB) if r.state is XidState.COMMITTED]
         assert registry.ledger(JOB)["committed"] == len(committed) == 6
-        assert sorted(r.extra["seq"] for r in committed) == list(range(1, len(committed) + 1))
+        assert sorted(r.seq or 0 for r in committed) == list(range(1, len(committed) + 1))
 
     # -- bounded nodes: large manifests ------------------------------------------------
 
@@ -569,7 +570,7 @@ class RegistryContract:
         epoch = registry.take_epoch(JOB, "driver-a")
         record = make_record("x-old", parts={"a": 1, "b": 2})
         stored = registry.prepare(epoch, record)
-        assert unpack_record(record.to_json(), None, 0, "old node") == stored
+        assert unpack_record(encode_record(record), None, 0, "old node") == stored
 
     def test_a_request_over_the_keeper_limit_is_refused_before_it_is_sent(
         self, registry: Registry

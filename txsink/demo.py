@@ -412,7 +412,7 @@ def run_demo(
     latencies = [
         (r.committed_at - r.created_at) * 1000
         for r in records
-        if r.committed_at is not None and r.extra.get("committed_epoch") == r.epoch
+        if r.committed_at is not None and r.committed_epoch == r.epoch
     ]
     report = DemoReport(
         produced=source["rows"],

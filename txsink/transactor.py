@@ -52,7 +52,15 @@ from txsink.protocol.ids import (
     parse_staging,
     staging_prefix,
 )
-from txsink.protocol.states import Epoch, Mode, StagedPart, XidRecord, XidState
+from txsink.protocol.states import (
+    Cut,
+    Epoch,
+    Mode,
+    StagedPart,
+    Visibility,
+    XidRecord,
+    XidState,
+)
 
 log = logging.getLogger(__name__)
 
@@ -201,9 +209,10 @@ class Transactor:
         target: str,
         parts: Sequence[StagedPart],
         mode: Mode = Mode.ATTACH,
-        extra: dict[str, Any] | None = None,
         *,
         streaming: bool = False,
+        tables: Sequence[str] = (),
+        visibility: Visibility = Visibility.PARTITION,
     ) -> CommitResult:
         """Prepare and publish one batch whose tasks all succeeded.
 
@@ -212,7 +221,7 @@ class Transactor:
 
         Several tables in one xid: ``target`` is the job's own table and each part names
         its table in ``StagedPart.target`` (normalised to ``""`` when it is ``target``, so
-        the manifest stays small); ``extra["tables"]`` lists every table written."""
+        the manifest stays small); ``tables`` lists every table written."""
         started = self.clock()
         parts = [replace(p, target="") if p.target == target else p for p in parts]
         incoming = XidRecord(
@@ -225,7 +234,8 @@ class Transactor:
             target=target,
             manifest=tuple(p for p in parts if p.rows > 0),
             created_at=started,
-            extra=dict(extra or {}),
+            tables=tuple(tables),
+            visibility=visibility,
         )
         # Decisive reads (skip, roll forward, refuse, drop strays): synced, so a lagging
         # Keeper server cannot show a record as it was before another runner moved it.
@@ -417,8 +427,10 @@ class Transactor:
                     "them from staging, moving the rest",
                     self.job, record.xid, op.partition_id, op.staging, len(op.cut),
                 )  # fmt: skip
-                key = f"{op.staging}/{op.partition_id}"  # amend merges it into the others
-                record = self.registry.amend(epoch, record, {"cut": {key: dict(op.cut)}})
+                # amend merges it into the record's cuts of other partitions
+                record = self.registry.amend(
+                    epoch, record, [Cut(op.staging, op.partition_id, op.cut)]
+                )
                 continue
             if isinstance(op, plans.DropParts):
                 self.warehouse.drop_parts(op.staging, op.partition_id, op.evidence)

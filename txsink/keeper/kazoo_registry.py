@@ -59,13 +59,13 @@ from txsink.keeper.registry import (
     BlobConflict,
     XidExists,
     committed_record,
-    merged_extra,
     over_tombstone,
     superseded,
     tombstone,
     with_more_aborted,
 )
-from txsink.protocol.states import Epoch, XidRecord, XidState, check_transition
+from txsink.protocol.codec import encode_record
+from txsink.protocol.states import Cut, Epoch, XidRecord, XidState, check_transition
 
 log = logging.getLogger(__name__)
 
@@ -589,7 +589,7 @@ class KazooRegistry:
                 if found is None:
                     new = tombstone(job, xid, tables, now)
                     try:
-                        self._conn.create(path, new.to_json())
+                        self._conn.create(path, encode_record(new))
                     except NodeExistsError:
                         continue
                     return replace(new, version=0)
@@ -601,7 +601,9 @@ class KazooRegistry:
                     return cur
                 try:
                     new_stat = self._conn.wait(
-                        self._client.set_async(path, encode(more.to_json()), version=stat.version)
+                        self._client.set_async(
+                            path, encode(encode_record(more)), version=stat.version
+                        )
                     )
                 except BadVersionError:
                     continue
@@ -627,9 +629,9 @@ class KazooRegistry:
         raise RetryableConflict(f"Keeper node {path} keeps changing; retry")
 
     @_step
-    def amend(self, epoch: Epoch, record: XidRecord, extra: dict[str, Any]) -> XidRecord:
-        """One fenced multi-op: compare-and-set the PREPARED xid node with ``extra`` merged
-        into its ``extra`` (facts a publish learned; its chunks never change). A lost reply
+    def amend(self, epoch: Epoch, record: XidRecord, cuts: Iterable[Cut]) -> XidRecord:
+        """One fenced multi-op: compare-and-set the PREPARED xid node with ``cuts`` merged
+        into its own (facts a publish learned; its chunks never change). A lost reply
         re-runs the step: the re-read finds the facts already there and returns."""
         path = self._xid_path(epoch.job, record.xid)
         epoch_path = self._epoch_path(epoch.job)
@@ -639,9 +641,9 @@ class KazooRegistry:
                 self._fence_now(epoch)
                 raise RetryableConflict(f"xid {record.xid} is no longer PREPARED; re-read")
             cur, node, stat = found
-            if merged_extra(cur.extra, extra) == cur.extra:
+            done = cur.with_cuts(cuts)
+            if done.cuts == cur.cuts:
                 return cur
-            done = replace(cur, extra=merged_extra(cur.extra, extra))
             data = encode(repack(done, node))
             check_request(
                 f"amend {path}", [(epoch_path, 0), (path, len(data))], self._acl_entries()

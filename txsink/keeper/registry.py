@@ -54,8 +54,9 @@ from txsink.keeper.manifest_codec import (
     repack,
     unpack_record,
 )
+from txsink.protocol.codec import encode_record
 from txsink.protocol.ids import xid_batch
-from txsink.protocol.states import Epoch, Mode, XidRecord, XidState, check_transition
+from txsink.protocol.states import Cut, Epoch, Mode, XidRecord, XidState, check_transition
 
 __all__ = [
     "EMPTY_LEDGER",
@@ -109,7 +110,7 @@ class Registry(Protocol):
     def prepare(self, epoch: Epoch, record: XidRecord) -> XidRecord: ...
     def abort(self, job: str, xid: str, tables: Iterable[str], now: float) -> XidRecord: ...
     def namespace(self) -> str: ...
-    def amend(self, epoch: Epoch, record: XidRecord, extra: dict[str, Any]) -> XidRecord: ...
+    def amend(self, epoch: Epoch, record: XidRecord, cuts: Iterable[Cut]) -> XidRecord: ...
     def commit(self, epoch: Epoch, record: XidRecord, committed_at: float) -> XidRecord: ...
     def ledger(self, job: str) -> dict[str, Any]: ...
     def delete(self, epoch: Epoch, xids: builtins.list[str]) -> None: ...
@@ -125,25 +126,15 @@ class Registry(Protocol):
 def committed_record(
     record: XidRecord, ledger: dict[str, Any], committed_at: float, epoch: int | None = None
 ) -> XidRecord:
-    """``record`` in state COMMITTED with its commit sequence number in ``extra['seq']``
-    and the epoch that recorded it in ``extra['committed_epoch']`` (equal to
-    ``record.epoch`` when no crash or takeover came between prepare and commit)."""
-    extra = dict(record.extra)
-    extra["seq"] = int(ledger.get("seq", 0)) + 1
-    if epoch is not None:
-        extra["committed_epoch"] = epoch
-    return record.with_state(XidState.COMMITTED, committed_at=committed_at, extra=extra)
-
-
-def merged_extra(current: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:
-    """``current`` with ``facts`` added one level deep (what :meth:`Registry.amend` writes):
-    a dict under a key is merged key by key, so facts another finisher added since this
-    one read the record are kept."""
-    out = dict(current)
-    for key, value in facts.items():
-        old = out.get(key)
-        out[key] = {**old, **value} if isinstance(old, dict) and isinstance(value, dict) else value
-    return out
+    """``record`` in state COMMITTED with its commit sequence number (``seq``) and the
+    epoch that recorded it (``committed_epoch``; equal to ``record.epoch`` when no crash
+    or takeover came between prepare and commit)."""
+    return record.with_state(
+        XidState.COMMITTED,
+        committed_at=committed_at,
+        seq=int(ledger.get("seq", 0)) + 1,
+        committed_epoch=record.committed_epoch if epoch is None else epoch,
+    )
 
 
 def superseded(epoch: Epoch, current: Epoch | None) -> FencedError:
@@ -165,7 +156,7 @@ def tombstone(job: str, xid: str, tables: Iterable[str], now: float) -> XidRecor
         mode=Mode.ATTACH,
         target="",
         created_at=now,
-        extra={"aborted_tables": sorted(set(tables))},
+        aborted_tables=frozenset(tables),
     )
 
 
@@ -174,18 +165,16 @@ def with_more_aborted(record: XidRecord, tables: Iterable[str]) -> XidRecord | N
     merged = record.aborted_tables | set(tables)
     if merged == record.aborted_tables:
         return None
-    extra = {**record.extra, "aborted_tables": sorted(merged)}
-    return record.with_state(XidState.ABORTED, extra=extra)
+    return record.with_state(XidState.ABORTED, aborted_tables=frozenset(merged))
 
 
 def over_tombstone(record: XidRecord, tombstone: XidRecord) -> XidRecord:
     """``record`` (PREPARED) replacing an ABORTED tombstone; XidExists if it would adopt
-    a table the tombstone rolled back. The tombstone's tables stay listed in ``extra``."""
+    a table the tombstone rolled back. The tombstone's tables stay listed."""
     if tombstone.aborted_tables & set(record.staging_tables):
         raise XidExists(tombstone)
-    extra = {**record.extra, "aborted_tables": sorted(tombstone.aborted_tables)}
     check_transition(tombstone.state, record.state)
-    return replace(record, extra=extra)
+    return replace(record, aborted_tables=tombstone.aborted_tables)
 
 
 class MemoryRegistry:
@@ -354,7 +343,7 @@ class MemoryRegistry:
             found = xids.get(xid)
             if found is None:
                 new = tombstone(job, xid, tables, now)
-                xids[xid] = (new.to_json(), 0)
+                xids[xid] = (encode_record(new), 0)
                 return replace(new, version=0)
             cur = self._unpack(job, xid, *found)
             if cur.state is not XidState.ABORTED:
@@ -362,10 +351,10 @@ class MemoryRegistry:
             more = with_more_aborted(cur, tables)
             if more is None:
                 return cur
-            xids[xid] = (more.to_json(), found[1] + 1)
+            xids[xid] = (encode_record(more), found[1] + 1)
             return replace(more, version=found[1] + 1)
 
-    def amend(self, epoch: Epoch, record: XidRecord, extra: dict[str, Any]) -> XidRecord:
+    def amend(self, epoch: Epoch, record: XidRecord, cuts: Iterable[Cut]) -> XidRecord:
         with self._lock:
             self._fence(epoch)
             found = self._nodes.get(epoch.job, {}).get(record.xid)
@@ -375,9 +364,9 @@ class MemoryRegistry:
             cur = self._unpack(epoch.job, record.xid, node, version)
             if cur.state is not XidState.PREPARED:
                 raise RetryableConflict(f"xid {record.xid} is no longer PREPARED; re-read")
-            if merged_extra(cur.extra, extra) == cur.extra:
+            done = cur.with_cuts(cuts)
+            if done.cuts == cur.cuts:
                 return cur
-            done = replace(cur, extra=merged_extra(cur.extra, extra))
             new_node = repack(done, node)
             check_request(
                 f"amend xid {record.xid} of job {epoch.job}",

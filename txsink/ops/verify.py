@@ -2,7 +2,7 @@
 
 In the spirit of eBay's Aggregator Runtime Verifier (ARV), which replays the metadata its
 Block Aggregators committed and checks each consecutive pair. Here the metadata is the
-xid records in Keeper, ordered by their commit sequence ``extra["seq"]`` (the ledger's
+xid records in Keeper, ordered by their commit sequence ``seq`` (the ledger's
 counter, assigned in the same Keeper transaction as COMMITTED). For consecutive
 committed batch xids ``M`` and ``M'`` (``b<n>``; ad-hoc ``u...`` xids of batch saves
 without txn_version have no order and are exempt):
@@ -104,12 +104,11 @@ class VerifyResult:
 
 
 def _seq(record: XidRecord) -> int | None:
-    raw = record.extra.get("seq")
-    return None if raw is None else int(raw)
+    return record.seq
 
 
 def committed_history(records: Iterable[XidRecord]) -> list[XidRecord]:
-    """COMMITTED records in commit order: by ``extra["seq"]`` (commit time breaks ties and
+    """COMMITTED records in commit order: by ``seq`` (commit time breaks ties and
     places records without a sequence, which only a hand-edited history has)."""
     done = [r for r in records if r.state is XidState.COMMITTED]
     return sorted(

@@ -24,7 +24,7 @@ from txsink.config import WriterConfig
 from txsink.errors import ConfigError, FencedError, SchemaMismatch, TxSinkError, UnavailableError
 from txsink.faults import fault_point
 from txsink.protocol.ids import batch_xid, parse_staging, run_tag, staging_name
-from txsink.protocol.states import Mode, StagedPart, XidState
+from txsink.protocol.states import Mode, StagedPart, Visibility, XidState
 
 if TYPE_CHECKING:
     from txsink.driver import JobHandle
@@ -404,12 +404,12 @@ def _commit_writes(
             for m in ms
             for p in m.parts
         ]
-        extra: dict[str, Any] = {"tables": sorted(targets)} if targets else {}
-        if config.visibility == "batch" and mode is Mode.ATTACH:
-            extra["visibility"] = "batch"
+        batch_visible = config.visibility == Visibility.BATCH and mode is Mode.ATTACH
         result = handle.transactor.commit_batch(
-            epoch, xid, batch, config.table, parts, mode, extra, streaming=streaming
-        )
+            epoch, xid, batch, config.table, parts, mode, streaming=streaming,
+            tables=sorted(targets) if targets else (),
+            visibility=Visibility.BATCH if batch_visible else Visibility.PARTITION,
+        )  # fmt: skip
     except FencedError:
         count(config, fencing_events=1)
         raise

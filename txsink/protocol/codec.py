@@ -1,0 +1,334 @@
+"""The one codec of txsink's persisted state: typed records <-> the JSON Keeper holds.
+
+Owns the wire form of every node txsink writes (xid records and their manifest entries,
+job meta, dedup BEFORE/AFTER entries, epoch and owner nodes) and its format version.
+Pure: no I/O; :mod:`txsink.keeper.manifest_codec` lays encoded records out in bounded
+nodes, the registries send the bytes.
+
+Versions (the ``"format"`` key, written on every node from format 1 on)::
+
+    (none)  format 0: what every release before format versions wrote. Read exactly as
+            those releases read it, so jobs in flight survive an upgrade.
+    1       format 0 plus ``"format": 1``. The wire layout is otherwise unchanged, so a
+            release that predates versions still reads format 1 nodes (it ignores the
+            key): a rolling upgrade (old and new drivers of one job) stays safe.
+
+Rules every change of a node's layout follows:
+
+- A new *fact* of an xid record (something a newer txsink learns and an older one may
+  ignore) goes into ``extra``, the record's dict of facts. An older reader keeps facts
+  it does not know (:attr:`XidRecord.unknown`) and writes them back unchanged with
+  every rewrite (amend, commit, a tombstone's growth), so a newer writer's facts are
+  never erased by an older one. The same holds for unknown keys of job meta, dedup
+  entries and owner nodes.
+- Anything an older reader must NOT ignore (a changed meaning, a new top-level key of an
+  xid record, a manifest layout) bumps :data:`FORMAT`. A reader refuses a node of a
+  newer format with :class:`StateFormatTooNew` naming the node, never guessing.
+- Decoding never invents a fact: a missing key reads as the default that release had.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from txsink.errors import TxSinkError
+from txsink.protocol.states import Cut, Mode, StagedPart, Visibility, XidRecord, XidState
+
+FORMAT = 1
+FORMAT_KEY = "format"
+
+# Keys of an xid record's ``extra`` this release reads into typed fields.
+_FACTS = frozenset({"tables", "visibility", "aborted_tables", "cut", "seq", "committed_epoch"})
+_JOB_KEYS = frozenset(
+    {
+        "job",
+        "target",
+        "mode",
+        "url",
+        "staging_database",
+        "query_id",
+        "created_at",
+        "targets",
+        "shards",
+        "mode_changed_at",
+        FORMAT_KEY,
+    }
+)
+
+
+class StateFormatTooNew(TxSinkError):
+    """A Keeper node was written by a newer txsink in a format this one cannot read."""
+
+    def __init__(self, where: str, found: int) -> None:
+        super().__init__(
+            f"Keeper node {where} is in state format {found}, newer than the format "
+            f"{FORMAT} this txsink reads; nothing was changed. A newer txsink wrote it: "
+            "upgrade txsink on this driver (and every tool that reads this job) to the "
+            "release that wrote it, then run again",
+            code=found,
+        )
+        self.where = where
+        self.found = found
+
+
+def check_format(data: Mapping[str, Any], where: str) -> int:
+    """The node's format (0 when it has none); StateFormatTooNew when newer than ours."""
+    raw = data.get(FORMAT_KEY, 0)
+    found = int(raw) if isinstance(raw, int | float | str) and str(raw).isdigit() else -1
+    if found < 0 or found > FORMAT:
+        raise StateFormatTooNew(where, found if found > FORMAT else FORMAT + 1)
+    return found
+
+
+# --------------------------------------------------------------------------- manifest
+
+
+def encode_part(part: StagedPart) -> dict[str, Any]:
+    """One manifest entry as an object (``uuids`` and ``target`` only when set)."""
+    out: dict[str, Any] = {
+        "table": part.table,
+        "partition_id": part.partition_id,
+        "rows": part.rows,
+        "blocks": part.blocks,
+        "fingerprint": part.fingerprint,
+    }
+    if part.uuids:
+        out["uuids"] = ",".join(part.uuids)
+    if part.target:
+        out["target"] = part.target
+    return out
+
+
+def decode_part(data: Mapping[str, Any]) -> StagedPart:
+    raw = data.get("uuids") or ""
+    ids = raw.split(",") if isinstance(raw, str) else [str(u) for u in raw]
+    return StagedPart(
+        table=str(data["table"]),
+        partition_id=str(data["partition_id"]),
+        rows=int(data["rows"]),
+        blocks=int(data.get("blocks", 0)),
+        fingerprint=str(data.get("fingerprint", "")),
+        uuids=tuple(u for u in ids if u),
+        target=str(data.get("target") or ""),
+    )
+
+
+# --------------------------------------------------------------------------- xid records
+
+
+def _encode_facts(record: XidRecord) -> dict[str, Any]:
+    """The record's ``extra``: its typed facts in their format-0 keys, then the facts of
+    a newer writer it carries unchanged."""
+    facts: dict[str, Any] = dict(record.unknown)
+    if record.tables:
+        facts["tables"] = list(record.tables)
+    if record.visibility is not Visibility.PARTITION:
+        facts["visibility"] = record.visibility.value
+    if record.aborted_tables:
+        facts["aborted_tables"] = sorted(record.aborted_tables)
+    if record.cuts:
+        facts["cut"] = {c.key: dict(c.parts) for c in record.cuts}
+    if record.seq is not None:
+        facts["seq"] = record.seq
+    if record.committed_epoch is not None:
+        facts["committed_epoch"] = record.committed_epoch
+    return facts
+
+
+def encode_record(record: XidRecord) -> dict[str, Any]:
+    """The xid node's JSON (manifest inline; the node layout is manifest_codec's)."""
+    return {
+        FORMAT_KEY: FORMAT,
+        "job": record.job,
+        "xid": record.xid,
+        "batch": record.batch,
+        "state": record.state.value,
+        "epoch": record.epoch,
+        "mode": record.mode.value,
+        "target": record.target,
+        "manifest": [encode_part(p) for p in record.manifest],
+        "rows": record.rows,
+        "created_at": record.created_at,
+        "committed_at": record.committed_at,
+        "extra": _encode_facts(record),
+    }
+
+
+def _decode_cuts(raw: Any) -> tuple[Cut, ...]:
+    cuts = []
+    for key, parts in dict(raw or {}).items():
+        # Staging names never contain a slash (the partition id may come after it).
+        staging, _, pid = str(key).partition("/")
+        cuts.append(Cut(staging, pid, {str(u): int(n) for u, n in dict(parts).items()}))
+    return tuple(sorted(cuts, key=lambda c: c.key))
+
+
+def decode_record(data: Mapping[str, Any], version: int = -1, where: str = "") -> XidRecord:
+    """The XidRecord of an xid node's JSON (manifest inline), ``version`` its Keeper node
+    version. KeyError/ValueError/TypeError for a damaged node (the caller names it)."""
+    check_format(data, where or f"xids/{data.get('xid', '?')}")
+    facts = dict(data.get("extra") or {})
+    seq, committed_epoch = facts.get("seq"), facts.get("committed_epoch")
+    return XidRecord(
+        job=str(data["job"]),
+        xid=str(data["xid"]),
+        batch=None if data.get("batch") is None else int(data["batch"]),
+        state=XidState(data["state"]),
+        epoch=int(data["epoch"]),
+        mode=Mode(data.get("mode", "attach")),
+        target=str(data.get("target", "")),
+        manifest=tuple(decode_part(p) for p in data.get("manifest", [])),
+        created_at=float(data.get("created_at", 0.0)),
+        committed_at=None if data.get("committed_at") is None else float(data["committed_at"]),
+        version=version,
+        tables=tuple(str(t) for t in facts.get("tables") or ()),
+        visibility=Visibility(facts.get("visibility") or Visibility.PARTITION.value),
+        aborted_tables=frozenset(str(t) for t in facts.get("aborted_tables") or ()),
+        cuts=_decode_cuts(facts.get("cut")),
+        seq=None if seq is None else int(seq),
+        committed_epoch=None if committed_epoch is None else int(committed_epoch),
+        unknown={k: v for k, v in facts.items() if k not in _FACTS},
+    )
+
+
+# --------------------------------------------------------------------------- job meta
+
+
+@dataclass(frozen=True)
+class JobMeta:
+    """The job node: what the job writes and how; fixed by its first run (identity).
+
+    ``targets``: every table of a :func:`txsink.transaction` job and its pinned mode
+    (empty for a job of one table, whose ``target`` and ``mode`` say it). ``shards``:
+    the shard URLs of a sharded job. No credential is ever stored here (Keeper nodes are
+    world-readable): ``url`` is without userinfo.
+    """
+
+    target: str = ""
+    mode: str = ""
+    job: str = ""
+    url: str = ""
+    staging_database: str = ""
+    query_id: str = ""
+    created_at: float = 0.0
+    targets: Mapping[str, str] = field(default_factory=dict)
+    shards: tuple[str, ...] = ()
+    mode_changed_at: float | None = None
+    unknown: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def pinned_mode(self) -> Mode | None:
+        """The job's mode as pinned by its first run, None when not pinned (yet)."""
+        return Mode(self.mode) if self.mode in {m.value for m in Mode} else None
+
+    @property
+    def tables(self) -> list[str]:
+        """Every table the job writes: its ``targets`` or its one ``target``."""
+        if self.targets:
+            return sorted(self.targets)
+        return [self.target] if self.target else []
+
+
+def encode_job_meta(meta: JobMeta) -> dict[str, Any]:
+    out: dict[str, Any] = {**meta.unknown, FORMAT_KEY: FORMAT}
+    out.update(
+        job=meta.job,
+        target=meta.target,
+        mode=meta.mode,
+        url=meta.url,
+        staging_database=meta.staging_database,
+        query_id=meta.query_id,
+        created_at=meta.created_at,
+    )
+    if meta.targets:
+        out["targets"] = dict(sorted(meta.targets.items()))
+    if meta.shards:
+        out["shards"] = list(meta.shards)
+    if meta.mode_changed_at is not None:
+        out["mode_changed_at"] = meta.mode_changed_at
+    return out
+
+
+def decode_job_meta(data: Mapping[str, Any] | None, where: str = "job meta") -> JobMeta | None:
+    """The typed job meta of a job node (None: no meta stored)."""
+    if data is None:
+        return None
+    check_format(data, where)
+    targets = data.get("targets")
+    changed = data.get("mode_changed_at")
+    return JobMeta(
+        target=str(data.get("target") or ""),
+        mode=str(data.get("mode") or ""),
+        job=str(data.get("job") or ""),
+        url=str(data.get("url") or ""),
+        staging_database=str(data.get("staging_database") or ""),
+        query_id=str(data.get("query_id") or ""),
+        created_at=float(data.get("created_at") or 0.0),
+        targets={str(k): str(v) for k, v in targets.items()} if isinstance(targets, dict) else {},
+        shards=tuple(str(u) for u in data.get("shards") or ()),
+        mode_changed_at=None if changed is None else float(changed),
+        unknown={k: v for k, v in data.items() if k not in _JOB_KEYS},
+    )
+
+
+# --------------------------------------------------------------------------- small nodes
+
+
+@dataclass(frozen=True)
+class OwnerInfo:
+    """The owner node: who holds the job's epoch and when it last said so. ``state``
+    (running, publishing, recovering, mode-change, ...) and the other keys are what the
+    owner chose to report (``details``)."""
+
+    epoch: int
+    owner: str
+    heartbeat: float
+    state: str = ""
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+
+def encode_owner(info: OwnerInfo) -> dict[str, Any]:
+    out: dict[str, Any] = {**info.details, FORMAT_KEY: FORMAT}
+    out.update(epoch=info.epoch, owner=info.owner, heartbeat=info.heartbeat)
+    if info.state:
+        out["state"] = info.state
+    return out
+
+
+def decode_owner(data: Mapping[str, Any] | None, where: str = "owner") -> OwnerInfo | None:
+    if data is None:
+        return None
+    check_format(data, where)
+    known = {"epoch", "owner", "heartbeat", "state", FORMAT_KEY}
+    return OwnerInfo(
+        epoch=int(data.get("epoch") or 0),
+        owner=str(data.get("owner") or ""),
+        heartbeat=float(data.get("heartbeat") or 0.0),
+        state=str(data.get("state") or ""),
+        details={k: v for k, v in data.items() if k not in known},
+    )
+
+
+def encode_epoch_node(number: int, owner: str, since: float) -> dict[str, Any]:
+    """The epoch node (its Keeper node version is the fencing token, not stored)."""
+    return {FORMAT_KEY: FORMAT, "epoch": number, "owner": owner, "since": since}
+
+
+def decode_epoch_node(data: Mapping[str, Any], where: str = "epoch") -> tuple[int, str]:
+    """(epoch number, owner) of an epoch node."""
+    check_format(data, where)
+    return int(data.get("epoch") or 0), str(data.get("owner") or "")
+
+
+def with_format(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` (a node this codec has no record type for, e.g. a dedup entry or the
+    ledger, whose own modules own their keys) stamped with the current format."""
+    return {**data, FORMAT_KEY: FORMAT}
+
+
+def without_format(data: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """``data`` checked (StateFormatTooNew) and without its format key."""
+    check_format(data, where)
+    return {k: v for k, v in data.items() if k != FORMAT_KEY}
