@@ -54,7 +54,7 @@ from txsink.keeper.manifest_codec import (
     repack,
     unpack_record,
 )
-from txsink.protocol.codec import encode_record
+from txsink.protocol.codec import OwnerInfo, encode_owner, encode_record
 from txsink.protocol.ids import xid_batch
 from txsink.protocol.states import Cut, Epoch, Mode, XidRecord, XidState, check_transition
 
@@ -244,12 +244,11 @@ class MemoryRegistry:
     def heartbeat(self, epoch: Epoch, info: dict[str, Any]) -> None:
         with self._lock:
             self._fence(epoch)
-            self._owners[epoch.job] = {
-                "epoch": epoch.number,
-                "owner": epoch.owner,
-                "heartbeat": self._clock(),
-                **info,
-            }
+            details = {k: v for k, v in info.items() if k != "state"}
+            beat = OwnerInfo(
+                epoch.number, epoch.owner, self._clock(), info.get("state", ""), details
+            )
+            self._owners[epoch.job] = encode_owner(beat)
 
     def owner(self, job: str) -> dict[str, Any] | None:
         return self._owners.get(job)
