@@ -24,7 +24,7 @@ import pytest
 from txsink.errors import FencedError, KeeperRequestTooLarge, RetryableConflict
 from txsink.keeper.manifest_codec import KEEPER_MAX_REQUEST, unpack_record
 from txsink.keeper.registry import CREATE, EMPTY_LEDGER, BlobConflict, Registry, XidExists
-from txsink.protocol.codec import encode_record
+from txsink.protocol.codec import JobMeta, encode_record
 from txsink.protocol.ids import staging_name
 from txsink.protocol.states import Cut, Epoch, Mode, StagedPart, XidRecord, XidState
 
@@ -69,10 +69,19 @@ class RegistryContract:
     # -- jobs -------------------------------------------------------------------------
 
     def test_ensure_job_creates_once_and_returns_the_stored_meta(self, registry: Registry) -> None:
-        first = registry.ensure_job(JOB, {"target": "db.events", "mode": "attach"})
+        first = registry.ensure_job(JOB, JobMeta(target="db.events", mode="attach"))
         again = registry.ensure_job(JOB, {"target": "db.other", "mode": "dedup"})
-        assert first == again == {"target": "db.events", "mode": "attach"}
+        assert first == again == JobMeta(target="db.events", mode="attach")
         assert registry.job_meta(JOB) == first
+
+    def test_job_meta_keeps_keys_of_a_newer_writer_and_takes_a_mode_change(
+        self, registry: Registry
+    ) -> None:
+        registry.ensure_job(JOB, {"target": "db.events", "mode": "attach", "tier": "gold"})
+        stored = registry.job_meta(JOB)
+        assert stored is not None and stored.unknown == {"tier": "gold"}
+        registry.set_job_meta(JOB, replace(stored, mode="dedup", mode_changed_at=5.0))
+        assert registry.job_meta(JOB) == replace(stored, mode="dedup", mode_changed_at=5.0)
 
     def test_unknown_job_has_no_meta_epoch_owner_or_xids(self, registry: Registry) -> None:
         assert registry.job_meta("nobody") is None
@@ -87,7 +96,7 @@ class RegistryContract:
         assert registry.job_meta("nobody") is None and registry.list_jobs() == []
         registry.ensure_job(JOB, {"target": "db.events"})
         registry.sync(JOB)
-        assert registry.job_meta(JOB) == {"target": "db.events"}
+        assert registry.job_meta(JOB) == JobMeta(target="db.events")
 
     def test_list_jobs_lists_ensured_jobs_sorted(self, registry: Registry) -> None:
         assert registry.list_jobs() == []
@@ -99,7 +108,7 @@ class RegistryContract:
         registry.take_epoch("only-epoch", "driver-a")
         assert registry.list_jobs() == []
         assert registry.job_meta("only-epoch") is None
-        assert registry.ensure_job("only-epoch", {"target": "t"}) == {"target": "t"}
+        assert registry.ensure_job("only-epoch", {"target": "t"}) == JobMeta(target="t")
         assert registry.list_jobs() == ["only-epoch"]
 
     # -- epochs -----------------------------------------------------------------------
@@ -424,7 +433,7 @@ class RegistryContract:
         epoch = registry.take_epoch(JOB, "driver-a")
         record = prepared(registry, epoch, "x-1")
         other = open_registry()
-        assert other.job_meta(JOB) == {"target": "db.events"}
+        assert other.job_meta(JOB) == JobMeta(target="db.events")
         assert other.current_epoch(JOB) == epoch
         assert other.get(JOB, "x-1") == record
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from txsink.faults import POINTS
+from txsink.protocol.codec import JobMeta
 
 SOURCE_SCHEMA_DDL = "id BIGINT, event_time TIMESTAMP, day DATE, customer STRING, amount BIGINT"
 
@@ -370,7 +371,7 @@ def run_demo(
     registry = open_registry(config)
     # the demo owns its table: jobs of earlier demo runs described rows that are gone now
     for old in registry.list_jobs():
-        if old.startswith("demo-") and (registry.job_meta(old) or {}).get("target") == table:
+        if old.startswith("demo-") and (registry.job_meta(old) or JobMeta()).target == table:
             registry.delete_job(old)
     src, ckpt = work / "source", work / "checkpoint"
     source = make_source(src, files, rows_per_file, seed)
@@ -483,7 +484,7 @@ def run_two_table_demo(
     config = WriterConfig.from_options({"url": url, "keeper": keeper, "table": table, "job": job})
     registry = open_registry(config)
     for old in registry.list_jobs():
-        if old.startswith("demo2-") and (registry.job_meta(old) or {}).get("target") in (
+        if old.startswith("demo2-") and (registry.job_meta(old) or JobMeta()).target in (
             table,
             daily,
         ):
@@ -572,7 +573,7 @@ def run_shard_demo(
         config = WriterConfig.from_options({**options, "shard_by": "id"})
         registry = open_registry(config)
         for old in registry.list_jobs():
-            if old.startswith("demo3-") and (registry.job_meta(old) or {}).get("target") == table:
+            if old.startswith("demo3-") and (registry.job_meta(old) or JobMeta()).target == table:
                 registry.delete_job(old)
         source = make_source(work / "source3", files, rows_per_file, 13)
         args = job_args(

@@ -29,7 +29,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -45,6 +45,7 @@ from txsink.errors import (
 from txsink.faults import fault_point
 from txsink.keeper.registry import Registry, XidExists, superseded
 from txsink.protocol import plans, visibility
+from txsink.protocol.codec import JobMeta
 from txsink.protocol.dedup import xid_key as dedup_xid_key
 from txsink.protocol.ids import (
     batch_claim_name,
@@ -179,14 +180,14 @@ class Transactor:
         self,
         owner: str | None = None,
         *,
-        meta: dict[str, Any] | None = None,
+        meta: JobMeta | Mapping[str, Any] | None = None,
         keep: set[str] | frozenset[str] = frozenset(),
     ) -> Epoch:
         """Take a new writer epoch (fencing any older writer) and recover the job.
 
         ``keep``: staging tables of a batch in flight that recovery must not roll back.
         """
-        self.registry.ensure_job(self.job, meta or {})
+        self.registry.ensure_job(self.job, JobMeta() if meta is None else meta)
         epoch = self.registry.take_epoch(self.job, owner or default_owner())
         self.registry.heartbeat(epoch, {"state": "recovering"})
         report = self.recover(epoch, keep=keep)

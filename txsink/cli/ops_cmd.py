@@ -507,8 +507,8 @@ def run_tune(args: argparse.Namespace, out: Output) -> int:
     with _stores(args) as stores:
         shards = [u for u in (args.shards or "").split(",") if u]
         if not shards and args.job:
-            meta = stores.registry.job_meta(args.job) or {}
-            shards = [str(u) for u in meta.get("shards") or ()]
+            meta = stores.registry.job_meta(args.job)
+            shards = list(meta.shards) if meta else []
 
         def measure(warehouse: Any) -> tn.TuneResult:
             return tn.measure(

@@ -22,6 +22,7 @@ from __future__ import annotations
 import builtins
 import logging
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
@@ -38,11 +39,14 @@ from txsink.keeper.kazoo_base import (
 from txsink.keeper.kazoo_conn import DEFAULT_RETRY_S, encode
 from txsink.keeper.kazoo_xids import DELETE_CHUNK, SMALL_MANIFEST, KazooXids
 from txsink.keeper.manifest_codec import check_request
-from txsink.keeper.registry import CREATE, BlobConflict
+from txsink.keeper.registry import CREATE, BlobConflict, typed_meta
 from txsink.protocol.codec import (
+    JobMeta,
     OwnerInfo,
     decode_epoch_node,
+    decode_job_meta,
     encode_epoch_node,
+    encode_job_meta,
     encode_owner,
 )
 from txsink.protocol.states import Epoch
@@ -78,14 +82,16 @@ class KazooRegistry(KazooXids):
     # -- jobs --------------------------------------------------------------------------
 
     @step
-    def ensure_job(self, job: str, meta: dict[str, Any]) -> dict[str, Any]:
+    def ensure_job(self, job: str, meta: JobMeta | Mapping[str, Any]) -> JobMeta:
         path = self._job(job)
-        check_request(f"ensure job {path}", [(path, len(encode(meta)))], self._acl_entries())
+        typed = typed_meta(meta)
+        node = encode_job_meta(typed)
+        check_request(f"ensure job {path}", [(path, len(encode(node)))], self._acl_entries())
 
-        def attempt() -> dict[str, Any]:
+        def attempt() -> JobMeta:
             try:
-                self._conn.create(path, meta)
-                return dict(meta)
+                self._conn.create(path, node)
+                return typed
             except NodeExistsError:
                 pass
             found = self._conn.read(path)
@@ -93,10 +99,10 @@ class KazooRegistry(KazooXids):
                 raise CasRetry
             stored, stat = found
             if stored is not None:
-                return stored
+                return decode_job_meta(stored, path) or typed
             # The node exists as an empty parent (take_epoch ran first): fill it in.
-            self._set_at(path, encode(meta), stat.version)
-            return dict(meta)
+            self._set_at(path, encode(node), stat.version)
+            return typed
 
         with self._conn.mapped(f"ensure job {path}"):
             return cas(f"job {job}: meta at {path}", attempt)
@@ -110,18 +116,18 @@ class KazooRegistry(KazooXids):
             self._conn.sync(path)
 
     @step
-    def job_meta(self, job: str) -> dict[str, Any] | None:
+    def job_meta(self, job: str) -> JobMeta | None:
         path = self._job(job)
         with self._conn.mapped(f"read {path}"):
             found = self._conn.read(path)
-        return None if found is None else found[0]
+        return None if found is None else decode_job_meta(found[0], path)
 
     @step
-    def set_job_meta(self, job: str, meta: dict[str, Any]) -> None:
+    def set_job_meta(self, job: str, meta: JobMeta) -> None:
         """Replace an existing job's meta (operator actions such as `txsink mode`)."""
         path = self._job(job)
         with self._conn.mapped(f"write {path}"):
-            self._conn.wait(self._client.set_async(path, encode(meta)))
+            self._conn.wait(self._client.set_async(path, encode(encode_job_meta(meta))))
 
     @step
     def blob_children(self, job: str, key: str) -> builtins.list[str]:

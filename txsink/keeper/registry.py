@@ -37,7 +37,7 @@ import copy
 import json
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -54,7 +54,14 @@ from txsink.keeper.manifest_codec import (
     repack,
     unpack_record,
 )
-from txsink.protocol.codec import OwnerInfo, encode_owner, encode_record
+from txsink.protocol.codec import (
+    JobMeta,
+    OwnerInfo,
+    decode_job_meta,
+    encode_job_meta,
+    encode_owner,
+    encode_record,
+)
 from txsink.protocol.ids import xid_batch
 from txsink.protocol.states import Cut, Epoch, Mode, XidRecord, XidState, check_transition
 
@@ -95,10 +102,10 @@ CREATE = -1  # ``expected_version`` of :meth:`Registry.cas_blob` meaning "must n
 class Registry(Protocol):
     """What the transaction layer needs from Keeper."""
 
-    def ensure_job(self, job: str, meta: dict[str, Any]) -> dict[str, Any]: ...
+    def ensure_job(self, job: str, meta: JobMeta | Mapping[str, Any]) -> JobMeta: ...
     def sync(self, job: str) -> None: ...
-    def job_meta(self, job: str) -> dict[str, Any] | None: ...
-    def set_job_meta(self, job: str, meta: dict[str, Any]) -> None: ...
+    def job_meta(self, job: str) -> JobMeta | None: ...
+    def set_job_meta(self, job: str, meta: JobMeta) -> None: ...
     def blob_children(self, job: str, key: str) -> builtins.list[str]: ...
     def list_jobs(self) -> list[str]: ...
     def take_epoch(self, job: str, owner: str) -> Epoch: ...
@@ -135,6 +142,13 @@ def committed_record(
         seq=int(ledger.get("seq", 0)) + 1,
         committed_epoch=record.committed_epoch if epoch is None else epoch,
     )
+
+
+def typed_meta(meta: JobMeta | Mapping[str, Any]) -> JobMeta:
+    """Job meta as the registries take it: typed, or a job node's mapping (decoded)."""
+    if isinstance(meta, JobMeta):
+        return meta
+    return decode_job_meta(meta) or JobMeta()
 
 
 def superseded(epoch: Epoch, current: Epoch | None) -> FencedError:
@@ -194,27 +208,28 @@ class MemoryRegistry:
         self._blob_versions: dict[tuple[str, str], int] = {}
         self._clock = clock
 
-    def ensure_job(self, job: str, meta: dict[str, Any]) -> dict[str, Any]:
+    def ensure_job(self, job: str, meta: JobMeta | Mapping[str, Any]) -> JobMeta:
         path = self._path(job, "")
-        check_request(f"ensure job {path}", [(path, len(encode_json(meta)))])
+        node = encode_job_meta(typed_meta(meta))
+        check_request(f"ensure job {path}", [(path, len(encode_json(node)))])
         with self._lock:
-            return self._jobs.setdefault(job, dict(meta))
+            return typed_meta(self._jobs.setdefault(job, node))
 
     def sync(self, job: str) -> None:
         """Nothing to do: this twin's reads are never stale."""
 
-    def job_meta(self, job: str) -> dict[str, Any] | None:
-        return self._jobs.get(job)
+    def job_meta(self, job: str) -> JobMeta | None:
+        return decode_job_meta(self._jobs.get(job), self._path(job, ""))
 
     def list_jobs(self) -> builtins.list[str]:
         return sorted(self._jobs)
 
-    def set_job_meta(self, job: str, meta: dict[str, Any]) -> None:
+    def set_job_meta(self, job: str, meta: JobMeta) -> None:
         """Replace an existing job's meta (operator actions such as `txsink mode`)."""
         with self._lock:
             if job not in self._jobs:
                 raise KeyError(job)
-            self._jobs[job] = dict(meta)
+            self._jobs[job] = encode_job_meta(meta)
 
     def blob_children(self, job: str, key: str) -> builtins.list[str]:
         """Names directly under blob ``key`` (e.g. xids with dedup state under ``dedup``)."""

@@ -20,7 +20,7 @@ attach mode is refused because ``dedup/<xid>`` state exists (:mod:`txsink.transa
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from txsink.errors import ConfigError
@@ -55,18 +55,18 @@ def change_mode(
         raise ConfigError(
             f"job {job!r} does not exist in Keeper; its mode is decided at its first commit"
         )
-    old = meta.get("mode")
-    if isinstance(meta.get("targets"), dict) and new != "attach":
+    old = meta.mode or None
+    if meta.targets and new != "attach":
         raise ConfigError(
-            f"job {job} writes {', '.join(sorted(meta['targets']))} with txsink.transaction, "
+            f"job {job} writes {', '.join(sorted(meta.targets))} with txsink.transaction, "
             f"which takes attach-mode tables only (dedup rows would be visible before the "
             f"transaction commits). Write the table that needs dedup mode with "
             f"txsink.foreach_batch under a new job name"
         )
-    if meta.get("shards") and new != "attach":
+    if meta.shards and new != "attach":
         raise ConfigError(
-            f"job {job} writes one xid across the shards {', '.join(meta['shards'])} (its "
-            f"target {meta.get('target')} is a local table on each), which takes attach mode "
+            f"job {job} writes one xid across the shards {', '.join(meta.shards)} (its "
+            f"target {meta.target} is a local table on each), which takes attach mode "
             f"only. To go on in dedup mode through a Distributed table, start a new job "
             f"(mode=dedup) after this one's last batch committed"
         )
@@ -101,5 +101,5 @@ def change_mode(
     registry.heartbeat(epoch, {"state": "mode-changed", "mode": new})
     for xid in open_dedup:  # attach -> dedup: stale state of batches never committed
         registry.delete_blobs(job, dedup_xid_key(xid))
-    registry.set_job_meta(job, {**meta, "mode": new, "mode_changed_at": time.time()})
+    registry.set_job_meta(job, replace(meta, mode=new, mode_changed_at=time.time()))
     return ModeChange(job, old, new, changed=True, epoch=epoch.number)

@@ -23,6 +23,7 @@ from txsink.ops.status import (
     recover_owner,
 )
 from txsink.protocol import plans
+from txsink.protocol.codec import JobMeta
 from txsink.protocol.states import Epoch, Mode
 from txsink.transactor import RecoveryReport, Transactor
 
@@ -81,7 +82,7 @@ def plan_job_recovery(
     """
     now = time.time() if now is None else now
     registry = stores.registry
-    meta = registry.job_meta(job) or {}
+    meta = registry.job_meta(job) or JobMeta()
     warehouse = stores.warehouse(meta)
     current = registry.current_epoch(job)
     owner = registry.owner(job)
@@ -146,7 +147,7 @@ def carry_out_recovery(
     ``recovered`` so that status shows the takeover and liveness checks ignore it.
     """
     registry = stores.registry
-    meta = registry.job_meta(job) or {}
+    meta = registry.job_meta(job) or JobMeta()
     warehouse = stores.warehouse(meta)
     before = registry.current_epoch(job)
     epoch = registry.take_epoch(job, recover_owner())

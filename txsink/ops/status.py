@@ -46,6 +46,7 @@ from txsink.ops.liveness import (
 )
 from txsink.ops.stores import Stores, open_stores, resolve_jobs
 from txsink.protocol import plans
+from txsink.protocol.codec import JobMeta, as_job_meta
 from txsink.protocol.ids import parse_staging, staging_prefix
 from txsink.protocol.states import Epoch, Mode, XidRecord, XidState
 
@@ -170,7 +171,7 @@ def liveness_of(
 def assess(
     job: str,
     *,
-    meta: Mapping[str, Any],
+    meta: JobMeta | Mapping[str, Any],
     epoch: Epoch | None,
     owner: Mapping[str, Any] | None,
     ledger: Mapping[str, Any],
@@ -188,14 +189,15 @@ def assess(
     (None for a missing table), as :meth:`ClickHouseWarehouse.staging_view` returns it.
     """
     records = list(records)
+    job_meta = as_job_meta(meta) or JobMeta()
     age = heartbeat_age(owner, now)
     verdict = liveness_of(owner, records, now, stale_after)
     live, stale_after = verdict.live, verdict.stale_after_s
     last_at = ledger.get("last_commit_at")
     status = JobStatus(
         job=job,
-        target=str(meta.get("target", "")),
-        mode=str(meta.get("mode", "")),
+        target=job_meta.target,
+        mode=job_meta.mode,
         staging_database=staging_database,
         epoch=epoch.number if epoch else None,
         owner=epoch.owner if epoch else None,
@@ -211,7 +213,7 @@ def assess(
         last_batch=ledger.get("last_batch"),
         last_commit_at=last_at,
         last_commit_age=None if last_at is None else round(max(0.0, now - float(last_at)), 1),
-        targets=sorted(meta["targets"]) if isinstance(meta.get("targets"), dict) else [],
+        targets=sorted(job_meta.targets),
     )
     prepared = [r for r in records if r.state is XidState.PREPARED]
     prepared_tables = {t: r.xid for r in prepared for t in r.staging_tables}
@@ -367,7 +369,7 @@ def job_status(
 ) -> JobStatus:
     """Read Keeper and ClickHouse for one job and :func:`assess` it."""
     registry = stores.registry
-    meta = registry.job_meta(job) or {}
+    meta = registry.job_meta(job) or JobMeta()
     warehouse = stores.warehouse(meta)
     records = registry.list(job)
     needed = [t for r in records if r.state is XidState.PREPARED for t in r.staging_tables]

@@ -13,6 +13,7 @@ from txsink.clickhouse.warehouse import DEFAULT_STAGING_DB, ClickHouseWarehouse
 from txsink.errors import ConfigError
 from txsink.keeper.kazoo_registry import KazooRegistry
 from txsink.keeper.registry import Registry
+from txsink.protocol.codec import JobMeta, as_job_meta
 
 log = logging.getLogger(__name__)
 
@@ -40,17 +41,14 @@ class Stores:
         self._connect_shard = connect_shard  # url -> client, with the command's credentials
         self._shard_clients: dict[str, Any] = {}
 
-    def warehouse(self, meta: Mapping[str, Any] | None = None) -> Any:
+    def warehouse(self, meta: JobMeta | Mapping[str, Any] | None = None) -> Any:
         """The warehouse of a job: ``--staging-database`` if given, else the job's own;
         for a sharded job (``shards`` in its meta) every shard behind one
         :class:`~txsink.clickhouse.shards.ShardedWarehouse`, connected with the
         command's credentials."""
-        db = (
-            self.staging_database
-            or str((meta or {}).get("staging_database") or "")
-            or DEFAULT_STAGING_DB
-        )
-        shards = tuple(str(u) for u in (meta or {}).get("shards") or ())
+        typed = as_job_meta(meta) or JobMeta()
+        db = self.staging_database or typed.staging_database or DEFAULT_STAGING_DB
+        shards = typed.shards
         key = (db, shards)
         if key not in self._warehouses:
             if shards:

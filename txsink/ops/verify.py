@@ -54,6 +54,7 @@ from txsink.ops.anomalies import (
     detect_anomalies,
     stuck_prepared,
 )
+from txsink.protocol.codec import JobMeta, as_job_meta
 from txsink.protocol.ids import staging_prefix
 from txsink.protocol.states import Mode, XidRecord, XidState
 
@@ -243,14 +244,14 @@ def verify(
 ) -> VerifyResult:
     """Audit one job: history anomalies, stuck PREPARED xids, reconciliation, leftovers."""
     now = time.time() if now is None else now
-    meta = registry.job_meta(job) or {}
+    meta = registry.job_meta(job) or JobMeta()
     explicit = bool(target)
-    target = target or str(meta.get("target", ""))
+    target = target or meta.target
     result = VerifyResult(job, target)
     records = registry.list(job)
     history = committed_history(records)
     # streaming jobs (and foreach_batch) record their query id; their batch ids are dense
-    result.anomalies += detect_anomalies(records, contiguous=bool(meta.get("query_id")))
+    result.anomalies += detect_anomalies(records, contiguous=bool(meta.query_id))
     result.anomalies += stuck_prepared(records, now, stuck_after)
     seqs = [s for r in history if (s := r.seq) is not None]
     result.checked.update(
@@ -295,19 +296,16 @@ def verify(
     return result
 
 
-def job_tables(meta: Mapping[str, Any]) -> list[str]:
+def job_tables(meta: JobMeta | Mapping[str, Any]) -> list[str]:
     """Every table a job writes: its ``targets`` (a multi-table job), else its target."""
-    targets = meta.get("targets")
-    if isinstance(targets, dict) and targets:
-        return sorted(str(t) for t in targets)
-    return [str(meta["target"])] if meta.get("target") else []
+    return (as_job_meta(meta) or JobMeta()).tables
 
 
 def _reconcile_table(
     registry: Registry,
     warehouse: Any,
     job: str,
-    meta: Mapping[str, Any],
+    meta: JobMeta,
     records: list[XidRecord],
     target: str,
     result: VerifyResult,
@@ -319,12 +317,11 @@ def _reconcile_table(
     dedup = False
     inflight: dict[str, int] = {}
     for name in registry.list_jobs():
-        other = meta if name == job else (registry.job_meta(name) or {})
-        if target not in job_tables(other):
+        other = meta if name == job else (registry.job_meta(name) or JobMeta())
+        if target not in other.tables:
             continue
-        primary = str(other.get("target", ""))
-        writers[name] = table_view(registry.ledger(name), target, primary)
-        dedup |= str(other.get("mode", "")) == Mode.DEDUP.value
+        writers[name] = table_view(registry.ledger(name), target, other.target)
+        dedup |= other.mode == Mode.DEDUP.value
         for r in records if name == job else registry.list(name):
             dedup |= r.mode is Mode.DEDUP
             if r.state is XidState.PREPARED:
@@ -375,7 +372,7 @@ def _reconcile_table(
 def _reconcile_shards(
     warehouse: Any,
     job: str,
-    meta: Mapping[str, Any],
+    meta: JobMeta,
     records: list[XidRecord],
     target: str,
     writers: Mapping[str, Mapping[str, Any]],
@@ -386,8 +383,8 @@ def _reconcile_shards(
     (``ledger["shards"]``): rows published on the wrong shard, or twice on one and lost on
     another, cancel out in the total but not here. Only when the job is the target's only
     writer and its ledger counted shards from its first commit (older ledgers did not)."""
-    shards = [str(u) for u in meta.get("shards") or ()]
-    if not shards or set(writers) != {job} or target != str(meta.get("target", "")):
+    shards = list(meta.shards)
+    if not shards or set(writers) != {job} or target != meta.target:
         return []
     if not hasattr(warehouse, "partition_rows_by_shard"):
         return []
@@ -444,8 +441,8 @@ def verify_job(config: Any, **options: Any) -> VerifyResult:
         warehouse = open_warehouse(config)
         try:
             # a multi-table job is verified table by table (its meta lists them)
-            meta = registry.job_meta(config.job) or {}
-            target = None if meta.get("targets") else config.table
+            meta = registry.job_meta(config.job) or JobMeta()
+            target = None if meta.targets else config.table
             return verify(registry, warehouse, config.job, target=target, **options)
         finally:
             getattr(warehouse, "close", warehouse.client.close)()

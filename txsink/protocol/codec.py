@@ -224,6 +224,11 @@ class JobMeta:
         return Mode(self.mode) if self.mode in {m.value for m in Mode} else None
 
     @property
+    def blank(self) -> bool:
+        """Whether nothing at all is recorded (a job created without meta)."""
+        return self == JobMeta()
+
+    @property
     def tables(self) -> list[str]:
         """Every table the job writes: its ``targets`` or its one ``target``."""
         if self.targets:
@@ -271,6 +276,16 @@ def decode_job_meta(data: Mapping[str, Any] | None, where: str = "job meta") -> 
         mode_changed_at=None if changed is None else float(changed),
         unknown={k: v for k, v in data.items() if k not in _JOB_KEYS},
     )
+
+
+def as_job_meta(
+    meta: JobMeta | Mapping[str, Any] | None, where: str = "job meta"
+) -> JobMeta | None:
+    """``meta`` typed: a JobMeta as it is, a job node's mapping decoded (callers that still
+    build meta as a dict, and tests), None as None."""
+    if meta is None or isinstance(meta, JobMeta):
+        return meta
+    return decode_job_meta(meta, where)
 
 
 # --------------------------------------------------------------------------- small nodes
