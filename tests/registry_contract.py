@@ -24,7 +24,7 @@ import pytest
 from txsink.errors import FencedError, KeeperRequestTooLarge, RetryableConflict
 from txsink.keeper.manifest_codec import KEEPER_MAX_REQUEST, unpack_record
 from txsink.keeper.registry import CREATE, EMPTY_LEDGER, BlobConflict, Registry, XidExists
-from txsink.protocol.codec import JobMeta, encode_record
+from txsink.protocol.codec import JobMeta, Ledger, encode_record
 from txsink.protocol.ids import staging_name
 from txsink.protocol.states import Cut, Epoch, Mode, StagedPart, XidRecord, XidState
 
@@ -201,19 +201,15 @@ class RegistryContract:
         assert done_one.version == one.version + 1
         assert registry.get(JOB, "x-1") == done_one
         assert registry.get(JOB, "x-2") == done_two
-        assert registry.ledger(JOB) == {
-            "seq": 2,
-            "committed": 2,
-            "rows": 9,
-            "last_batch": 2,
-            "last_commit_at": 3000.0,
-            "partitions": {"a": 7, "b": 2},
-            "partition_seq": {"a": 2, "b": 1},
-            "partial": [],
-            "evicted_partitions": 0,
-            "evicted_rows": 0,
-            "evicted_filter": "",
-        }
+        assert registry.ledger(JOB) == Ledger(
+            seq=2,
+            committed=2,
+            rows=9,
+            last_batch=2,
+            last_commit_at=3000.0,
+            partitions={"a": 7, "b": 2},
+            partition_seq={"a": 2, "b": 1},
+        )
 
     def test_commit_with_stale_version_is_a_conflict(self, registry: Registry) -> None:
         epoch = registry.take_epoch(JOB, "driver-a")
@@ -221,7 +217,7 @@ class RegistryContract:
         registry.commit(epoch, record, committed_at=2000.0)
         with pytest.raises(RetryableConflict):
             registry.commit(epoch, record, committed_at=2001.0)  # version 0 is gone
-        assert registry.ledger(JOB)["committed"] == 1
+        assert registry.ledger(JOB).committed == 1
 
     def test_commit_of_a_missing_xid_is_a_conflict(self, registry: Registry) -> None:
         epoch = registry.take_epoch(JOB, "driver-a")
@@ -236,7 +232,7 @@ class RegistryContract:
         with pytest.raises(ValueError, match="illegal xid transition"):
             registry.commit(epoch, done, committed_at=2001.0)  # COMMITTED -> COMMITTED
         assert registry.get(JOB, "x-1") == done
-        assert registry.ledger(JOB)["seq"] == 1
+        assert registry.ledger(JOB).seq == 1
 
     def test_stale_epoch_cannot_commit_even_a_prepared_xid(self, registry: Registry) -> None:
         old = registry.take_epoch(JOB, "driver-a")
@@ -492,7 +488,7 @@ class RegistryContract:
             t.join(timeout=60)
         assert errors == []
         committed = [r for r in registry.list(JOB) if r.state is XidState.COMMITTED]
-        assert registry.ledger(JOB)["committed"] == len(committed) == 6
+        assert registry.ledger(JOB).committed == len(committed) == 6
         assert sorted(r.seq or 0 for r in committed) == list(range(1, len(committed) + 1))
 
     # -- bounded nodes: large manifests ------------------------------------------------
@@ -513,7 +509,7 @@ class RegistryContract:
         assert done.manifest == record.manifest and done.state is XidState.COMMITTED
         assert registry.get(JOB, "b7") == done
         assert chunk_names(registry) == chunks  # a commit rewrites the record, not chunks
-        assert registry.ledger(JOB)["rows"] == record.rows
+        assert registry.ledger(JOB).rows == record.rows
 
     def test_200_tasks_by_30_partitions_prepare_and_a_replay_finds_the_record(
         self, registry: Registry
@@ -670,7 +666,7 @@ class TombstoneContract:
         stored = registry.get(JOB, "b4")
         assert stored is not None and stored.version == fresh.version
         done = registry.commit(epoch, stored, 9.0)
-        assert done.state is XidState.COMMITTED and registry.ledger(JOB)["rows"] == 5
+        assert done.state is XidState.COMMITTED and registry.ledger(JOB).rows == 5
 
     def test_tombstones_only_grow_and_a_stale_epoch_still_cannot_prepare_over_one(
         self, registry: Registry

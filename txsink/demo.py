@@ -270,11 +270,11 @@ def run_job_once(
 
 def kill_after_progress(registry: Any, job: str, rng: random.Random) -> Callable[[], bool]:
     """A kill trigger: true a random 0-2 s after the job commits one more batch."""
-    start = registry.ledger(job).get("committed", 0)
+    start = registry.ledger(job).committed
     fire_at: list[float] = []
 
     def ready() -> bool:
-        if not fire_at and registry.ledger(job).get("committed", 0) > start:
+        if not fire_at and registry.ledger(job).committed > start:
             fire_at.append(time.monotonic() + rng.uniform(0.0, 2.0))
         return bool(fire_at) and time.monotonic() >= fire_at[0]
 
@@ -398,8 +398,8 @@ def run_demo(
                 ledger = registry.ledger(job)
                 progress(
                     f"run {n:2d}  crash={what or 'none':22s} exit={code:4d}  "
-                    f"committed batches={ledger.get('committed', 0):3d} "
-                    f"rows={ledger.get('rows', 0):,}"
+                    f"committed batches={ledger.committed:3d} "
+                    f"rows={ledger.rows:,}"
                 )
                 if kind != "clean" or code == 0:
                     break

@@ -378,7 +378,7 @@ def check_job_identity(handle: JobHandle, meta: JobMeta) -> None:
     if refusal:
         raise ConfigError(refusal)
     old, new = stored.query_id, meta.query_id
-    if old and new and old != new and handle.registry.ledger(job).get("committed", 0):
+    if old and new and old != new and handle.registry.ledger(job).committed:
         raise ConfigError(
             f"job {job} was written by streaming query {old} and this is query {new} (a new "
             f"checkpoint?). Its batch ids would collide with committed ones and be skipped as "

@@ -242,7 +242,7 @@ class Transactor:
         # Keeper server cannot show a record as it was before another runner moved it.
         self.registry.sync(self.job)
         existing = self.registry.get(self.job, xid)
-        last_batch = self.registry.ledger(self.job).get("last_batch")
+        last_batch = self.registry.ledger(self.job).last_batch
 
         def decide(existing: XidRecord | None) -> plans.BatchDecision:
             return plans.decide_batch(

@@ -83,7 +83,7 @@ def test_a_txn_version_save_of_two_tables_is_one_xid_and_its_rerun_is_a_no_op(
     assert set(records[0].targets) == {facts, daily}
     assert records[0].table_rows() == {facts: 3000, daily: 90}
     assert meta is not None and meta.targets == {facts: "attach", daily: "attach"}
-    assert ledger["tables"] == {facts: 3000, daily: 90} and ledger["committed"] == 1
+    assert ledger.tables == {facts: 3000, daily: 90} and ledger.committed == 1
 
 
 def test_an_exception_inside_the_block_leaves_nothing_visible_and_no_staging(

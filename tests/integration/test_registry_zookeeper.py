@@ -330,7 +330,7 @@ def test_a_10000_entry_prepare_that_used_to_wedge_lands_and_its_replay_finds_it(
     done = registry.commit(epoch, stored, committed_at=7.0)
     assert [r.state for r in registry.list(JOB)] == [XidState.COMMITTED]
     assert registry.get(JOB, "b9") == done
-    assert registry.ledger(JOB)["rows"] == record.rows
+    assert registry.ledger(JOB).rows == record.rows
 
 
 def test_a_damaged_or_missing_chunk_fails_loudly_and_is_never_guessed(

@@ -123,11 +123,11 @@ def test_a_run_of_the_records_own_table_has_no_target_field():
 
 def test_the_ledger_never_mixes_two_tables_partitions_and_cuts_one_per_table():
     led = lg.next_ledger(lg.empty_ledger(), two_tables(), 1.0)
-    assert led["partitions"] == {"202401": 5, f"{DAILY}/202401": 2, f"{DAILY}/202402": 1}
-    assert led["tables"] == {FACTS: 5, DAILY: 3} and led["rows"] == 8
+    assert led.partitions == {"202401": 5, f"{DAILY}/202401": 2, f"{DAILY}/202402": 1}
+    assert led.tables == {FACTS: 5, DAILY: 3} and led.rows == 8
     facts, daily = lg.table_view(led, FACTS, FACTS), lg.table_view(led, DAILY, FACTS)
-    assert facts["partitions"] == {"202401": 5} and facts["rows"] == 5
-    assert daily["partitions"] == {"202401": 2, "202402": 1} and daily["rows"] == 3
+    assert facts.partitions == {"202401": 5} and facts.rows == 5
+    assert daily.partitions == {"202401": 2, "202402": 1} and daily.rows == 3
 
 
 def test_evicted_rows_of_each_table_stay_that_tables():
@@ -138,10 +138,10 @@ def test_evicted_rows_of_each_table_stay_that_tables():
             StagedPart("s2", f"d{b}", 1, target=DAILY),
         )
         led = lg.next_ledger(led, rec, float(b), keep=3)
-    assert len(led["partitions"]) == 3
+    assert len(led.partitions) == 3
     facts, daily = lg.table_view(led, FACTS, FACTS), lg.table_view(led, DAILY, FACTS)
-    assert sum(facts["partitions"].values()) + facts["evicted_rows"] == 40
-    assert sum(daily["partitions"].values()) + daily["evicted_rows"] == 4
+    assert sum(facts.partitions.values()) + facts.evicted_rows == 40
+    assert sum(daily.partitions.values()) + daily.evicted_rows == 4
     assert lg.maybe_evicted(daily, "d0") and not lg.maybe_evicted(daily, "f3")
 
 
@@ -150,7 +150,7 @@ def test_a_single_table_ledger_is_unchanged():
         JOB, "b1", 1, XidState.PREPARED, 1, Mode.ATTACH, FACTS, (StagedPart("s", "p", 2),)
     )
     led = lg.next_ledger(lg.empty_ledger(), rec, 1.0)
-    assert "tables" not in led and led["partitions"] == {"p": 2}
+    assert not led.tables and led.partitions == {"p": 2}
     assert lg.table_view(led, FACTS, FACTS) == led
 
 

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from txsink.keeper.ledger import next_ledger
 from txsink.keeper.manifest_codec import pack_record, unpack_record
 from txsink.keeper.registry import MemoryRegistry, encode_json
 from txsink.protocol import dedup
@@ -22,9 +23,11 @@ from txsink.protocol.codec import (
     StateFormatTooNew,
     decode_epoch_node,
     decode_job_meta,
+    decode_ledger,
     decode_owner,
     decode_record,
     encode_job_meta,
+    encode_ledger,
     encode_owner,
     encode_record,
 )
@@ -126,6 +129,35 @@ def test_v0_job_meta_reads_typed_and_reencodes_with_the_same_keys() -> None:
         assert typed is not None
         assert encode_job_meta(typed) == {**old, "format": FORMAT}
         assert decode_job_meta(encode_job_meta(typed)) == typed
+
+
+@pytest.mark.parametrize("name", ["ledger.json", "ledger_evicted.json"])
+def test_a_v0_ledger_reads_typed_and_reencodes_with_the_same_keys(name: str) -> None:
+    old = node(name)
+    ledger = decode_ledger(old)
+    assert (ledger.seq, ledger.rows, ledger.last_batch) == (
+        old["seq"],
+        old["rows"],
+        old["last_batch"],
+    )
+    assert ledger.partitions == old["partitions"] and ledger.shards == {"1": 7}
+    assert encode_ledger(ledger) == {**old, "format": FORMAT}
+    assert decode_ledger(encode_ledger(ledger)) == ledger
+
+
+def test_a_v0_ledger_keeps_counting_where_it_stopped() -> None:
+    ledger = decode_ledger(node("ledger_evicted.json"))
+    assert ledger.evicted_partitions and ledger.partial == ()
+    record = decode_record(node("xid_committed.json"))
+    after = next_ledger(ledger, record, NOW + 99, keep=2)
+    assert after.seq == ledger.seq + 1 and after.rows == ledger.rows + record.rows
+    assert after.tables == ledger.tables and after.shards == ledger.shards
+    assert decode_ledger(json.loads(encode_json(encode_ledger(after)))) == after
+
+
+def test_a_ledger_of_a_newer_format_is_refused() -> None:
+    with pytest.raises(StateFormatTooNew, match="jobs/orders/ledger"):
+        decode_ledger({**node("ledger.json"), "format": FORMAT + 1}, "/txsink/jobs/orders/ledger")
 
 
 def test_v0_small_nodes_read_typed() -> None:

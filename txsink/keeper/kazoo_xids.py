@@ -25,7 +25,7 @@ from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, N
 from txsink.errors import RetryableConflict
 from txsink.keeper.kazoo_base import CasRetry, KazooBase, cas, step
 from txsink.keeper.kazoo_conn import decode_node, encode
-from txsink.keeper.ledger import empty_ledger, next_ledger
+from txsink.keeper.ledger import next_ledger
 from txsink.keeper.manifest_codec import (
     CHUNKS_DIR,
     ChunkRef,
@@ -45,7 +45,7 @@ from txsink.keeper.registry import (
     tombstone,
     with_more_aborted,
 )
-from txsink.protocol.codec import encode_record
+from txsink.protocol.codec import Ledger, decode_ledger, encode_ledger, encode_record
 from txsink.protocol.states import Cut, Epoch, XidRecord, XidState, check_transition
 
 log = logging.getLogger(__name__)
@@ -345,14 +345,14 @@ class KazooXids(KazooBase):
                 raise RetryableConflict(f"xid {record.xid} changed under us; re-read and retry")
             cur, node, _ = found
             ledger_found = self._conn.read_json(ledger_path)
-            ledger = empty_ledger() if ledger_found is None else ledger_found[0]
+            ledger = decode_ledger(None if ledger_found is None else ledger_found[0], ledger_path)
             try:
                 done = committed_record(cur, ledger, committed_at, epoch.number)
             except ValueError:
                 self._fence_now(epoch)
                 raise
             data = encode(repack(done, node))
-            ledger_data = encode(next_ledger(ledger, cur, committed_at))
+            ledger_data = encode(encode_ledger(next_ledger(ledger, cur, committed_at)))
             check_request(
                 f"commit {path}",
                 [(epoch_path, 0), (path, len(data)), (ledger_path, len(ledger_data))],
@@ -382,13 +382,11 @@ class KazooXids(KazooBase):
             return cas(f"job {epoch.job}: ledger {ledger_path}", attempt)
 
     @step
-    def ledger(self, job: str) -> dict[str, Any]:
+    def ledger(self, job: str) -> Ledger:
         path = f"{self._job(job)}/ledger"
         with self._conn.mapped(f"read {path}"):
             found = self._conn.read_json(path)
-        if found is None:
-            return empty_ledger()
-        return {**empty_ledger(), **found[0]}
+        return decode_ledger(None if found is None else found[0], path)
 
     @step
     def delete(self, epoch: Epoch, xids: builtins.list[str]) -> None:

@@ -33,7 +33,6 @@ docs/architecture.md, "Stale reads").
 from __future__ import annotations
 
 import builtins
-import copy
 import json
 import threading
 import time
@@ -42,7 +41,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from txsink.errors import FencedError, RetryableConflict
-from txsink.keeper.ledger import EMPTY_LEDGER, empty_ledger, next_ledger
+from txsink.keeper.ledger import EMPTY_LEDGER, next_ledger
 from txsink.keeper.manifest_codec import (
     CHUNKS_DIR,
     PackedRecord,
@@ -56,9 +55,12 @@ from txsink.keeper.manifest_codec import (
 )
 from txsink.protocol.codec import (
     JobMeta,
+    Ledger,
     OwnerInfo,
     decode_job_meta,
+    decode_ledger,
     encode_job_meta,
+    encode_ledger,
     encode_owner,
     encode_record,
 )
@@ -119,7 +121,7 @@ class Registry(Protocol):
     def namespace(self) -> str: ...
     def amend(self, epoch: Epoch, record: XidRecord, cuts: Iterable[Cut]) -> XidRecord: ...
     def commit(self, epoch: Epoch, record: XidRecord, committed_at: float) -> XidRecord: ...
-    def ledger(self, job: str) -> dict[str, Any]: ...
+    def ledger(self, job: str) -> Ledger: ...
     def delete(self, epoch: Epoch, xids: builtins.list[str]) -> None: ...
     def get_blob(self, job: str, key: str) -> dict[str, Any] | None: ...
     def put_blob(self, job: str, key: str, value: dict[str, Any]) -> None: ...
@@ -131,7 +133,7 @@ class Registry(Protocol):
 
 
 def committed_record(
-    record: XidRecord, ledger: dict[str, Any], committed_at: float, epoch: int | None = None
+    record: XidRecord, ledger: Ledger, committed_at: float, epoch: int | None = None
 ) -> XidRecord:
     """``record`` in state COMMITTED with its commit sequence number (``seq``) and the
     epoch that recorded it (``committed_epoch``; equal to ``record.epoch`` when no crash
@@ -139,7 +141,7 @@ def committed_record(
     return record.with_state(
         XidState.COMMITTED,
         committed_at=committed_at,
-        seq=int(ledger.get("seq", 0)) + 1,
+        seq=ledger.seq + 1,
         committed_epoch=record.committed_epoch if epoch is None else epoch,
     )
 
@@ -398,9 +400,9 @@ class MemoryRegistry:
                 raise RetryableConflict(f"xid {record.xid} changed under us; re-read and retry")
             node, version = found
             cur = self._unpack(epoch.job, record.xid, node, version)
-            ledger = self._ledgers.get(epoch.job, empty_ledger())
+            ledger = decode_ledger(self._ledgers.get(epoch.job))
             done = committed_record(cur, ledger, committed_at, epoch.number)
-            new_ledger = next_ledger(ledger, cur, committed_at)
+            new_ledger = encode_ledger(next_ledger(ledger, cur, committed_at))
             new_node = repack(done, node)
             check_request(
                 f"commit xid {record.xid} of job {epoch.job}",
@@ -414,8 +416,8 @@ class MemoryRegistry:
             self._ledgers[epoch.job] = new_ledger
             return replace(done, version=version + 1)
 
-    def ledger(self, job: str) -> dict[str, Any]:
-        return copy.deepcopy(self._ledgers.get(job, EMPTY_LEDGER))
+    def ledger(self, job: str) -> Ledger:
+        return decode_ledger(self._ledgers.get(job), self._path(job, "ledger"))
 
     def delete(self, epoch: Epoch, xids: builtins.list[str]) -> None:
         """Delete records, then every chunk no record references (theirs and orphans)."""

@@ -46,7 +46,7 @@ from txsink.ops.liveness import (
 )
 from txsink.ops.stores import Stores, open_stores, resolve_jobs
 from txsink.protocol import plans
-from txsink.protocol.codec import JobMeta, as_job_meta
+from txsink.protocol.codec import JobMeta, Ledger, as_job_meta, as_ledger
 from txsink.protocol.ids import parse_staging, staging_prefix
 from txsink.protocol.states import Epoch, Mode, XidRecord, XidState
 
@@ -174,7 +174,7 @@ def assess(
     meta: JobMeta | Mapping[str, Any],
     epoch: Epoch | None,
     owner: Mapping[str, Any] | None,
-    ledger: Mapping[str, Any],
+    ledger: Ledger | Mapping[str, Any],
     records: Iterable[XidRecord],
     staging_sizes: Mapping[str, Mapping[str, int]],
     staging_view: Mapping[str, Mapping[str, int] | None],
@@ -190,10 +190,11 @@ def assess(
     """
     records = list(records)
     job_meta = as_job_meta(meta) or JobMeta()
+    totals = as_ledger(ledger)
     age = heartbeat_age(owner, now)
     verdict = liveness_of(owner, records, now, stale_after)
     live, stale_after = verdict.live, verdict.stale_after_s
-    last_at = ledger.get("last_commit_at")
+    last_at = totals.last_commit_at
     status = JobStatus(
         job=job,
         target=job_meta.target,
@@ -208,11 +209,11 @@ def assess(
         cadence_s=verdict.cadence_s,
         stale_after_s=verdict.stale_after_s,
         stale_after_source=verdict.stale_after_source,
-        committed=int(ledger.get("committed", 0)),
-        rows_committed=int(ledger.get("rows", 0)),
-        last_batch=ledger.get("last_batch"),
+        committed=totals.committed,
+        rows_committed=totals.rows,
+        last_batch=totals.last_batch,
         last_commit_at=last_at,
-        last_commit_age=None if last_at is None else round(max(0.0, now - float(last_at)), 1),
+        last_commit_age=None if last_at is None else round(max(0.0, now - last_at), 1),
         targets=sorted(job_meta.targets),
     )
     prepared = [r for r in records if r.state is XidState.PREPARED]
@@ -307,7 +308,7 @@ def assess(
                     xid=st.xid,
                 )
             )
-    evicted = int(ledger.get("evicted_partitions", 0) or 0)
+    evicted = totals.evicted_partitions
     if evicted:
         w.append(
             Finding(
@@ -315,7 +316,7 @@ def assess(
                 "info",
                 f"the ledger of job {job} keeps per-partition totals of its "
                 f"{LEDGER_PARTITIONS} most recently written partitions; {evicted} eviction(s) "
-                f"folded {int(ledger.get('evicted_rows', 0) or 0)} rows into one total, so "
+                f"folded {totals.evicted_rows} rows into one total, so "
                 "`txsink verify` reconciles those partitions together, not one by one "
                 "(see docs/operations.md#keeper-limits)",
             )

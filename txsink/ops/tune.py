@@ -328,9 +328,9 @@ def observed_rate(
     """Rows per second of ``job``: a ledger delta over ``sample_seconds`` if given (and
     non-zero), else rows over the span of the retained committed records."""
     if sample_seconds:
-        before = int(registry.ledger(job).get("rows", 0))
+        before = registry.ledger(job).rows
         sleep(sample_seconds)
-        delta = int(registry.ledger(job).get("rows", 0)) - before
+        delta = registry.ledger(job).rows - before
         if delta > 0:
             return delta / sample_seconds, (
                 f"ledger of job {job}: {delta} rows committed in {sample_seconds:g}s"

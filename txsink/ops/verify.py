@@ -54,7 +54,7 @@ from txsink.ops.anomalies import (
     detect_anomalies,
     stuck_prepared,
 )
-from txsink.protocol.codec import JobMeta, as_job_meta
+from txsink.protocol.codec import JobMeta, Ledger, as_job_meta, as_ledger
 from txsink.protocol.ids import staging_prefix
 from txsink.protocol.states import Mode, XidRecord, XidState
 
@@ -91,7 +91,7 @@ EVICTED = "(evicted)"
 
 
 def ledger_partition_rows(
-    ledgers: Iterable[Mapping[str, Any]], target_rows: Mapping[str, int]
+    ledgers: Iterable[Ledger | Mapping[str, Any]], target_rows: Mapping[str, int]
 ) -> tuple[dict[str, int], set[str]]:
     """(committed rows per partition id, the ids folded into :data:`EVICTED`) (pure).
 
@@ -99,23 +99,23 @@ def ledger_partition_rows(
     rows (in the window, not partial) or certainly never held it; all others, and every
     ledger's evicted total, go into one ``EVICTED`` bucket.
     """
-    ledgers = [dict(ledger) for ledger in ledgers]
+    typed = [as_ledger(ledger) for ledger in ledgers]
     folded: set[str] = set()
     pids = set(target_rows)
-    for ledger in ledgers:
-        window = {str(p) for p in dict(ledger.get("partitions", {}))}
+    for ledger in typed:
+        window = set(ledger.partitions)
         pids |= window
         folded |= window - set(exact_partitions(ledger))
-    for ledger in ledgers:
-        window = {str(p) for p in dict(ledger.get("partitions", {}))}
+    for ledger in typed:
+        window = set(ledger.partitions)
         folded |= {p for p in pids - window if maybe_evicted(ledger, p)}
     rows: dict[str, int] = {}
-    for ledger in ledgers:
-        for pid, n in dict(ledger.get("partitions", {})).items():
-            key = EVICTED if pid in folded else str(pid)
-            rows[key] = rows.get(key, 0) + int(n)
-        if int(ledger.get("evicted_rows", 0) or 0) or int(ledger.get("evicted_partitions", 0) or 0):
-            rows[EVICTED] = rows.get(EVICTED, 0) + int(ledger.get("evicted_rows", 0) or 0)
+    for ledger in typed:
+        for pid, n in ledger.partitions.items():
+            key = EVICTED if pid in folded else pid
+            rows[key] = rows.get(key, 0) + n
+        if ledger.evicted_rows or ledger.evicted_partitions:
+            rows[EVICTED] = rows.get(EVICTED, 0) + ledger.evicted_rows
     return rows, folded
 
 
@@ -130,7 +130,7 @@ def fold(rows: Mapping[str, int], folded: set[str]) -> dict[str, int]:
 
 def evicted_warning(target: str, writers: Mapping[str, Any], folded: set[str]) -> Finding:
     sample = ", ".join(sorted(folded)[:5]) + (", ..." if len(folded) > 5 else "")
-    evictions = sum(int(dict(w).get("evicted_partitions", 0) or 0) for w in writers.values())
+    evictions = sum(as_ledger(w).evicted_partitions for w in writers.values())
     return Finding(
         "ledger-evicted",
         f"reconciliation of {len(folded)} partition(s) of {target} ({sample}) one by one is not "
@@ -313,7 +313,7 @@ def _reconcile_table(
 ) -> dict[str, Any]:
     """Reconcile ``target`` against the ledgers (cut to that table) of every job writing
     it; adds findings to ``result`` and returns what was checked."""
-    writers: dict[str, dict[str, Any]] = {}
+    writers: dict[str, Ledger] = {}
     dedup = False
     inflight: dict[str, int] = {}
     for name in registry.list_jobs():
@@ -375,12 +375,12 @@ def _reconcile_shards(
     meta: JobMeta,
     records: list[XidRecord],
     target: str,
-    writers: Mapping[str, Mapping[str, Any]],
+    writers: Mapping[str, Ledger | Mapping[str, Any]],
     result: VerifyResult,
     allow_other_writers: bool = False,
 ) -> list[dict[str, Any]]:
     """Each shard of a sharded job's own target against the ledger's rows for that shard
-    (``ledger["shards"]``): rows published on the wrong shard, or twice on one and lost on
+    (``Ledger.shards``): rows published on the wrong shard, or twice on one and lost on
     another, cancel out in the total but not here. Only when the job is the target's only
     writer and its ledger counted shards from its first commit (older ledgers did not)."""
     shards = list(meta.shards)
@@ -388,9 +388,9 @@ def _reconcile_shards(
         return []
     if not hasattr(warehouse, "partition_rows_by_shard"):
         return []
-    ledger = writers[job]
-    counted = {str(k): int(v) for k, v in dict(ledger.get("shards", {})).items()}
-    if sum(counted.values()) != int(ledger.get("rows", 0)):
+    ledger = as_ledger(writers[job])
+    counted = dict(ledger.shards)
+    if sum(counted.values()) != ledger.rows:
         result.warnings.append(
             Finding(
                 "shards-not-counted",

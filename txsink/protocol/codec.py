@@ -288,6 +288,117 @@ def as_job_meta(
     return decode_job_meta(meta, where)
 
 
+# --------------------------------------------------------------------------- the ledger
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """A job's ledger: exact totals of everything it ever committed, in one bounded node
+    (its layout and arithmetic: :mod:`txsink.keeper.ledger`).
+
+    ``key_prefix`` is never stored: a one-table view of a multi-table ledger
+    (:func:`txsink.keeper.ledger.table_view`) names the prefix of that table's keys.
+    """
+
+    seq: int = 0
+    committed: int = 0
+    rows: int = 0
+    last_batch: int | None = None
+    last_commit_at: float | None = None
+    partitions: Mapping[str, int] = field(default_factory=dict)
+    partition_seq: Mapping[str, int] = field(default_factory=dict)
+    partial: tuple[str, ...] = ()
+    evicted_partitions: int = 0
+    evicted_rows: int = 0
+    evicted_filter: str = ""
+    shards: Mapping[str, int] = field(default_factory=dict)
+    tables: Mapping[str, int] = field(default_factory=dict)
+    evicted_tables: Mapping[str, int] = field(default_factory=dict)
+    key_prefix: str = ""
+    unknown: Mapping[str, Any] = field(default_factory=dict)
+
+
+_LEDGER_KEYS = frozenset(
+    {
+        "seq",
+        "committed",
+        "rows",
+        "last_batch",
+        "last_commit_at",
+        "partitions",
+        "partition_seq",
+        "partial",
+        "evicted_partitions",
+        "evicted_rows",
+        "evicted_filter",
+        "shards",
+        "tables",
+        "evicted_tables",
+        "key_prefix",
+        FORMAT_KEY,
+    }
+)
+
+
+def encode_ledger(ledger: Ledger) -> dict[str, Any]:
+    """The ledger node: the format-0 keys (``shards``, ``tables``, ``evicted_tables``
+    only when not empty), never ``key_prefix``."""
+    out: dict[str, Any] = {**ledger.unknown, FORMAT_KEY: FORMAT}
+    out.update(
+        seq=ledger.seq,
+        committed=ledger.committed,
+        rows=ledger.rows,
+        last_batch=ledger.last_batch,
+        last_commit_at=ledger.last_commit_at,
+        partitions=dict(ledger.partitions),
+        partition_seq=dict(ledger.partition_seq),
+        partial=list(ledger.partial),
+        evicted_partitions=ledger.evicted_partitions,
+        evicted_rows=ledger.evicted_rows,
+        evicted_filter=ledger.evicted_filter,
+    )
+    for key in ("tables", "shards", "evicted_tables"):
+        if getattr(ledger, key):
+            out[key] = dict(getattr(ledger, key))
+    return out
+
+
+def _counts(raw: Any) -> dict[str, int]:
+    return {str(k): int(v) for k, v in dict(raw or {}).items()}
+
+
+def decode_ledger(data: Mapping[str, Any] | None, where: str = "ledger") -> Ledger:
+    """The ledger of a ledger node (the empty ledger when there is none). Ledgers written
+    before ``partition_seq`` existed read with an empty one (every id at seq 0)."""
+    if not data:
+        return Ledger()
+    check_format(data, where)
+    last_batch, last_at = data.get("last_batch"), data.get("last_commit_at")
+    return Ledger(
+        seq=int(data.get("seq") or 0),
+        committed=int(data.get("committed") or 0),
+        rows=int(data.get("rows") or 0),
+        last_batch=None if last_batch is None else int(last_batch),
+        last_commit_at=None if last_at is None else float(last_at),
+        partitions=_counts(data.get("partitions")),
+        partition_seq=_counts(data.get("partition_seq")),
+        partial=tuple(str(p) for p in data.get("partial") or ()),
+        evicted_partitions=int(data.get("evicted_partitions") or 0),
+        evicted_rows=int(data.get("evicted_rows") or 0),
+        evicted_filter=str(data.get("evicted_filter") or ""),
+        shards=_counts(data.get("shards")),
+        tables=_counts(data.get("tables")),
+        evicted_tables=_counts(data.get("evicted_tables")),
+        key_prefix=str(data.get("key_prefix") or ""),
+        unknown={k: v for k, v in data.items() if k not in _LEDGER_KEYS},
+    )
+
+
+def as_ledger(ledger: Ledger | Mapping[str, Any] | None) -> Ledger:
+    """``ledger`` typed: a Ledger as it is, a ledger node's mapping decoded."""
+    return ledger if isinstance(ledger, Ledger) else decode_ledger(ledger)
+
+
 # --------------------------------------------------------------------------- small nodes
 
 

@@ -134,7 +134,7 @@ def already_committed(plan: WritePlan, xid: str, batch: int | None) -> bool:
         with borrowed_registry(plan.config) as registry:
             record = registry.get(job, xid)
             if record is None and batch is not None:
-                last = registry.ledger(job).get("last_batch")
+                last = registry.ledger(job).last_batch
     except UnavailableError:
         return False
     if record is not None:
