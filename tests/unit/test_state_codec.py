@@ -25,10 +25,12 @@ from txsink.protocol.codec import (
     decode_job_meta,
     decode_ledger,
     decode_owner,
+    decode_partition_state,
     decode_record,
     encode_job_meta,
     encode_ledger,
     encode_owner,
+    encode_partition_state,
     encode_record,
 )
 from txsink.protocol.states import Cut, Mode, StagedPart, Visibility, XidRecord, XidState
@@ -168,12 +170,17 @@ def test_v0_small_nodes_read_typed() -> None:
 
 
 def test_v0_dedup_entries_read_as_before() -> None:
-    before = dedup.PartitionState.from_json(node("dedup_before.json"))
-    after = dedup.PartitionState.from_json(node("dedup_after.json"))
+    before = decode_partition_state(node("dedup_before.json"))
+    after = decode_partition_state(node("dedup_after.json"))
     assert before is not None and after is not None
     assert before.status is dedup.Status.BEFORE and before.track is not None
     assert before.track.first == dedup.Mark(41, NOW - 1) and after.rows == 150
-    assert dedup.PartitionState.from_json(before.to_json()) == before
+    for state, name in ((before, "dedup_before.json"), (after, "dedup_after.json")):
+        encoded = encode_partition_state(state)
+        assert encoded == {**node(name), "format": FORMAT}
+        assert decode_partition_state(encoded) == state
+    with pytest.raises(StateFormatTooNew, match="dedup/b7/p0"):
+        decode_partition_state({**node("dedup_after.json"), "format": 9}, "dedup/b7/p0")
 
 
 # --------------------------------------------------------------------------- versions

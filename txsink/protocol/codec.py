@@ -9,7 +9,8 @@ Versions (the ``"format"`` key, written on every node from format 1 on)::
 
     (none)  format 0: what every release before format versions wrote. Read exactly as
             those releases read it, so jobs in flight survive an upgrade.
-    1       format 0 plus ``"format": 1``. The wire layout is otherwise unchanged, so a
+    1       format 0 plus ``"format": 1`` (on xid records, job meta, the ledger, dedup
+            entries, epoch and owner nodes). The wire layout is otherwise unchanged, so a
             release that predates versions still reads format 1 nodes (it ignores the
             key): a rolling upgrade (old and new drivers of one job) stays safe.
 
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from txsink.errors import TxSinkError
+from txsink.protocol.dedup import PartitionState
 from txsink.protocol.states import Cut, Mode, StagedPart, Visibility, XidRecord, XidState
 
 FORMAT = 1
@@ -446,6 +448,25 @@ def decode_epoch_node(data: Mapping[str, Any], where: str = "epoch") -> tuple[in
     """(epoch number, owner) of an epoch node."""
     check_format(data, where)
     return int(data.get("epoch") or 0), str(data.get("owner") or "")
+
+
+def encode_partition_state(state: PartitionState) -> dict[str, Any]:
+    """A dedup-mode BEFORE/AFTER entry (its keys are :mod:`txsink.protocol.dedup`'s).
+
+    Unlike an xid record, an entry is never amended: every write replaces it whole with
+    a state :func:`~txsink.protocol.dedup.check_successor` allowed, so there are no facts
+    of a newer writer to carry. A newer layout an older writer must not overwrite bumps
+    :data:`FORMAT` (the older one then refuses the entry instead)."""
+    return with_format(state.to_json())
+
+
+def decode_partition_state(
+    data: Mapping[str, Any] | None, where: str = "dedup entry"
+) -> PartitionState | None:
+    """The entry of a dedup node (None: no entry)."""
+    if not data:
+        return None
+    return PartitionState.from_json(without_format(data, where))
 
 
 def with_format(data: Mapping[str, Any]) -> dict[str, Any]:
