@@ -335,8 +335,8 @@ class RegistryContract:
         registry.heartbeat(epoch, {"batch": 4})
         owner = registry.owner(JOB)
         assert owner is not None
-        assert (owner["epoch"], owner["owner"], owner["batch"]) == (1, "driver-a", 4)
-        assert isinstance(owner["heartbeat"], float)
+        assert (owner.epoch, owner.owner, owner.details["batch"]) == (1, "driver-a", 4)
+        assert isinstance(owner.heartbeat, float)
 
     def test_stale_epoch_cannot_heartbeat(self, registry: Registry) -> None:
         old = registry.take_epoch(JOB, "driver-a")
@@ -345,7 +345,7 @@ class RegistryContract:
         with pytest.raises(FencedError):
             registry.heartbeat(old, {"batch": 1})
         owner = registry.owner(JOB)
-        assert owner is not None and owner["owner"] == "driver-b"
+        assert owner is not None and owner.owner == "driver-b"
 
     def test_blobs_round_trip_under_nested_keys(self, registry: Registry) -> None:
         assert registry.get_blob(JOB, "dedup/x-1/p0") is None

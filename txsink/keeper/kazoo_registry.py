@@ -45,6 +45,7 @@ from txsink.protocol.codec import (
     OwnerInfo,
     decode_epoch_node,
     decode_job_meta,
+    decode_owner,
     encode_epoch_node,
     encode_job_meta,
     encode_owner,
@@ -213,11 +214,11 @@ class KazooRegistry(KazooXids):
             cas(f"job {epoch.job}: owner node {path}", attempt)
 
     @step
-    def owner(self, job: str) -> dict[str, Any] | None:
+    def owner(self, job: str) -> OwnerInfo | None:
         path = f"{self._job(job)}/owner"
         with self._conn.mapped(f"read {path}"):
             found = self._conn.read(path)
-        return None if found is None else found[0]
+        return None if found is None else decode_owner(found[0], path)
 
     @step
     def namespace(self) -> str:

@@ -59,6 +59,7 @@ from txsink.protocol.codec import (
     OwnerInfo,
     decode_job_meta,
     decode_ledger,
+    decode_owner,
     encode_job_meta,
     encode_ledger,
     encode_owner,
@@ -113,7 +114,7 @@ class Registry(Protocol):
     def take_epoch(self, job: str, owner: str) -> Epoch: ...
     def current_epoch(self, job: str) -> Epoch | None: ...
     def heartbeat(self, epoch: Epoch, info: dict[str, Any]) -> None: ...
-    def owner(self, job: str) -> dict[str, Any] | None: ...
+    def owner(self, job: str) -> OwnerInfo | None: ...
     def get(self, job: str, xid: str) -> XidRecord | None: ...
     def list(self, job: str) -> builtins.list[XidRecord]: ...
     def prepare(self, epoch: Epoch, record: XidRecord) -> XidRecord: ...
@@ -267,8 +268,8 @@ class MemoryRegistry:
             )
             self._owners[epoch.job] = encode_owner(beat)
 
-    def owner(self, job: str) -> dict[str, Any] | None:
-        return self._owners.get(job)
+    def owner(self, job: str) -> OwnerInfo | None:
+        return decode_owner(self._owners.get(job), self._path(job, "owner"))
 
     # Xid records are stored as Keeper would hold them: the packed node (JSON) and its
     # chunk nodes, so the twin runs the same layout code as KazooRegistry.

@@ -75,7 +75,7 @@ def change_mode(
     owner = registry.owner(job)
     if writer_is_live(owner, time.time(), stale_after) and not force:
         raise ConfigError(
-            f"job {job} has a live writer ({(owner or {}).get('owner')}); stop the streaming "
+            f"job {job} has a live writer ({owner.owner if owner else None}); stop the streaming "
             f"query first (a batch in flight was written in mode {old}); pass --force only "
             f"once you know it has stopped (e.g. it just failed)"
         )

@@ -46,7 +46,7 @@ from txsink.ops.liveness import (
 )
 from txsink.ops.stores import Stores, open_stores, resolve_jobs
 from txsink.protocol import plans
-from txsink.protocol.codec import JobMeta, Ledger, as_job_meta, as_ledger
+from txsink.protocol.codec import JobMeta, Ledger, OwnerInfo, as_job_meta, as_ledger, as_owner
 from txsink.protocol.ids import parse_staging, staging_prefix
 from txsink.protocol.states import Epoch, Mode, XidRecord, XidState
 
@@ -148,7 +148,7 @@ class JobStatus:
 
 
 def writer_is_live(
-    owner: Mapping[str, Any] | None,
+    owner: OwnerInfo | Mapping[str, Any] | None,
     now: float,
     stale_after: float | None = None,
     records: Iterable[XidRecord] = (),
@@ -158,7 +158,7 @@ def writer_is_live(
 
 
 def liveness_of(
-    owner: Mapping[str, Any] | None,
+    owner: OwnerInfo | Mapping[str, Any] | None,
     records: Iterable[XidRecord],
     now: float,
     stale_after: float | None = None,
@@ -173,7 +173,7 @@ def assess(
     *,
     meta: JobMeta | Mapping[str, Any],
     epoch: Epoch | None,
-    owner: Mapping[str, Any] | None,
+    owner: OwnerInfo | Mapping[str, Any] | None,
     ledger: Ledger | Mapping[str, Any],
     records: Iterable[XidRecord],
     staging_sizes: Mapping[str, Mapping[str, int]],
@@ -191,8 +191,9 @@ def assess(
     records = list(records)
     job_meta = as_job_meta(meta) or JobMeta()
     totals = as_ledger(ledger)
-    age = heartbeat_age(owner, now)
-    verdict = liveness_of(owner, records, now, stale_after)
+    info = as_owner(owner)
+    age = heartbeat_age(info, now)
+    verdict = liveness_of(info, records, now, stale_after)
     live, stale_after = verdict.live, verdict.stale_after_s
     last_at = totals.last_commit_at
     status = JobStatus(
@@ -202,8 +203,8 @@ def assess(
         staging_database=staging_database,
         epoch=epoch.number if epoch else None,
         owner=epoch.owner if epoch else None,
-        owner_epoch=None if not owner or owner.get("epoch") is None else int(owner["epoch"]),
-        owner_state=None if not owner else str(owner.get("state", "")) or None,
+        owner_epoch=None if info is None else info.epoch,
+        owner_state=None if info is None else info.state or None,
         heartbeat_age=None if age is None else round(age, 1),
         live=live,
         cadence_s=verdict.cadence_s,
@@ -326,13 +327,14 @@ def assess(
             Finding(
                 "fenced-writer",
                 "info",
-                f"job {job} was taken over by {owner.get('owner') if owner else '?'} (epoch "
+                f"job {job} was taken over by {info.owner if info else '?'} (epoch "
                 f"{status.epoch}); the writer that held it before "
-                f"({(owner or {}).get('previous_owner') or '?'}) is fenced: its next commit fails "
+                f"({(info.details.get('previous_owner') if info else None) or '?'}) is fenced: "
+                f"its next commit fails "
                 f"with FencedError. Restart that Spark query (a new run takes a new epoch)",
             )
         )
-    elif owner and status.owner_epoch is not None and epoch and status.owner_epoch < epoch.number:
+    elif info and status.owner_epoch is not None and epoch and status.owner_epoch < epoch.number:
         w.append(
             Finding(
                 "fenced-writer",

@@ -410,9 +410,9 @@ class OwnerInfo:
     (running, publishing, recovering, mode-change, ...) and the other keys are what the
     owner chose to report (``details``)."""
 
-    epoch: int
+    epoch: int | None
     owner: str
-    heartbeat: float
+    heartbeat: float | None
     state: str = ""
     details: Mapping[str, Any] = field(default_factory=dict)
 
@@ -430,13 +430,19 @@ def decode_owner(data: Mapping[str, Any] | None, where: str = "owner") -> OwnerI
         return None
     check_format(data, where)
     known = {"epoch", "owner", "heartbeat", "state", FORMAT_KEY}
+    epoch, beat = data.get("epoch"), data.get("heartbeat")
     return OwnerInfo(
-        epoch=int(data.get("epoch") or 0),
+        epoch=None if epoch is None else int(epoch),
         owner=str(data.get("owner") or ""),
-        heartbeat=float(data.get("heartbeat") or 0.0),
+        heartbeat=None if beat is None else float(beat),
         state=str(data.get("state") or ""),
         details={k: v for k, v in data.items() if k not in known},
     )
+
+
+def as_owner(owner: OwnerInfo | Mapping[str, Any] | None) -> OwnerInfo | None:
+    """``owner`` typed: an OwnerInfo as it is, an owner node's mapping decoded."""
+    return owner if owner is None or isinstance(owner, OwnerInfo) else decode_owner(owner)
 
 
 def encode_epoch_node(number: int, owner: str, since: float) -> dict[str, Any]:
