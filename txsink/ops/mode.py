@@ -26,9 +26,9 @@ from typing import Any
 from txsink.errors import ConfigError
 from txsink.ops.status import Stores, recover_owner, writer_is_live
 from txsink.protocol.dedup import xid_key as dedup_xid_key
-from txsink.protocol.states import XidState
+from txsink.protocol.states import Mode, XidState
 
-MODES = ("attach", "dedup")
+MODES = tuple(m.value for m in Mode)
 
 
 @dataclass
@@ -49,6 +49,7 @@ def change_mode(
     """Pin ``job`` to mode ``new``; ConfigError (naming the next step) when unsafe now."""
     if new not in MODES:
         raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {new!r}")
+    wanted = Mode(new)
     registry = stores.registry
     meta = registry.job_meta(job)
     if meta is None:
@@ -56,14 +57,14 @@ def change_mode(
             f"job {job!r} does not exist in Keeper; its mode is decided at its first commit"
         )
     old = meta.mode or None
-    if meta.targets and new != "attach":
+    if meta.targets and wanted is not Mode.ATTACH:
         raise ConfigError(
             f"job {job} writes {', '.join(sorted(meta.targets))} with txsink.transaction, "
             f"which takes attach-mode tables only (dedup rows would be visible before the "
             f"transaction commits). Write the table that needs dedup mode with "
             f"txsink.foreach_batch under a new job name"
         )
-    if meta.shards and new != "attach":
+    if meta.shards and wanted is not Mode.ATTACH:
         raise ConfigError(
             f"job {job} writes one xid across the shards {', '.join(meta.shards)} (its "
             f"target {meta.target} is a local table on each), which takes attach mode "
@@ -91,7 +92,7 @@ def change_mode(
         )
     committed = {r.xid for r in registry.list(job) if r.state is XidState.COMMITTED}
     open_dedup = [x for x in registry.blob_children(job, "dedup") if x not in committed]
-    if old == "dedup" and open_dedup:
+    if meta.pinned_mode is Mode.DEDUP and open_dedup:
         raise ConfigError(
             f"job {job} has half-written dedup batch(es) {', '.join(open_dedup)}: their rows "
             f"are partly in the target and only a dedup-mode replay finishes them exactly "

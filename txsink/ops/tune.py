@@ -47,8 +47,9 @@ from txsink.ops.tune_model import (
     TuneResult,
     percentile,
 )
+from txsink.protocol.codec import JobMeta
 from txsink.protocol.ids import batch_xid, run_tag, staging_name
-from txsink.protocol.states import StagedPart, XidState
+from txsink.protocol.states import Mode, StagedPart, XidState
 from txsink.transactor import Transactor
 
 # Re-exported: the result types and defaults live in txsink.ops.tune_model.
@@ -182,7 +183,8 @@ def measure(
                 f"touch {len(pids)}"
             )
         epoch = transactor.begin(
-            f"txsink-tune-{tag}", meta={"target": scratch, "mode": "attach", "scratch": True}
+            f"txsink-tune-{tag}",
+            meta=JobMeta(target=scratch, mode=Mode.ATTACH.value, unknown={"scratch": True}),
         )
         run = run_tag(job)
         warmup = 0.0
