@@ -2,11 +2,11 @@
 
 Keeper layout under the root (default ``/txsink``, inside the optional chroot)::
 
-    <root>/jobs/<job>                    job meta: target, mode, created_at, options
+    <root>/jobs/<job>                    job meta (JobMeta): target, mode, created_at, ...
     <root>/jobs/<job>/epoch              {"epoch": n, "owner": ..., "since": ts}
                                          its node version is the fencing token
-    <root>/jobs/<job>/owner              {"epoch": n, "owner": ..., "heartbeat": ts}
-    <root>/jobs/<job>/ledger             totals, bounded: see :mod:`txsink.keeper.ledger`
+    <root>/jobs/<job>/owner              OwnerInfo: {"epoch", "owner", "heartbeat", ...}
+    <root>/jobs/<job>/ledger             Ledger: totals, bounded (:mod:`txsink.keeper.ledger`)
     <root>/jobs/<job>/xids/<xid>         an XidRecord (JSON), manifest compact inline or
                                          a reference to chunk nodes
     <root>/jobs/<job>/manifests/<xid>.<nonce>.<i>
@@ -15,6 +15,11 @@ Keeper layout under the root (default ``/txsink``, inside the optional chroot)::
     <root>/jobs/<job>/dedup/<xid>/p<n>   dedup-mode BEFORE/AFTER state of one partition
     <root>/namespace                     {"id": random hex}: this store's id, part of every
                                          staging name (two roots never share staging)
+
+Every node's JSON is written and read by :mod:`txsink.protocol.codec` and carries the
+state format it was written in (``"format"``; nodes of releases before it read as format
+0); the registries exchange typed records (``XidRecord``, ``JobMeta``, ``Ledger``,
+``OwnerInfo``), never raw dicts, except blobs, whose owners encode them.
 
 Every state change is fenced: one Keeper transaction checks that the epoch node still has
 the writer's token and then creates or compare-and-sets the record. A writer whose epoch
