@@ -14,9 +14,8 @@ Invariants:
   a re-run after a lost reply finds what actually landed (``XidExists`` for a prepare, a
   moved version for a compare-and-set). Past ``retry_s`` the UnavailableError reaches
   the caller, which treats the outcome as unknown.
-- Compare-and-set: every loop of read, decide, conditional write is :func:`cas`; one
-  attempt raises :class:`CasRetry` when what it read moved before its write landed
-  (kazoo's ``ForceRetryError`` pattern), and the helper reads and decides again.
+- Compare-and-set: every loop of read, decide, conditional write is
+  :func:`txsink.keeper.cas.cas` (the in-memory twin runs the same helper).
 """
 
 from __future__ import annotations
@@ -30,7 +29,8 @@ from typing import Any, Concatenate, NoReturn, ParamSpec, TypeVar
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError
 
-from txsink.errors import ConfigError, RetryableConflict, TxSinkError
+from txsink.errors import ConfigError, TxSinkError
+from txsink.keeper.cas import MAX_CAS_ROUNDS, CasRetry, cas
 from txsink.keeper.kazoo_conn import DEFAULT_RETRY_S, KazooConn
 from txsink.keeper.manifest_codec import CHUNKS_DIR
 from txsink.keeper.registry import superseded
@@ -42,29 +42,11 @@ DEFAULT_TIMEOUT = 10.0
 
 # Names under <root>/jobs/<job> that belong to the registry itself, not to blobs.
 RESERVED_KEYS = frozenset({"epoch", "owner", "ledger", "xids", CHUNKS_DIR})
-# A CAS loop that loses this often is not contention but a bug or a runaway peer.
-MAX_CAS_ROUNDS = 50
-
 P = ParamSpec("P")
 R = TypeVar("R")
 B = TypeVar("B", bound="KazooBase")
 
-
-class CasRetry(Exception):
-    """One compare-and-set attempt lost: what it read moved before its write landed."""
-
-
-def cas(what: str, attempt: Callable[[], R], rounds: int = MAX_CAS_ROUNDS) -> R:
-    """Run ``attempt`` (read, decide, one conditional write) until it lands; every
-    :class:`CasRetry` starts it over from its read. Losing ``rounds`` times in a row is
-    not contention but a runaway peer or a bug: :class:`RetryableConflict` naming
-    ``what``, with nothing half-written (each attempt's write is one request)."""
-    for _ in range(rounds):
-        try:
-            return attempt()
-        except CasRetry:
-            continue
-    raise RetryableConflict(f"{what} keeps changing; retry")
+__all__ = ["MAX_CAS_ROUNDS", "CasRetry", "KazooBase", "cas", "check_name", "step"]
 
 
 def step(method: Callable[Concatenate[B, P], R]) -> Callable[Concatenate[B, P], R]:

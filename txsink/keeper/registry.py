@@ -46,6 +46,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from txsink.errors import FencedError, RetryableConflict
+from txsink.keeper.cas import CasRetry, cas
 from txsink.keeper.ledger import EMPTY_LEDGER, next_ledger
 from txsink.keeper.manifest_codec import (
     CHUNKS_DIR,
@@ -94,10 +95,6 @@ __all__ = [
     "typed_meta",
     "with_more_aborted",
 ]
-
-
-# Rounds of prepare whose chunks a concurrent sweep removed before the record existed.
-MAX_ROUNDS = 50
 
 
 def encode_json(value: dict[str, Any]) -> bytes:
@@ -264,8 +261,9 @@ class MemoryRegistry:
         with self._lock:
             self._fence(epoch)
             check_transition(None, record.state)
-        incoming, over = record, None  # over: version of the tombstone we replace
-        for _ in range(MAX_ROUNDS):
+        incoming = record
+
+        def attempt() -> XidRecord:
             with self._lock:
                 existing = self._nodes.get(epoch.job, {}).get(incoming.xid)
                 record, over = incoming, None
@@ -291,17 +289,18 @@ class MemoryRegistry:
                         store.pop(n, None)
                     raise
                 if any(n not in store for n in names):
-                    continue  # a sweep took our chunks before the record existed: again
+                    raise CasRetry  # a sweep took our chunks before the record existed
                 xids = self._nodes.setdefault(epoch.job, {})
                 now = xids.get(record.xid)
                 if (now[1] if now else None) != over:
                     for n in names:  # the node changed since we read it: decide again
                         store.pop(n, None)
-                    continue
+                    raise CasRetry
                 version = 0 if over is None else over + 1
                 xids[record.xid] = (packed.node, version)
                 return self._unpack(epoch.job, record.xid, packed.node, version)
-        raise RetryableConflict(f"xid {record.xid} of job {epoch.job} keeps changing; retry")
+
+        return cas(f"xid {record.xid} of job {epoch.job}", attempt)
 
     def abort(self, job: str, xid: str, tables: Iterable[str], now: float) -> XidRecord:
         with self._lock:
