@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from txsink.errors import TxSinkError
 from txsink.keeper.ledger import next_ledger
 from txsink.keeper.manifest_codec import pack_record, unpack_record
 from txsink.keeper.registry import MemoryRegistry, encode_json
@@ -191,6 +192,13 @@ def test_a_record_of_a_newer_format_is_refused_naming_the_node(name: str) -> Non
     data = {**node(name), "format": FORMAT + 1}
     with pytest.raises(StateFormatTooNew, match=r"jobs/orders/xids/b0000.*upgrade txsink"):
         unpack_record(data, chunks_of("b00000010"), 0, "/txsink/jobs/orders/xids/b0000000x")
+
+
+@pytest.mark.parametrize("bad", ["1", 1.5, True, -1, None])
+def test_a_format_that_is_not_a_version_number_is_refused_naming_the_node(bad: Any) -> None:
+    with pytest.raises(TxSinkError, match="jobs/orders/xids/b7 says its state format") as caught:
+        decode_record({**node("xid_prepared.json"), "format": bad}, 0, "jobs/orders/xids/b7")
+    assert not isinstance(caught.value, StateFormatTooNew)
 
 
 def test_job_meta_of_a_newer_format_is_refused() -> None:

@@ -78,10 +78,15 @@ class StateFormatTooNew(TxSinkError):
 def check_format(data: Mapping[str, Any], where: str) -> int:
     """The node's format (0 when it has none); StateFormatTooNew when newer than ours."""
     raw = data.get(FORMAT_KEY, 0)
-    found = int(raw) if isinstance(raw, int | float | str) and str(raw).isdigit() else -1
-    if found < 0 or found > FORMAT:
-        raise StateFormatTooNew(where, found if found > FORMAT else FORMAT + 1)
-    return found
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
+        raise TxSinkError(
+            f"Keeper node {where} says its state format is {raw!r}, not a version number: "
+            "txsink did not write it this way. Nothing was changed; inspect the node (and "
+            "who else writes under this Keeper root) before running again"
+        )
+    if raw > FORMAT:
+        raise StateFormatTooNew(where, raw)
+    return raw
 
 
 # --------------------------------------------------------------------------- manifest
