@@ -1,5 +1,5 @@
 """The base of :class:`~txsink.keeper.kazoo_registry.KazooRegistry`: its session, paths,
-fencing checks and the one compare-and-set helper every write loop runs through.
+fencing checks and the compare-and-set primitives its write loops are made of.
 
 Invariants:
 
@@ -42,6 +42,7 @@ DEFAULT_TIMEOUT = 10.0
 
 # Names under <root>/jobs/<job> that belong to the registry itself, not to blobs.
 RESERVED_KEYS = frozenset({"epoch", "owner", "ledger", "xids", CHUNKS_DIR})
+
 P = ParamSpec("P")
 R = TypeVar("R")
 B = TypeVar("B", bound="KazooBase")

@@ -1,7 +1,8 @@
 """The one codec of txsink's persisted state: typed records <-> the JSON Keeper holds.
 
 Owns the wire form of every node txsink writes (xid records and their manifest entries,
-job meta, dedup BEFORE/AFTER entries, epoch and owner nodes) and its format version.
+job meta, the ledger, dedup BEFORE/AFTER entries, epoch and owner nodes) and its format
+version.
 Pure: no I/O; :mod:`txsink.keeper.manifest_codec` lays encoded records out in bounded
 nodes, the registries send the bytes.
 
@@ -20,8 +21,9 @@ Rules every change of a node's layout follows:
   ignore) goes into ``extra``, the record's dict of facts. An older reader keeps facts
   it does not know (:attr:`XidRecord.unknown`) and writes them back unchanged with
   every rewrite (amend, commit, a tombstone's growth), so a newer writer's facts are
-  never erased by an older one. The same holds for unknown keys of job meta, dedup
-  entries and owner nodes.
+  never erased by an older one. Job meta and the ledger keep their unknown keys the same
+  way (``unknown``). Dedup entries and owner nodes are never read-modify-written (every
+  write replaces them whole), so they carry none.
 - Anything an older reader must NOT ignore (a changed meaning, a new top-level key of an
   xid record, a manifest layout) bumps :data:`FORMAT`. A reader refuses a node of a
   newer format with :class:`StateFormatTooNew` naming the node, never guessing.
