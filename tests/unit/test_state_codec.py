@@ -21,6 +21,7 @@ from txsink.protocol import dedup
 from txsink.protocol.codec import (
     FORMAT,
     JobMeta,
+    Ledger,
     StateFormatTooNew,
     decode_epoch_node,
     decode_job_meta,
@@ -291,3 +292,48 @@ def test_cuts_merge_partition_by_partition_and_never_lose_a_part() -> None:
     assert more.cut(S1, "202402") == {"c" * 16: 1}
     assert more.with_cuts(more.cuts) == more
     assert replace(more, cuts=()).cut(S0, "202401") == {}
+
+
+counts = st.dictionaries(names, st.integers(0, 10**9), max_size=4)
+ledgers = st.builds(
+    Ledger,
+    seq=st.integers(0, 10**6),
+    committed=st.integers(0, 10**6),
+    rows=st.integers(0, 10**12),
+    last_batch=st.none() | st.integers(0, 10**9),
+    last_commit_at=st.none() | st.floats(0, 2e9, allow_nan=False),
+    partitions=counts,
+    partition_seq=counts,
+    partial=st.lists(names, max_size=3).map(tuple),
+    evicted_partitions=st.integers(0, 1000),
+    evicted_rows=st.integers(0, 10**9),
+    evicted_filter=st.sampled_from(["", "00ff"]),
+    shards=counts,
+    tables=counts,
+    evicted_tables=counts,
+    unknown=st.dictionaries(st.sampled_from(["window_v2", "note"]), st.integers(), max_size=2),
+)
+metas = st.builds(
+    JobMeta,
+    target=st.sampled_from(["", "db.t"]),
+    mode=st.sampled_from(["", "attach", "dedup"]),
+    job=names,
+    url=st.sampled_from(["", "http://h:8123"]),
+    staging_database=st.sampled_from(["", "txsink_staging"]),
+    query_id=st.sampled_from(["", "q-1"]),
+    created_at=st.floats(0, 2e9, allow_nan=False),
+    targets=st.dictionaries(names, st.sampled_from(["attach", "dedup"]), max_size=3),
+    shards=st.lists(names, max_size=3).map(tuple),
+    mode_changed_at=st.none() | st.floats(0, 2e9, allow_nan=False),
+    unknown=st.dictionaries(st.sampled_from(["tier", "note"]), st.integers(), max_size=2),
+)
+
+
+@given(ledgers)
+def test_every_ledger_roundtrips_through_the_codec(ledger: Ledger) -> None:
+    assert decode_ledger(json.loads(encode_json(encode_ledger(ledger)))) == ledger
+
+
+@given(metas)
+def test_every_job_meta_roundtrips_through_the_codec(meta: JobMeta) -> None:
+    assert decode_job_meta(json.loads(encode_json(encode_job_meta(meta)))) == meta
