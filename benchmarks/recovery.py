@@ -130,7 +130,7 @@ def first_commit_after_takeover(bench: Bench, job: str) -> dict[str, Any]:
     mine = sorted(
         (r.committed_at, r.xid)
         for r in records
-        if r.committed_at and r.extra.get("committed_epoch") == current.number
+        if r.committed_at and r.committed_epoch == current.number
     )
     if not mine:
         raise RuntimeError(f"job {job}: no commit by epoch {current.number}")

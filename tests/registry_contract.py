@@ -24,8 +24,9 @@ import pytest
 from txsink.errors import FencedError, KeeperRequestTooLarge, RetryableConflict
 from txsink.keeper.manifest_codec import KEEPER_MAX_REQUEST, unpack_record
 from txsink.keeper.registry import CREATE, EMPTY_LEDGER, BlobConflict, Registry, XidExists
+from txsink.protocol.codec import JobMeta, Ledger, encode_record
 from txsink.protocol.ids import staging_name
-from txsink.protocol.states import Epoch, Mode, StagedPart, XidRecord, XidState
+from txsink.protocol.states import Cut, Epoch, Mode, StagedPart, XidRecord, XidState
 
 JOB = "orders"
 OpenRegistry = Callable[[], Registry]
@@ -54,7 +55,7 @@ def make_record(
             for pid, rows in parts.items()
         ),
         created_at=1000.0,
-        extra={"attempt": 0},
+        unknown={"attempt": 0},  # a fact of a newer txsink: kept through every write
     )
 
 
@@ -68,10 +69,19 @@ class RegistryContract:
     # -- jobs -------------------------------------------------------------------------
 
     def test_ensure_job_creates_once_and_returns_the_stored_meta(self, registry: Registry) -> None:
-        first = registry.ensure_job(JOB, {"target": "db.events", "mode": "attach"})
+        first = registry.ensure_job(JOB, JobMeta(target="db.events", mode="attach"))
         again = registry.ensure_job(JOB, {"target": "db.other", "mode": "dedup"})
-        assert first == again == {"target": "db.events", "mode": "attach"}
+        assert first == again == JobMeta(target="db.events", mode="attach")
         assert registry.job_meta(JOB) == first
+
+    def test_job_meta_keeps_keys_of_a_newer_writer_and_takes_a_mode_change(
+        self, registry: Registry
+    ) -> None:
+        registry.ensure_job(JOB, {"target": "db.events", "mode": "attach", "tier": "gold"})
+        stored = registry.job_meta(JOB)
+        assert stored is not None and stored.unknown == {"tier": "gold"}
+        registry.set_job_meta(JOB, replace(stored, mode="dedup", mode_changed_at=5.0))
+        assert registry.job_meta(JOB) == replace(stored, mode="dedup", mode_changed_at=5.0)
 
     def test_unknown_job_has_no_meta_epoch_owner_or_xids(self, registry: Registry) -> None:
         assert registry.job_meta("nobody") is None
@@ -86,7 +96,7 @@ class RegistryContract:
         assert registry.job_meta("nobody") is None and registry.list_jobs() == []
         registry.ensure_job(JOB, {"target": "db.events"})
         registry.sync(JOB)
-        assert registry.job_meta(JOB) == {"target": "db.events"}
+        assert registry.job_meta(JOB) == JobMeta(target="db.events")
 
     def test_list_jobs_lists_ensured_jobs_sorted(self, registry: Registry) -> None:
         assert registry.list_jobs() == []
@@ -98,7 +108,7 @@ class RegistryContract:
         registry.take_epoch("only-epoch", "driver-a")
         assert registry.list_jobs() == []
         assert registry.job_meta("only-epoch") is None
-        assert registry.ensure_job("only-epoch", {"target": "t"}) == {"target": "t"}
+        assert registry.ensure_job("only-epoch", {"target": "t"}) == JobMeta(target="t")
         assert registry.list_jobs() == ["only-epoch"]
 
     # -- epochs -----------------------------------------------------------------------
@@ -132,7 +142,7 @@ class RegistryContract:
         assert stored.version == 0
         assert stored.state is XidState.PREPARED
         assert registry.get(JOB, "x-1") == stored
-        assert stored.to_json() == record.to_json()
+        assert encode_record(stored) == encode_record(record)
 
     def test_prepare_of_existing_xid_returns_the_existing_record(self, registry: Registry) -> None:
         epoch = registry.take_epoch(JOB, "driver-a")
@@ -186,24 +196,20 @@ class RegistryContract:
         done_one = registry.commit(epoch, one, committed_at=2000.0)
         done_two = registry.commit(epoch, two, committed_at=3000.0)
         assert done_one.state is XidState.COMMITTED and done_one.committed_at == 2000.0
-        assert [done_one.extra["seq"], done_two.extra["seq"]] == [1, 2]
-        assert done_one.extra["attempt"] == 0  # extra is kept, seq added
+        assert [done_one.seq, done_two.seq] == [1, 2]
+        assert done_one.unknown["attempt"] == 0  # unknown facts are kept, seq added
         assert done_one.version == one.version + 1
         assert registry.get(JOB, "x-1") == done_one
         assert registry.get(JOB, "x-2") == done_two
-        assert registry.ledger(JOB) == {
-            "seq": 2,
-            "committed": 2,
-            "rows": 9,
-            "last_batch": 2,
-            "last_commit_at": 3000.0,
-            "partitions": {"a": 7, "b": 2},
-            "partition_seq": {"a": 2, "b": 1},
-            "partial": [],
-            "evicted_partitions": 0,
-            "evicted_rows": 0,
-            "evicted_filter": "",
-        }
+        assert registry.ledger(JOB) == Ledger(
+            seq=2,
+            committed=2,
+            rows=9,
+            last_batch=2,
+            last_commit_at=3000.0,
+            partitions={"a": 7, "b": 2},
+            partition_seq={"a": 2, "b": 1},
+        )
 
     def test_commit_with_stale_version_is_a_conflict(self, registry: Registry) -> None:
         epoch = registry.take_epoch(JOB, "driver-a")
@@ -211,7 +217,7 @@ class RegistryContract:
         registry.commit(epoch, record, committed_at=2000.0)
         with pytest.raises(RetryableConflict):
             registry.commit(epoch, record, committed_at=2001.0)  # version 0 is gone
-        assert registry.ledger(JOB)["committed"] == 1
+        assert registry.ledger(JOB).committed == 1
 
     def test_commit_of_a_missing_xid_is_a_conflict(self, registry: Registry) -> None:
         epoch = registry.take_epoch(JOB, "driver-a")
@@ -226,7 +232,7 @@ class RegistryContract:
         with pytest.raises(ValueError, match="illegal xid transition"):
             registry.commit(epoch, done, committed_at=2001.0)  # COMMITTED -> COMMITTED
         assert registry.get(JOB, "x-1") == done
-        assert registry.ledger(JOB)["seq"] == 1
+        assert registry.ledger(JOB).seq == 1
 
     def test_stale_epoch_cannot_commit_even_a_prepared_xid(self, registry: Registry) -> None:
         old = registry.take_epoch(JOB, "driver-a")
@@ -242,13 +248,13 @@ class RegistryContract:
     ) -> None:
         epoch = registry.take_epoch(JOB, "a")
         rec = prepared(registry, epoch, "b1")
-        facts = {"cut": {"s/p": {"aa": 3}}}
+        facts = [Cut("s", "p", {"aa": 3})]
         amended = registry.amend(epoch, rec, facts)
         assert amended.version == rec.version + 1 and amended.cut("s", "p") == {"aa": 3}
         again = registry.amend(epoch, rec, facts)  # a re-run after a lost reply
         assert again.version == amended.version
         # facts of another partition, from a copy read before the first amend: both kept
-        both = registry.amend(epoch, rec, {"cut": {"s/q": {"bb": 1}}})
+        both = registry.amend(epoch, rec, [Cut("s", "q", {"bb": 1})])
         assert both.cut("s", "p") == {"aa": 3} and both.cut("s", "q") == {"bb": 1}
         stored = registry.get(JOB, "b1")
         assert stored is not None and stored.cut("s", "p") == {"aa": 3}
@@ -256,10 +262,10 @@ class RegistryContract:
         assert stored.manifest == rec.manifest and stored.state is XidState.PREPARED
         newer = registry.take_epoch(JOB, "b")
         with pytest.raises(FencedError):
-            registry.amend(epoch, stored, {"cut": {"s/p": {"bb": 1}}})
+            registry.amend(epoch, stored, [Cut("s", "p", {"bb": 1})])
         done = registry.commit(newer, stored, 1.0)
         with pytest.raises(RetryableConflict):
-            registry.amend(newer, done, {"cut": {}})
+            registry.amend(newer, done, [])
 
     def test_new_epoch_rolls_forward_an_xid_prepared_by_the_old_one(
         self, registry: Registry
@@ -329,8 +335,8 @@ class RegistryContract:
         registry.heartbeat(epoch, {"batch": 4})
         owner = registry.owner(JOB)
         assert owner is not None
-        assert (owner["epoch"], owner["owner"], owner["batch"]) == (1, "driver-a", 4)
-        assert isinstance(owner["heartbeat"], float)
+        assert (owner.epoch, owner.owner, owner.details["batch"]) == (1, "driver-a", 4)
+        assert isinstance(owner.heartbeat, float)
 
     def test_stale_epoch_cannot_heartbeat(self, registry: Registry) -> None:
         old = registry.take_epoch(JOB, "driver-a")
@@ -339,7 +345,7 @@ class RegistryContract:
         with pytest.raises(FencedError):
             registry.heartbeat(old, {"batch": 1})
         owner = registry.owner(JOB)
-        assert owner is not None and owner["owner"] == "driver-b"
+        assert owner is not None and owner.owner == "driver-b"
 
     def test_blobs_round_trip_under_nested_keys(self, registry: Registry) -> None:
         assert registry.get_blob(JOB, "dedup/x-1/p0") is None
@@ -423,7 +429,7 @@ class RegistryContract:
         epoch = registry.take_epoch(JOB, "driver-a")
         record = prepared(registry, epoch, "x-1")
         other = open_registry()
-        assert other.job_meta(JOB) == {"target": "db.events"}
+        assert other.job_meta(JOB) == JobMeta(target="db.events")
         assert other.current_epoch(JOB) == epoch
         assert other.get(JOB, "x-1") == record
 
@@ -482,8 +488,8 @@ class RegistryContract:
             t.join(timeout=60)
         assert errors == []
         committed = [r for r in registry.list(JOB) if r.state is XidState.COMMITTED]
-        assert registry.ledger(JOB)["committed"] == len(committed) == 6
-        assert sorted(r.extra["seq"] for r in committed) == list(range(1, len(committed) + 1))
+        assert registry.ledger(JOB).committed == len(committed) == 6
+        assert sorted(r.seq or 0 for r in committed) == list(range(1, len(committed) + 1))
 
     # -- bounded nodes: large manifests ------------------------------------------------
 
@@ -503,7 +509,7 @@ class RegistryContract:
         assert done.manifest == record.manifest and done.state is XidState.COMMITTED
         assert registry.get(JOB, "b7") == done
         assert chunk_names(registry) == chunks  # a commit rewrites the record, not chunks
-        assert registry.ledger(JOB)["rows"] == record.rows
+        assert registry.ledger(JOB).rows == record.rows
 
     def test_200_tasks_by_30_partitions_prepare_and_a_replay_finds_the_record(
         self, registry: Registry
@@ -569,7 +575,7 @@ class RegistryContract:
         epoch = registry.take_epoch(JOB, "driver-a")
         record = make_record("x-old", parts={"a": 1, "b": 2})
         stored = registry.prepare(epoch, record)
-        assert unpack_record(record.to_json(), None, 0, "old node") == stored
+        assert unpack_record(encode_record(record), None, 0, "old node") == stored
 
     def test_a_request_over_the_keeper_limit_is_refused_before_it_is_sent(
         self, registry: Registry
@@ -660,7 +666,7 @@ class TombstoneContract:
         stored = registry.get(JOB, "b4")
         assert stored is not None and stored.version == fresh.version
         done = registry.commit(epoch, stored, 9.0)
-        assert done.state is XidState.COMMITTED and registry.ledger(JOB)["rows"] == 5
+        assert done.state is XidState.COMMITTED and registry.ledger(JOB).rows == 5
 
     def test_tombstones_only_grow_and_a_stale_epoch_still_cannot_prepare_over_one(
         self, registry: Registry

@@ -17,7 +17,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +25,7 @@ from txsink.config import WriterConfig
 from txsink.credentials import split_url
 from txsink.errors import ConfigError, FencedError
 from txsink.keeper.registry import Registry
+from txsink.protocol.codec import JobMeta, as_job_meta
 from txsink.protocol.states import Epoch
 from txsink.transactor import Transactor
 
@@ -277,38 +278,38 @@ def job_meta(
     mode: str,
     query_id: str = "",
     targets: dict[str, str] | None = None,
-) -> dict[str, Any]:
+) -> JobMeta:
     """The job node's data. Keeper nodes are world-readable (even under ``keeper_auth``),
     so it holds no credential: the url without userinfo, no user, no password.
 
     ``targets`` (a :func:`txsink.transaction` job): every table the job writes and its
     pinned mode; ``target`` stays the job's own table (``config.table``)."""
-    meta = {
-        "job": config.job,
-        "target": config.table,
-        "mode": mode,
-        "url": split_url(config.url).url,
-        "staging_database": config.staging_database,
-        "query_id": query_id,
-        "created_at": time.time(),
-    }
-    if targets:
-        meta["targets"] = dict(sorted(targets.items()))
-    if config.shards:
-        meta["shards"] = list(config.shards)
-    return meta
+    return JobMeta(
+        job=config.job,
+        target=config.table,
+        mode=mode,
+        url=split_url(config.url).url,
+        staging_database=config.staging_database,
+        query_id=query_id,
+        created_at=time.time(),
+        targets=dict(sorted((targets or {}).items())),
+        shards=tuple(config.shards),
+    )
 
 
-def primary_target(stored: dict[str, Any] | None, tables: Iterable[str]) -> str:
+def primary_target(stored: JobMeta | Mapping[str, Any] | None, tables: Iterable[str]) -> str:
     """The job's own table for a transaction writing ``tables``: the stored one, else
     (first commit) the first of ``tables`` in sorted order. Records use it as their
     ``target``, the ledger keys its partitions bare (:func:`ledger_key`)."""
-    if stored and stored.get("target"):
-        return str(stored["target"])
+    meta = as_job_meta(stored)
+    if meta and meta.target:
+        return meta.target
     return sorted(tables)[0]
 
 
-def check_tables(job: str, stored: dict[str, Any] | None, tables: Iterable[str]) -> None:
+def check_tables(
+    job: str, stored: JobMeta | Mapping[str, Any] | None, tables: Iterable[str]
+) -> None:
     """Refuse a transaction whose tables a job cannot take (pure).
 
     A job keeps the set of tables of its first commit: its ledger, ``verify`` and the
@@ -317,10 +318,10 @@ def check_tables(job: str, stored: dict[str, Any] | None, tables: Iterable[str])
     transaction of several tables under a job that a single-table writer
     (``format("clickhouse_tx")``, ``foreach_batch``) created."""
     wanted = sorted(set(tables))
-    if not stored:
+    meta = as_job_meta(stored)
+    if not meta or meta.blank:
         return
-    known = stored.get("targets")
-    have = sorted(known) if isinstance(known, dict) else [str(stored.get("target", ""))]
+    have = sorted(meta.targets) if meta.targets else [meta.target]
     extra = [t for t in wanted if t not in have]
     if extra:
         raise ConfigError(
@@ -331,27 +332,30 @@ def check_tables(job: str, stored: dict[str, Any] | None, tables: Iterable[str])
         )
 
 
-def identity_refusal(job: str, stored: dict[str, Any], meta: dict[str, Any]) -> str | None:
+def identity_refusal(
+    job: str, stored: JobMeta | Mapping[str, Any], meta: JobMeta | Mapping[str, Any]
+) -> str | None:
     """Why a writer whose job meta would be ``meta`` must not write job ``job`` as
     ``stored`` (its Keeper meta) records it: another target table, or another shard list
     (None when it may). Checked before any row is written (validation) and again at the
     takeover of every run (:func:`check_job_identity`)."""
-    if stored.get("target") and stored["target"] != meta["target"]:
+    old, new = as_job_meta(stored) or JobMeta(), as_job_meta(meta) or JobMeta()
+    if old.target and old.target != new.target:
         return (
-            f"job {job} writes to {stored['target']}, not {meta['target']}; a job keeps one "
+            f"job {job} writes to {old.target}, not {new.target}; a job keeps one "
             f"target for its whole life: choose a new job name"
         )
-    if stored and list(stored.get("shards") or []) != list(meta.get("shards") or []):
+    if not old.blank and old.shards != new.shards:
         return (
-            f"job {job} writes the shards {stored.get('shards') or [stored.get('url')]}, "
-            f"this writer names {meta.get('shards') or [meta.get('url')]}. A job keeps its "
+            f"job {job} writes the shards {list(old.shards) or [old.url]}, "
+            f"this writer names {list(new.shards) or [new.url]}. A job keeps its "
             f"shard list, in order, for its whole life (staging tables and the records name "
             f"shards by their place in it). Give the same shards option, or a new job name"
         )
     return None
 
 
-def check_job_identity(handle: JobHandle, meta: dict[str, Any]) -> None:
+def check_job_identity(handle: JobHandle, meta: JobMeta) -> None:
     """Refuse a writer that would reuse a job's xids for a different query or table.
 
     Streaming xids are ``b<batchId>``: a new query (new checkpoint) writing under an old
@@ -361,20 +365,20 @@ def check_job_identity(handle: JobHandle, meta: dict[str, Any]) -> None:
     """
     job = handle.config.job
     stored = handle.registry.ensure_job(job, meta)
-    known = stored.get("targets")
-    if isinstance(known, dict) and len(known) > 1 and not meta.get("targets"):
+    known = stored.targets
+    if len(known) > 1 and not meta.targets:
         raise ConfigError(
             f"job {job} commits several tables in one transaction ({', '.join(sorted(known))}); "
             f"a single-table writer must not share its xids. Write with "
             f"`txsink.transaction(...)`, or use a new job name"
         )
-    if meta.get("targets"):
-        check_tables(job, stored, meta["targets"])
+    if meta.targets:
+        check_tables(job, stored, meta.targets)
     refusal = identity_refusal(job, stored, meta)
     if refusal:
         raise ConfigError(refusal)
-    old, new = stored.get("query_id") or "", meta.get("query_id") or ""
-    if old and new and old != new and handle.registry.ledger(job).get("committed", 0):
+    old, new = stored.query_id, meta.query_id
+    if old and new and old != new and handle.registry.ledger(job).committed:
         raise ConfigError(
             f"job {job} was written by streaming query {old} and this is query {new} (a new "
             f"checkpoint?). Its batch ids would collide with committed ones and be skipped as "

@@ -29,7 +29,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -45,6 +45,7 @@ from txsink.errors import (
 from txsink.faults import fault_point
 from txsink.keeper.registry import Registry, XidExists, superseded
 from txsink.protocol import plans, visibility
+from txsink.protocol.codec import JobMeta
 from txsink.protocol.dedup import xid_key as dedup_xid_key
 from txsink.protocol.ids import (
     batch_claim_name,
@@ -52,7 +53,15 @@ from txsink.protocol.ids import (
     parse_staging,
     staging_prefix,
 )
-from txsink.protocol.states import Epoch, Mode, StagedPart, XidRecord, XidState
+from txsink.protocol.states import (
+    Cut,
+    Epoch,
+    Mode,
+    StagedPart,
+    Visibility,
+    XidRecord,
+    XidState,
+)
 
 log = logging.getLogger(__name__)
 
@@ -171,14 +180,14 @@ class Transactor:
         self,
         owner: str | None = None,
         *,
-        meta: dict[str, Any] | None = None,
+        meta: JobMeta | Mapping[str, Any] | None = None,
         keep: set[str] | frozenset[str] = frozenset(),
     ) -> Epoch:
         """Take a new writer epoch (fencing any older writer) and recover the job.
 
         ``keep``: staging tables of a batch in flight that recovery must not roll back.
         """
-        self.registry.ensure_job(self.job, meta or {})
+        self.registry.ensure_job(self.job, JobMeta() if meta is None else meta)
         epoch = self.registry.take_epoch(self.job, owner or default_owner())
         self.registry.heartbeat(epoch, {"state": "recovering"})
         report = self.recover(epoch, keep=keep)
@@ -201,9 +210,10 @@ class Transactor:
         target: str,
         parts: Sequence[StagedPart],
         mode: Mode = Mode.ATTACH,
-        extra: dict[str, Any] | None = None,
         *,
         streaming: bool = False,
+        tables: Sequence[str] = (),
+        visibility: Visibility = Visibility.PARTITION,
     ) -> CommitResult:
         """Prepare and publish one batch whose tasks all succeeded.
 
@@ -212,7 +222,7 @@ class Transactor:
 
         Several tables in one xid: ``target`` is the job's own table and each part names
         its table in ``StagedPart.target`` (normalised to ``""`` when it is ``target``, so
-        the manifest stays small); ``extra["tables"]`` lists every table written."""
+        the manifest stays small); ``tables`` lists every table written."""
         started = self.clock()
         parts = [replace(p, target="") if p.target == target else p for p in parts]
         incoming = XidRecord(
@@ -225,13 +235,14 @@ class Transactor:
             target=target,
             manifest=tuple(p for p in parts if p.rows > 0),
             created_at=started,
-            extra=dict(extra or {}),
+            tables=tuple(tables),
+            visibility=visibility,
         )
         # Decisive reads (skip, roll forward, refuse, drop strays): synced, so a lagging
         # Keeper server cannot show a record as it was before another runner moved it.
         self.registry.sync(self.job)
         existing = self.registry.get(self.job, xid)
-        last_batch = self.registry.ledger(self.job).get("last_batch")
+        last_batch = self.registry.ledger(self.job).last_batch
 
         def decide(existing: XidRecord | None) -> plans.BatchDecision:
             return plans.decide_batch(
@@ -417,8 +428,10 @@ class Transactor:
                     "them from staging, moving the rest",
                     self.job, record.xid, op.partition_id, op.staging, len(op.cut),
                 )  # fmt: skip
-                key = f"{op.staging}/{op.partition_id}"  # amend merges it into the others
-                record = self.registry.amend(epoch, record, {"cut": {key: dict(op.cut)}})
+                # amend merges it into the record's cuts of other partitions
+                record = self.registry.amend(
+                    epoch, record, [Cut(op.staging, op.partition_id, op.cut)]
+                )
                 continue
             if isinstance(op, plans.DropParts):
                 self.warehouse.drop_parts(op.staging, op.partition_id, op.evidence)

@@ -231,11 +231,11 @@ def test_spark_save_into_a_distributed_table_is_one_exact_xid_over_its_shards(
 
     registry = open_registry(config(servers[0], f"{db}.dist", stack.keeper))
     try:
-        meta = registry.job_meta(job) or {}
+        meta = registry.job_meta(job)
     finally:
         registry.close()
-    assert meta.get("shards") == list(servers)
-    assert meta.get("target") == f"{db}.local"
+    assert meta is not None and meta.shards == tuple(servers)
+    assert meta.target == f"{db}.local"
 
     sharded = WriterConfig.from_options(
         {"shards": ",".join(servers), "table": f"{db}.local", "keeper": stack.keeper, "job": job}

@@ -75,15 +75,15 @@ def test_a_txn_version_save_of_two_tables_is_one_xid_and_its_rerun_is_a_no_op(
     registry = open_registry(_config(stack, job, facts))
     try:
         records = registry.list(job)
-        meta = registry.job_meta(job) or {}
+        meta = registry.job_meta(job)
         ledger = registry.ledger(job)
     finally:
         registry.close()
     assert [(r.xid, r.state) for r in records] == [("b7", XidState.COMMITTED)]
     assert set(records[0].targets) == {facts, daily}
     assert records[0].table_rows() == {facts: 3000, daily: 90}
-    assert meta["targets"] == {facts: "attach", daily: "attach"}
-    assert ledger["tables"] == {facts: 3000, daily: 90} and ledger["committed"] == 1
+    assert meta is not None and meta.targets == {facts: "attach", daily: "attach"}
+    assert ledger.tables == {facts: 3000, daily: 90} and ledger.committed == 1
 
 
 def test_an_exception_inside_the_block_leaves_nothing_visible_and_no_staging(

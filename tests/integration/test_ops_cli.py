@@ -30,6 +30,7 @@ from txsink.driver import JobHandle, job_meta, open_job
 from txsink.errors import FencedError
 from txsink.faults import EXIT_CODE
 from txsink.ops.verify import verify_job
+from txsink.protocol.codec import decode_record, encode_record
 from txsink.protocol.ids import batch_xid, run_tag, staging_name
 from txsink.protocol.states import Epoch, Mode, StagedPart, XidRecord, XidState
 
@@ -166,12 +167,12 @@ class Env:
         path = f"{self.root}/jobs/{self.job}/xids/{xid}"
         if not self.zk.exists(path):
             return None
-        return XidRecord.from_json(json.loads(self.zk.get(path)[0]))
+        return decode_record(json.loads(self.zk.get(path)[0]))
 
     def write_record(self, record: XidRecord) -> None:
         """Write an xid record straight into Keeper, behind the registry's back."""
         path = f"{self.root}/jobs/{self.job}/xids/{record.xid}"
-        data = json.dumps(record.to_json()).encode()
+        data = json.dumps(encode_record(record)).encode()
         if self.zk.exists(path):
             self.zk.set(path, data)
         else:
@@ -210,7 +211,7 @@ def bogus(job: str, xid: str, batch: int | None, seq: int) -> XidRecord:
     now = 1_700_000_000.0 + seq
     return XidRecord(
         job=job, xid=xid, batch=batch, state=XidState.COMMITTED, epoch=1, mode=Mode.ATTACH,
-        target="", created_at=now, committed_at=now, extra={"seq": seq},
+        target="", created_at=now, committed_at=now, seq=seq,
     )  # fmt: skip
 
 

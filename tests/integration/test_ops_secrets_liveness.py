@@ -137,7 +137,7 @@ def test_a_writer_that_stops_committing_reads_dead_after_its_cadence_and_recover
         time.sleep(max(0.0, 0.5 - (time.monotonic() - started)))
     in_flight = stage(handle, batch_xid(8), rows(4, start=8000), run="run-A")[0].table
     # ... and then its driver dies: no more commits, no more heartbeats
-    last_heartbeat = float(handle.registry.owner(env.job)["heartbeat"])
+    last_heartbeat = float(handle.registry.owner(env.job).heartbeat or 0.0)
 
     code, doc = cli_json(cli, "status", "--job", env.job)
     job = doc["jobs"][0]

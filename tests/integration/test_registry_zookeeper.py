@@ -8,11 +8,13 @@ so tests never collide.
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -40,7 +42,8 @@ from txsink.errors import (
 from txsink.keeper.kazoo_registry import KazooRegistry
 from txsink.keeper.manifest_codec import CHUNK_BYTES
 from txsink.keeper.registry import Registry, XidExists
-from txsink.protocol.states import Epoch, XidRecord, XidState
+from txsink.protocol.codec import FORMAT, StateFormatTooNew
+from txsink.protocol.states import Cut, Epoch, XidRecord, XidState
 
 pytestmark = pytest.mark.integration
 
@@ -330,7 +333,7 @@ def test_a_10000_entry_prepare_that_used_to_wedge_lands_and_its_replay_finds_it(
     done = registry.commit(epoch, stored, committed_at=7.0)
     assert [r.state for r in registry.list(JOB)] == [XidState.COMMITTED]
     assert registry.get(JOB, "b9") == done
-    assert registry.ledger(JOB)["rows"] == record.rows
+    assert registry.ledger(JOB).rows == record.rows
 
 
 def test_a_damaged_or_missing_chunk_fails_loudly_and_is_never_guessed(
@@ -405,3 +408,45 @@ def test_an_oversized_request_is_refused_instead_of_dropping_the_session(
         registry.ensure_job(JOB, {"target": "db.t", "notes": "x" * 1_100_000})
     assert registry._client.client_id == session and registry._client.connected
     assert registry.job_meta(JOB) is None
+
+
+def test_nodes_written_before_format_versions_are_read_and_carried_forward(
+    registry: KazooRegistry, raw_zk: KazooClient, root: str
+) -> None:
+    """A job in flight across the upgrade: its v0 nodes (tests/fixtures/state_v0), written
+    straight into ZooKeeper, are read, amended and committed by this release; the
+    rewritten nodes carry the format and keep a newer writer's facts."""
+    fixtures = Path(__file__).resolve().parent.parent / "fixtures" / "state_v0"
+    job = f"{root}/jobs/orders"
+    prepared_v0 = json.loads((fixtures / "xid_prepared.json").read_bytes())
+    prepared_v0["extra"]["quorum"] = {"acks": 3}  # a fact this release does not know
+    raw_zk.create(job, (fixtures / "job_meta.json").read_bytes(), makepath=True)
+    raw_zk.create(f"{job}/xids/b00000007", json.dumps(prepared_v0).encode(), makepath=True)
+    raw_zk.create(f"{job}/xids/b00000010", (fixtures / "xid_chunked.json").read_bytes())
+    for chunk in sorted(fixtures.glob("chunk_b00000010.*")):
+        name = chunk.name.removeprefix("chunk_")
+        raw_zk.create(f"{job}/manifests/{name}", chunk.read_bytes(), makepath=True)
+    meta = registry.job_meta("orders")
+    assert meta is not None and meta.targets == {"db.daily": "attach", "db.orders": "attach"}
+    chunked = registry.get("orders", "b00000010")
+    assert chunked is not None and len(chunked.manifest) == 1500
+    record = registry.get("orders", "b00000007")
+    assert record is not None and record.unknown == {"quorum": {"acks": 3}}
+    epoch = registry.take_epoch("orders", "upgraded-driver")
+    staging = record.manifest[1].table
+    amended = registry.amend(epoch, record, [Cut(staging, "202402", {"ab" * 8: 1})])
+    done = registry.commit(epoch, amended, 5.0)
+    assert done.seq == 1 and done.cut(staging, "202402") == {"ab" * 8: 1}
+    node = json.loads(raw_zk.get(f"{job}/xids/b00000007")[0])
+    assert node["format"] == FORMAT and node["extra"]["quorum"] == {"acks": 3}
+    assert json.loads(raw_zk.get(f"{job}/ledger")[0])["format"] == FORMAT
+    assert json.loads(raw_zk.get(f"{job}/epoch")[0])["format"] == FORMAT
+
+
+def test_a_node_of_a_newer_format_is_refused_naming_it(
+    registry: KazooRegistry, raw_zk: KazooClient, root: str
+) -> None:
+    path = f"{root}/jobs/{JOB}/xids/b1"
+    raw_zk.create(path, json.dumps({"format": FORMAT + 1, "xid": "b1"}).encode(), makepath=True)
+    with pytest.raises(StateFormatTooNew, match=f"{path}.*upgrade txsink"):
+        registry.get(JOB, "b1")

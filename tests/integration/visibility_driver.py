@@ -18,7 +18,7 @@ from txsink.clickhouse.warehouse import STAGING_INSERT_SETTINGS
 from txsink.config import WriterConfig
 from txsink.driver import open_job
 from txsink.protocol.ids import batch_xid, run_tag, staging_name
-from txsink.protocol.states import Mode, StagedPart
+from txsink.protocol.states import Mode, StagedPart, Visibility
 
 ROWS = 50  # per task and partition
 
@@ -47,9 +47,11 @@ def main(argv: list[str]) -> None:
             )
             for pid, (rows, uuids) in sorted(wh.staged_partitions(name).items()):
                 parts.append(StagedPart(name, pid, rows, uuids=uuids))
-        extra = {"visibility": "batch"} if visibility == "batch" else {}
+        shown = Visibility.BATCH if visibility == "batch" else Visibility.PARTITION
         t0 = time.perf_counter()
-        tx.commit_batch(epoch, batch_xid(b), b, table, parts, Mode.ATTACH, extra, streaming=True)
+        tx.commit_batch(
+            epoch, batch_xid(b), b, table, parts, Mode.ATTACH, streaming=True, visibility=shown
+        )
         latencies.append(time.perf_counter() - t0)
     handle.close()
     print(json.dumps({"latencies": latencies}))

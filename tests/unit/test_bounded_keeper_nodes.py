@@ -23,6 +23,7 @@ from txsink.keeper.manifest_codec import (
 )
 from txsink.ops.status import assess
 from txsink.ops.verify import EVICTED, fold, ledger_partition_rows, reconcile
+from txsink.protocol.codec import Ledger, decode_record, encode_ledger, encode_record
 from txsink.protocol.states import Epoch, XidRecord, XidState
 
 # --------------------------------------------------------------------------- layout
@@ -30,7 +31,7 @@ from txsink.protocol.states import Epoch, XidRecord, XidState
 
 def test_a_200_by_30_manifest_is_one_bounded_chunk_and_reads_back_equal() -> None:
     record = grid_record("b3", tasks=200, partitions=30)
-    inline_json = len(json.dumps(record.to_json()))
+    inline_json = len(json.dumps(encode_record(record)))
     packed = pack_record(record, "abc123")
     assert inline_json > 700_000  # the old inline node, most of jute.maxbuffer
     assert len(json.dumps(packed.node)) < 2_000
@@ -43,9 +44,9 @@ def test_a_small_manifest_stays_inline_in_the_layout_every_version_reads() -> No
     record = make_record("x-1", parts={str(p): p + 1 for p in range(100)})
     packed = pack_record(record, "abc123")
     assert packed.chunks == () and packed.ref is None
-    assert packed.node == json.loads(json.dumps(record.to_json()))
+    assert packed.node == json.loads(json.dumps(encode_record(record)))
     assert len(json.dumps(packed.node)) < INLINE_MANIFEST_BYTES
-    assert XidRecord.from_json(packed.node, 3) == replace(record, version=3)
+    assert decode_record(packed.node, 3) == replace(record, version=3)
     assert unpack_record(packed.node, None, 3, "x") == replace(record, version=3)
 
 
@@ -53,7 +54,7 @@ def test_an_older_reader_fails_on_a_chunked_record_instead_of_reading_no_manifes
     packed = pack_record(big_record("b1", entries=3_000), "n0")
     assert packed.chunks
     with pytest.raises((TypeError, KeyError, AttributeError)):
-        XidRecord.from_json(packed.node)  # what txsink before chunking does with the node
+        decode_record(packed.node)  # what txsink before chunking does with the node
 
 
 def test_a_commit_rewrites_the_record_and_keeps_the_chunk_reference() -> None:
@@ -100,8 +101,8 @@ def test_the_size_estimate_refuses_what_zookeeper_drops_and_passes_what_it_takes
 # --------------------------------------------------------------------------- ledger
 
 
-def commits(parts_per_commit: list[dict[str, int]], keep: int) -> dict:
-    ledger = dict(EMPTY_LEDGER)
+def commits(parts_per_commit: list[dict[str, int]], keep: int) -> Ledger:
+    ledger = EMPTY_LEDGER
     for i, parts in enumerate(parts_per_commit):
         ledger = next_ledger(ledger, make_record(f"b{i}", batch=i, parts=parts), 1.0, keep=keep)
     return ledger
@@ -109,22 +110,22 @@ def commits(parts_per_commit: list[dict[str, int]], keep: int) -> dict:
 
 def test_the_ledger_keeps_n_partitions_and_the_exact_total() -> None:
     ledger = commits([{f"p{i}": 10, f"q{i}": 1} for i in range(50)], keep=10)
-    assert len(ledger["partitions"]) == 10 == len(ledger["partition_seq"])
-    assert ledger["rows"] == 550
-    assert ledger["evicted_rows"] + sum(ledger["partitions"].values()) == 550
-    assert ledger["evicted_partitions"] == 90
+    assert len(ledger.partitions) == 10 == len(ledger.partition_seq)
+    assert ledger.rows == 550
+    assert ledger.evicted_rows + sum(ledger.partitions.values()) == 550
+    assert ledger.evicted_partitions == 90
 
 
 def test_the_least_recently_written_partitions_are_evicted_first() -> None:
     ledger = commits([{"hot": 1, f"cold{i}": 1} for i in range(20)], keep=3)
-    assert set(ledger["partitions"]) == {"hot", "cold18", "cold19"}
-    assert ledger["partitions"]["hot"] == 20
+    assert set(ledger.partitions) == {"hot", "cold18", "cold19"}
+    assert ledger.partitions["hot"] == 20
 
 
 def test_a_partition_back_after_eviction_is_partial_and_never_exact() -> None:
     ledger = commits([{"old": 5}] + [{f"p{i}": 1} for i in range(3)] + [{"old": 2}], keep=2)
-    assert ledger["partitions"]["old"] == 2
-    assert ledger["partial"] == ["old"]
+    assert ledger.partitions["old"] == 2
+    assert ledger.partial == ("old",)
     assert "old" not in exact_partitions(ledger)
     assert maybe_evicted(ledger, "p0") and not maybe_evicted(ledger, "never-seen-42")
 
@@ -133,14 +134,14 @@ def test_a_ledger_written_before_the_window_still_advances() -> None:
     old = {"seq": 3, "committed": 3, "rows": 9, "last_batch": 2, "last_commit_at": 1.0,
            "partitions": {"a": 4, "b": 5}}  # fmt: skip
     new = next_ledger(old, make_record("b3", batch=3, parts={"c": 1}), 2.0, keep=2)
-    assert new["partitions"] == {"b": 5, "c": 1} and new["evicted_rows"] == 4
-    assert new["rows"] == 10 and new["seq"] == 4
+    assert new.partitions == {"b": 5, "c": 1} and new.evicted_rows == 4
+    assert new.rows == 10 and new.seq == 4
 
 
 def test_the_ledger_node_stays_small_after_thousands_of_partitions() -> None:
     ledger = commits([{f"2024{i:06d}": 1000 + i} for i in range(2_000)], keep=1000)
-    assert len(json.dumps(ledger)) < 64 * 1024
-    assert ledger["rows"] == sum(1000 + i for i in range(2_000))
+    assert len(json.dumps(encode_ledger(ledger))) < 64 * 1024
+    assert ledger.rows == sum(1000 + i for i in range(2_000))
 
 
 # --------------------------------------------------------------------------- verify, status
@@ -194,7 +195,7 @@ def test_status_says_when_the_ledger_evicted_partitions() -> None:
 def test_the_ledger_counts_rows_per_shard_of_a_sharded_job() -> None:
     from txsink.keeper.ledger import empty_ledger, next_ledger
     from txsink.protocol.ids import staging_name
-    from txsink.protocol.states import Mode, StagedPart, XidRecord, XidState
+    from txsink.protocol.states import Mode, StagedPart, XidState
 
     def part(shard: int | None, rows: int) -> StagedPart:
         table = staging_name("j", "b0", "00000000", 0, 0, shard or 0, shard=shard).table
@@ -206,11 +207,11 @@ def test_the_ledger_counts_rows_per_shard_of_a_sharded_job() -> None:
         manifest=(part(0, 5), part(2, 7), part(2, 1)),
     )  # fmt: skip
     ledger = next_ledger(next_ledger(empty_ledger(), record, 1.0), record, 2.0)
-    assert ledger["shards"] == {"0": 10, "2": 16}
-    assert sum(ledger["shards"].values()) == ledger["rows"]
+    assert ledger.shards == {"0": 10, "2": 16}
+    assert sum(ledger.shards.values()) == ledger.rows
     plain = XidRecord(
         job="j", xid="b1", batch=1, state=XidState.COMMITTED, epoch=1, mode=Mode.ATTACH,
         target="db.t",
         manifest=(part(None, 3),),
     )  # fmt: skip
-    assert "shards" not in next_ledger(empty_ledger(), plain, 1.0)
+    assert "shards" not in encode_ledger(next_ledger(empty_ledger(), plain, 1.0))

@@ -25,6 +25,7 @@ from txsink.credentials import merge_url_credentials, redact_url, scrub, split_u
 from txsink.driver import job_meta
 from txsink.errors import ConfigError, TxSinkError
 from txsink.keeper.kazoo_conn import KazooConn, RedactAuthFilter
+from txsink.protocol.codec import encode_job_meta
 
 SECRET = "s3cr3t-Pa55"
 KEEPER_SECRET = "zk-S3cret"
@@ -101,10 +102,10 @@ def test_a_bad_url_error_masks_its_userinfo() -> None:
 
 def test_job_meta_in_keeper_holds_no_credential() -> None:
     cfg = leaky_config()
-    meta = json.dumps(job_meta(cfg, "attach", "q1"))
+    meta = json.dumps(encode_job_meta(job_meta(cfg, "attach", "q1")))
     assert SECRET not in meta and KEEPER_SECRET not in meta and "alice" not in meta
     raw = WriterConfig(**{**cfg.__dict__, "url": f"http://alice:{SECRET}@h:1"})
-    assert job_meta(raw, "attach")["url"] == "http://h:1"
+    assert job_meta(raw, "attach").url == "http://h:1"
 
 
 def test_redaction_helpers() -> None:

@@ -19,6 +19,7 @@ from txsink.keeper.manifest_codec import (
 )
 from txsink.keeper.registry import MemoryRegistry
 from txsink.protocol import plans
+from txsink.protocol.codec import decode_part, decode_record, encode_part, encode_record
 from txsink.protocol.ids import batch_xid, staging_name
 from txsink.protocol.states import Mode, StagedPart, XidRecord, XidState
 from txsink.spark.validate import pinned_mode
@@ -30,7 +31,7 @@ U1, U2 = "a" * 16, "b" * 16
 
 def record(*parts: StagedPart, state: XidState = XidState.PREPARED) -> XidRecord:
     return XidRecord(
-        JOB, "b3", 3, state, 1, Mode.ATTACH, FACTS, tuple(parts), extra={"tables": [DAILY, FACTS]}
+        JOB, "b3", 3, state, 1, Mode.ATTACH, FACTS, tuple(parts), tables=(DAILY, FACTS)
     )
 
 
@@ -47,12 +48,12 @@ def two_tables() -> XidRecord:
 
 def test_an_entry_of_the_records_own_table_keeps_the_old_json_and_old_records_load():
     own = StagedPart("s1", "p", 1)
-    assert "target" not in own.to_json()
-    assert StagedPart("s2", "p", 1, target=DAILY).to_json()["target"] == DAILY
+    assert "target" not in encode_part(own)
+    assert encode_part(StagedPart("s2", "p", 1, target=DAILY))["target"] == DAILY
     old = {"table": "s1", "partition_id": "p", "rows": 1}
-    assert StagedPart.from_json(old) == own
+    assert decode_part(old) == own
     rec = two_tables()
-    assert XidRecord.from_json(json.loads(json.dumps(rec.to_json()))) == rec
+    assert decode_record(json.loads(json.dumps(encode_record(rec)))) == rec
 
 
 def test_a_record_knows_every_table_and_rows_per_table_even_without_entries():
@@ -105,7 +106,7 @@ def test_a_replayed_multi_table_batch_drops_every_tables_fresh_staging():
 def test_the_compact_manifest_round_trips_targets_and_part_uuids(inline):
     rec = two_tables()
     compact = encode_manifest(rec.manifest)
-    assert [StagedPart.from_json(e) for e in decode_manifest(compact)] == list(rec.manifest)
+    assert [decode_part(e) for e in decode_manifest(compact)] == list(rec.manifest)
     packed = pack_record(rec, "n0nce1", inline_bytes=inline)
     assert (packed.ref is None) == bool(inline)
     back = unpack_record(packed.node, list(packed.chunks), 0, "test")
@@ -122,11 +123,11 @@ def test_a_run_of_the_records_own_table_has_no_target_field():
 
 def test_the_ledger_never_mixes_two_tables_partitions_and_cuts_one_per_table():
     led = lg.next_ledger(lg.empty_ledger(), two_tables(), 1.0)
-    assert led["partitions"] == {"202401": 5, f"{DAILY}/202401": 2, f"{DAILY}/202402": 1}
-    assert led["tables"] == {FACTS: 5, DAILY: 3} and led["rows"] == 8
+    assert led.partitions == {"202401": 5, f"{DAILY}/202401": 2, f"{DAILY}/202402": 1}
+    assert led.tables == {FACTS: 5, DAILY: 3} and led.rows == 8
     facts, daily = lg.table_view(led, FACTS, FACTS), lg.table_view(led, DAILY, FACTS)
-    assert facts["partitions"] == {"202401": 5} and facts["rows"] == 5
-    assert daily["partitions"] == {"202401": 2, "202402": 1} and daily["rows"] == 3
+    assert facts.partitions == {"202401": 5} and facts.rows == 5
+    assert daily.partitions == {"202401": 2, "202402": 1} and daily.rows == 3
 
 
 def test_evicted_rows_of_each_table_stay_that_tables():
@@ -137,10 +138,10 @@ def test_evicted_rows_of_each_table_stay_that_tables():
             StagedPart("s2", f"d{b}", 1, target=DAILY),
         )
         led = lg.next_ledger(led, rec, float(b), keep=3)
-    assert len(led["partitions"]) == 3
+    assert len(led.partitions) == 3
     facts, daily = lg.table_view(led, FACTS, FACTS), lg.table_view(led, DAILY, FACTS)
-    assert sum(facts["partitions"].values()) + facts["evicted_rows"] == 40
-    assert sum(daily["partitions"].values()) + daily["evicted_rows"] == 4
+    assert sum(facts.partitions.values()) + facts.evicted_rows == 40
+    assert sum(daily.partitions.values()) + daily.evicted_rows == 4
     assert lg.maybe_evicted(daily, "d0") and not lg.maybe_evicted(daily, "f3")
 
 
@@ -149,7 +150,7 @@ def test_a_single_table_ledger_is_unchanged():
         JOB, "b1", 1, XidState.PREPARED, 1, Mode.ATTACH, FACTS, (StagedPart("s", "p", 2),)
     )
     led = lg.next_ledger(lg.empty_ledger(), rec, 1.0)
-    assert "tables" not in led and led["partitions"] == {"p": 2}
+    assert not led.tables and led.partitions == {"p": 2}
     assert lg.table_view(led, FACTS, FACTS) == led
 
 
@@ -215,15 +216,15 @@ def staged(wh: MemoryWarehouse, run: str) -> list[StagedPart]:
 )
 def test_a_crash_at_any_driver_point_ends_with_both_tables_or_neither(point):
     registry, wh = MemoryRegistry(), MemoryWarehouse()
-    extra = {"tables": [DAILY, FACTS]}
+    tables = (DAILY, FACTS)
     tx = Transactor(registry, wh, JOB, fault=crash_at(point))
     epoch = tx.begin("run-1")
     with pytest.raises(Crash):
-        tx.commit_batch(epoch, "b3", 3, FACTS, staged(wh, "00000001"), extra=extra)
+        tx.commit_batch(epoch, "b3", 3, FACTS, staged(wh, "00000001"), tables=tables)
     # restart: recovery, then Spark replays batch 3 with fresh staging
     again = Transactor(registry, wh, JOB)
     epoch = again.begin("run-2")
-    result = again.commit_batch(epoch, "b3", 3, FACTS, staged(wh, "00000002"), extra=extra)
+    result = again.commit_batch(epoch, "b3", 3, FACTS, staged(wh, "00000002"), tables=tables)
     assert wh.target_ids(FACTS) == [1, 2, 3, 4] and wh.target_ids(DAILY) == [100]
     assert result.action in ("committed", "rolled_forward", "skipped")
     rec = registry.get(JOB, "b3")

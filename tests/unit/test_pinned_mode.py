@@ -124,4 +124,4 @@ def test_a_sharded_job_cannot_be_switched_to_dedup() -> None:
     reg.ensure_job("j", {"target": "db.t_local", "mode": "attach", "shards": ["http://a:1"]})
     with pytest.raises(ConfigError, match="takes attach mode only"):
         change_mode(Stores(reg, None), "j", "dedup", stale_after=600, force=True)  # type: ignore[arg-type]
-    assert reg.job_meta("j")["mode"] == "attach"  # type: ignore[index]
+    assert reg.job_meta("j").mode == "attach"  # type: ignore[union-attr]

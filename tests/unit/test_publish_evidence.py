@@ -3,11 +3,15 @@ the column catch-up planner for a target altered while a batch was staged."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from txsink.clickhouse.compat import ColumnInfo, TargetInfo, plan_column_catch_up
 from txsink.protocol import plans
+from txsink.protocol.codec import decode_part, encode_part
 from txsink.protocol.states import (
     MAX_PART_UUIDS,
     UUID_PREFIX_CHARS,
+    Cut,
     Mode,
     StagedPart,
     XidRecord,
@@ -34,15 +38,15 @@ def kinds(ops: list[plans.Operation]) -> list[str]:
 
 def test_a_record_written_before_uuids_existed_still_loads() -> None:
     old = {"table": "s1", "partition_id": "202401", "rows": 5, "blocks": 0, "fingerprint": ""}
-    part = StagedPart.from_json(old)
-    assert part.uuids == () and part.to_json() == old  # no new key for old entries
+    part = decode_part(old)
+    assert part.uuids == () and encode_part(part) == old  # no new key for old entries
 
 
 def test_uuids_round_trip_as_one_compact_string() -> None:
     part = StagedPart("s1", "202401", 5, uuids=(U1, U2))
-    data = part.to_json()
+    data = encode_part(part)
     assert data["uuids"] == f"{U1},{U2}"
-    assert StagedPart.from_json(data) == part
+    assert decode_part(data) == part
 
 
 def test_short_uuids_keep_the_largest_parts_and_skip_nil_uuids() -> None:
@@ -182,7 +186,7 @@ def test_a_cut_repair_interrupted_at_every_step_replans_to_the_same_end() -> Non
     shows the UUIDs of the parts it got from the cut MOVE."""
     small = "c" * 16
     cut = record(StagedPart("s1", "p1", 10, uuids=(U1,)))
-    cut = XidRecord(**{**cut.__dict__, "extra": {"cut": {"s1/p1": {small: 3}}}})
+    cut = replace(cut, cuts=(Cut("s1", "p1", {small: 3}),))
     rows = {U1: 7, small: 3}
     # recorded, not yet dropped; the target merged the cut part away (no UUID shows)
     ops = plans.plan_publish(

@@ -20,6 +20,7 @@ from txsink.clickhouse.shards import (
 )
 from txsink.config import WriterConfig
 from txsink.errors import ConfigError
+from txsink.protocol.codec import JobMeta
 from txsink.protocol.ids import parse_staging, shard_of, staging_name
 
 BASE = {"keeper": "k:2181", "table": "db.t", "job": "j"}
@@ -241,7 +242,7 @@ def test_per_shard_verify_honours_allow_other_writers() -> None:
         def partition_rows_by_shard(self, table: str) -> list[dict[str, int]]:
             return [{"p": 110}, {"p": 100}]
 
-    meta = {"target": "db.t", "shards": ["http://a:1", "http://b:1"]}
+    meta = JobMeta(target="db.t", shards=("http://a:1", "http://b:1"))
     ledger = {"j": {"rows": 200, "shards": {"0": 100, "1": 100}}}
     for allowed, clean in ((True, True), (False, False)):
         result = vf.VerifyResult("j", "db.t")

@@ -128,7 +128,7 @@ def test_every_produced_row_is_published_exactly_once_whatever_the_crashes(
     records = reg.list(JOB)
     assert all(r.state is XidState.COMMITTED for r in records)
     assert sorted(r.batch for r in records) == list(range(len(numbered)))
-    assert reg.ledger(JOB)["rows"] == len(produced)
+    assert reg.ledger(JOB).rows == len(produced)
 
 
 @settings(max_examples=100, deadline=None)

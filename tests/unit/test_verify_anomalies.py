@@ -34,7 +34,7 @@ def rec(
         manifest=manifest,
         created_at=created_at,
         committed_at=None if state is XidState.PREPARED else 100.0 + (seq or 0),
-        extra={} if seq is None else {"seq": seq},
+        seq=seq,
     )
 
 
@@ -245,7 +245,7 @@ def test_txn_version_saves_may_skip_versions_without_a_gap_anomaly() -> None:
     def rec(batch: int, seq: int) -> XidRecord:
         return XidRecord(
             job="j", xid=f"b{batch}", batch=batch, state=XidState.COMMITTED, epoch=1,
-            mode=Mode.ATTACH, target="d.t", committed_at=float(seq), extra={"seq": seq},
+            mode=Mode.ATTACH, target="d.t", committed_at=float(seq), seq=seq,
         )  # fmt: skip
 
     history = [rec(1, 1), rec(5, 2)]

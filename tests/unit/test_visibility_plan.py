@@ -5,7 +5,7 @@ from __future__ import annotations
 from txsink.protocol import visibility as v
 from txsink.protocol.ids import batch_staging_name, parse_staging, staging_prefix
 from txsink.protocol.plans import Alarm, Evidence, RecordCommitted, droppable, plan_recovery
-from txsink.protocol.states import Mode, StagedPart, XidRecord, XidState
+from txsink.protocol.states import Mode, StagedPart, Visibility, XidRecord, XidState
 
 PREFIX = staging_prefix("j")
 S1, S2 = f"{PREFIX}__b1__r0000000a_p0_a0_t1", f"{PREFIX}__b1__r0000000a_p1_a0_t2"
@@ -17,7 +17,7 @@ def record(state: XidState = XidState.PREPARED) -> XidRecord:
     parts = (StagedPart(S1, "0", 5, uuids=("aa",)), StagedPart(S2, "1", 7, uuids=("bb",)))
     return XidRecord(
         job="j", xid="b1", batch=1, state=state, epoch=1, mode=Mode.ATTACH, target="db.t",
-        manifest=parts, created_at=0.0, extra={"visibility": "batch"},
+        manifest=parts, created_at=0.0, visibility=Visibility.BATCH,
     )  # fmt: skip
 
 

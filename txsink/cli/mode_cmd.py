@@ -37,7 +37,8 @@ def run_mode(args: argparse.Namespace, out: Output) -> int:
     with _stores(args) as stores:
         jobs = st.resolve_jobs(stores.registry, args.job, args.keeper_root)
         if args.new_mode is None:
-            pinned = {j: (stores.registry.job_meta(j) or {}).get("mode") for j in jobs}
+            metas = {j: stores.registry.job_meta(j) for j in jobs}
+            pinned = {j: (m.mode or None) if m else None for j, m in metas.items()}
             out.emit(
                 {"jobs": [{"job": j, "mode": m} for j, m in pinned.items()]},
                 "\n".join(f"{j}: {m or '(not pinned yet)'}" for j, m in pinned.items()),

@@ -23,6 +23,7 @@ from txsink.cli.main import add_common, resolve_credentials
 from txsink.cli.output import Output, kv_table, table
 from txsink.clickhouse.warehouse import ClickHouseWarehouse
 from txsink.errors import ConfigError
+from txsink.ops import recovery as rc
 from txsink.ops import status as st
 from txsink.ops import tune as tn
 from txsink.ops import verify as vf
@@ -295,7 +296,7 @@ def _render_status(j: st.JobStatus) -> str:
 # --------------------------------------------------------------------------- recover
 
 
-def _render_plan(v: st.RecoveryPlanView, staging_db: str) -> list[str]:
+def _render_plan(v: rc.RecoveryPlanView, staging_db: str) -> list[str]:
     holder = (
         f"writer epoch {v.epoch} held by {v.owner}, heartbeat {_age(v.heartbeat_age)}"
         f"{' (LIVE)' if v.live else ''}"
@@ -328,7 +329,7 @@ def run_recover(args: argparse.Namespace, out: Output) -> int:
     code = 0
     with _stores(args) as stores:
         jobs = st.resolve_jobs(stores.registry, args.job, args.keeper_root)
-        views = [st.plan_job_recovery(stores, j, stale_after=args.stale_after) for j in jobs]
+        views = [rc.plan_job_recovery(stores, j, stale_after=args.stale_after) for j in jobs]
         for v in views:
             db = stores.warehouse(stores.registry.job_meta(v.job)).staging_db
             lines += _render_plan(v, db)
@@ -388,7 +389,7 @@ def run_recover(args: argparse.Namespace, out: Output) -> int:
                 )
                 return EXIT_REFUSED
         for v in allowed:
-            outcome = st.carry_out_recovery(stores, v.job, stale_after=args.stale_after)
+            outcome = rc.carry_out_recovery(stores, v.job, stale_after=args.stale_after)
             db = stores.warehouse(stores.registry.job_meta(v.job)).staging_db
             lines += _render_outcome(outcome, db)
             entries[v.job].update(outcome=outcome.to_json(), report=outcome.report.to_json())
@@ -400,7 +401,7 @@ def run_recover(args: argparse.Namespace, out: Output) -> int:
 
 
 def _confirm(
-    args: argparse.Namespace, out: Output, allowed: list[st.RecoveryPlanView], lines: list[str]
+    args: argparse.Namespace, out: Output, allowed: list[rc.RecoveryPlanView], lines: list[str]
 ) -> str | None:
     """None when the operator confirmed; else why nothing will be done."""
     if out.json_mode:
@@ -421,7 +422,7 @@ def _confirm(
     return None if answer in ("y", "yes") else "not confirmed; nothing was changed"
 
 
-def _render_outcome(o: st.RecoveryOutcome, staging_db: str) -> list[str]:
+def _render_outcome(o: rc.RecoveryOutcome, staging_db: str) -> list[str]:
     r = o.report
     lines = [
         f"job {o.job}: took writer epoch {o.epoch} as {o.owner}; this fences "
@@ -506,8 +507,8 @@ def run_tune(args: argparse.Namespace, out: Output) -> int:
     with _stores(args) as stores:
         shards = [u for u in (args.shards or "").split(",") if u]
         if not shards and args.job:
-            meta = stores.registry.job_meta(args.job) or {}
-            shards = [str(u) for u in meta.get("shards") or ()]
+            meta = stores.registry.job_meta(args.job)
+            shards = list(meta.shards) if meta else []
 
         def measure(warehouse: Any) -> tn.TuneResult:
             return tn.measure(

@@ -115,11 +115,11 @@ def run_job_once(
 
 def kill_after_progress(registry: Any, job: str, rng: random.Random) -> Callable[[], bool]:
     """A kill trigger: true a random 0-2 s after the job commits one more batch."""
-    start = registry.ledger(job).get("committed", 0)
+    start = registry.ledger(job).committed
     fire_at: list[float] = []
 
     def ready() -> bool:
-        if not fire_at and registry.ledger(job).get("committed", 0) > start:
+        if not fire_at and registry.ledger(job).committed > start:
             fire_at.append(time.monotonic() + rng.uniform(0.0, 2.0))
         return bool(fire_at) and time.monotonic() >= fire_at[0]
 

@@ -32,13 +32,14 @@ from txsink.demo.chaos import (
 )
 from txsink.demo.job import daily_ddl, daily_table, make_source, target_ddl
 from txsink.demo.report import DemoReport, percentile
+from txsink.protocol.codec import JobMeta
 
 
 def forget_old_jobs(registry: Any, prefix: str, tables: Sequence[str]) -> None:
     """Delete the jobs of earlier demo runs (named ``prefix...``) that wrote ``tables``:
     the scenario has just recreated those tables, so the jobs describe rows that are gone."""
     for old in registry.list_jobs():
-        if old.startswith(prefix) and (registry.job_meta(old) or {}).get("target") in tables:
+        if old.startswith(prefix) and (registry.job_meta(old) or JobMeta()).target in tables:
             registry.delete_job(old)
 
 
@@ -90,8 +91,8 @@ def run_demo(
                 ledger = registry.ledger(job)
                 progress(
                     f"run {n:2d}  crash={what or 'none':22s} exit={code:4d}  "
-                    f"committed batches={ledger.get('committed', 0):3d} "
-                    f"rows={ledger.get('rows', 0):,}"
+                    f"committed batches={ledger.committed:3d} "
+                    f"rows={ledger.rows:,}"
                 )
                 started = time.time()
         records = registry.list(job)
@@ -104,7 +105,7 @@ def run_demo(
     latencies = [
         (r.committed_at - r.created_at) * 1000
         for r in records
-        if r.committed_at is not None and r.extra.get("committed_epoch") == r.epoch
+        if r.committed_at is not None and r.committed_epoch == r.epoch
     ]
     report = DemoReport(
         produced=source["rows"],

@@ -34,40 +34,44 @@ filter never forgets and has false positives (about 2% at 1,000 evicted ids, mos
 partial ids) as one total; ``rows`` stays the exact grand total.
 
 Ledgers written before this layout (``partitions`` without ``partition_seq``) are read as
-a window whose ids all have seq 0 (evicted first).
+a window whose ids all have seq 0 (evicted first). The node is a typed
+:class:`~txsink.protocol.codec.Ledger`, encoded by :mod:`txsink.protocol.codec`.
 """
 
 from __future__ import annotations
 
-import copy
 import hashlib
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
+from txsink.protocol.codec import Ledger, as_ledger
 from txsink.protocol.states import XidRecord
+
+__all__ = [
+    "EMPTY_LEDGER",
+    "LEDGER_PARTITIONS",
+    "Ledger",
+    "empty_ledger",
+    "exact_partitions",
+    "maybe_evicted",
+    "next_ledger",
+    "rest_rows",
+    "table_view",
+]
 
 # Partition ids whose totals the ledger keeps one by one (about 40 KiB of ledger node).
 LEDGER_PARTITIONS = 1000
 FILTER_BITS = 8192
 FILTER_HASHES = 4
 
-EMPTY_LEDGER: dict[str, Any] = {
-    "seq": 0,
-    "committed": 0,
-    "rows": 0,
-    "last_batch": None,
-    "last_commit_at": None,
-    "partitions": {},
-    "partition_seq": {},
-    "partial": [],
-    "evicted_partitions": 0,
-    "evicted_rows": 0,
-    "evicted_filter": "",
-}
+EMPTY_LEDGER = Ledger()
+
+LedgerLike = Ledger | Mapping[str, Any]
 
 
-def empty_ledger() -> dict[str, Any]:
-    return copy.deepcopy(EMPTY_LEDGER)
+def empty_ledger() -> Ledger:
+    return Ledger()
 
 
 def _bits(pid: str) -> list[int]:
@@ -77,43 +81,42 @@ def _bits(pid: str) -> list[int]:
     ]
 
 
-def _filter(ledger: Mapping[str, Any]) -> bytearray:
-    raw = str(ledger.get("evicted_filter") or "")
+def _filter(ledger: Ledger) -> bytearray:
+    raw = ledger.evicted_filter
     return bytearray.fromhex(raw) if raw else bytearray(FILTER_BITS // 8)
 
 
-def maybe_evicted(ledger: Mapping[str, Any], pid: str) -> bool:
+def maybe_evicted(ledger: LedgerLike, pid: str) -> bool:
     """False when ``pid`` was certainly never evicted from this ledger's window (``pid``
     of a :func:`table_view`: looked up under that table's key)."""
-    if not int(ledger.get("evicted_partitions", 0)):
+    ledger = as_ledger(ledger)
+    if not ledger.evicted_partitions:
         return False
     bloom = _filter(ledger)
-    key = str(ledger.get("key_prefix", "")) + pid
+    key = ledger.key_prefix + pid
     return all(bloom[b // 8] & (1 << (b % 8)) for b in _bits(key))
 
 
 def next_ledger(
-    ledger: Mapping[str, Any],
+    ledger: LedgerLike,
     record: XidRecord,
     committed_at: float,
     keep: int = LEDGER_PARTITIONS,
-) -> dict[str, Any]:
+) -> Ledger:
     """The ledger after ``record`` commits (pure; shared by both registries)."""
-    seq = int(ledger.get("seq", 0)) + 1
-    parts = {str(k): int(v) for k, v in dict(ledger.get("partitions", {})).items()}
-    pseq = {str(k): int(v) for k, v in dict(ledger.get("partition_seq", {})).items()}
-    partial = set(ledger.get("partial", []))
-    evicted, evicted_rows = (
-        int(ledger.get("evicted_partitions", 0)),
-        int(ledger.get("evicted_rows", 0)),
-    )
+    ledger = as_ledger(ledger)
+    seq = ledger.seq + 1
+    parts = dict(ledger.partitions)
+    pseq = dict(ledger.partition_seq)
+    partial = set(ledger.partial)
+    evicted, evicted_rows = ledger.evicted_partitions, ledger.evicted_rows
     bloom = _filter(ledger)
-    tables = {str(k): int(v) for k, v in dict(ledger.get("tables", {})).items()}
-    evicted_tables = {str(k): int(v) for k, v in dict(ledger.get("evicted_tables", {})).items()}
+    tables = dict(ledger.tables)
+    evicted_tables = dict(ledger.evicted_tables)
     if record.multi_table:
         for table, rows in record.table_rows().items():
             tables[table] = tables.get(table, 0) + rows
-    shards = {str(k): int(v) for k, v in dict(ledger.get("shards", {})).items()}
+    shards = dict(ledger.shards)
     for k, rows in record.shard_rows().items():
         shards[k] = shards.get(k, 0) + rows
     for pid, rows in record.ledger_rows().items():
@@ -136,84 +139,69 @@ def next_ledger(
             evicted += 1
             for b in _bits(pid):
                 bloom[b // 8] |= 1 << (b % 8)
-    last = ledger.get("last_batch")
+    last = ledger.last_batch
     if record.batch is not None:
-        last = record.batch if last is None else max(int(last), record.batch)
-    out: dict[str, Any] = {
-        "seq": seq,
-        "committed": int(ledger.get("committed", 0)) + 1,
-        "rows": int(ledger.get("rows", 0)) + record.rows,
-        "last_batch": last,
-        "last_commit_at": committed_at,
-        "partitions": parts,
-        "partition_seq": {p: pseq.get(p, 0) for p in parts},
-        "partial": sorted(partial),
-        "evicted_partitions": evicted,
-        "evicted_rows": evicted_rows,
-        "evicted_filter": bloom.hex() if evicted else "",
-    }
-    if tables:
-        out["tables"] = tables
-    if shards:
-        out["shards"] = shards
-    if evicted_tables:
-        out["evicted_tables"] = evicted_tables
-    return out
+        last = record.batch if last is None else max(last, record.batch)
+    return replace(
+        ledger,
+        seq=seq,
+        committed=ledger.committed + 1,
+        rows=ledger.rows + record.rows,
+        last_batch=last,
+        last_commit_at=committed_at,
+        partitions=parts,
+        partition_seq={p: pseq.get(p, 0) for p in parts},
+        partial=tuple(sorted(partial)),
+        evicted_partitions=evicted,
+        evicted_rows=evicted_rows,
+        evicted_filter=bloom.hex() if evicted else "",
+        tables=tables,
+        shards=shards,
+        evicted_tables=evicted_tables,
+    )
 
 
-def exact_partitions(ledger: Mapping[str, Any]) -> dict[str, int]:
+def exact_partitions(ledger: LedgerLike) -> dict[str, int]:
     """Window totals that count every row ever committed to that partition id."""
-    partial = set(ledger.get("partial", []))
-    return {
-        str(p): int(r) for p, r in dict(ledger.get("partitions", {})).items() if p not in partial
-    }
+    ledger = as_ledger(ledger)
+    partial = set(ledger.partial)
+    return {p: r for p, r in ledger.partitions.items() if p not in partial}
 
 
-def rest_rows(ledger: Mapping[str, Any]) -> int:
+def rest_rows(ledger: LedgerLike) -> int:
     """Rows the ledger cannot attribute to one partition: evicted and partial totals."""
-    partial = set(ledger.get("partial", []))
-    parts = dict(ledger.get("partitions", {}))
-    return int(ledger.get("evicted_rows", 0)) + sum(int(parts[p]) for p in partial if p in parts)
+    ledger = as_ledger(ledger)
+    parts = ledger.partitions
+    return ledger.evicted_rows + sum(parts[p] for p in ledger.partial if p in parts)
 
 
-def table_view(ledger: Mapping[str, Any], table: str, primary: str) -> dict[str, Any]:
+def table_view(ledger: LedgerLike, table: str, primary: str) -> Ledger:
     """The ledger of one table of a job (``primary``: the job's own target), in the
     single-table layout :func:`exact_partitions`, :func:`rest_rows` and
     :func:`maybe_evicted` read: that table's partitions under their bare ids, its rows,
     and the evicted rows that are its own. A ledger of one table is returned as is."""
-    if table == primary and not ledger.get("tables") and not ledger.get("evicted_tables"):
-        return dict(ledger)
+    ledger = as_ledger(ledger)
+    if table == primary and not ledger.tables and not ledger.evicted_tables:
+        return ledger
     prefix = "" if table == primary else f"{table}/"
 
     def mine(key: str) -> bool:
         return key.startswith(prefix) and "/" not in key[len(prefix) :]
 
-    parts = {
-        str(k)[len(prefix) :]: int(v)
-        for k, v in dict(ledger.get("partitions", {})).items()
-        if mine(str(k))
-    }
-    evicted_tables = {str(k): int(v) for k, v in dict(ledger.get("evicted_tables", {})).items()}
     if table == primary:
-        evicted_rows = int(ledger.get("evicted_rows", 0)) - sum(evicted_tables.values())
+        evicted_rows = ledger.evicted_rows - sum(ledger.evicted_tables.values())
+        rows = ledger.rows - sum(n for t, n in ledger.tables.items() if t != primary)
     else:
-        evicted_rows = evicted_tables.get(table, 0)
-    tables = dict(ledger.get("tables", {}))
-    view = dict(ledger)
-    view.update(
-        partitions=parts,
-        partition_seq={
-            str(k)[len(prefix) :]: v
-            for k, v in dict(ledger.get("partition_seq", {})).items()
-            if mine(str(k))
-        },
-        partial=[str(p)[len(prefix) :] for p in ledger.get("partial", []) if mine(str(p))],
+        evicted_rows = ledger.evicted_tables.get(table, 0)
+        rows = ledger.tables.get(table, 0)
+    return replace(
+        ledger,
+        partitions={k[len(prefix) :]: v for k, v in ledger.partitions.items() if mine(k)},
+        partition_seq={k[len(prefix) :]: v for k, v in ledger.partition_seq.items() if mine(k)},
+        partial=tuple(p[len(prefix) :] for p in ledger.partial if mine(p)),
         evicted_rows=evicted_rows,
-        rows=int(ledger.get("rows", 0)) - sum(int(n) for t, n in tables.items() if t != primary)
-        if table == primary
-        else int(tables.get(table, 0)),
+        rows=rows,
         key_prefix=prefix,
+        tables={},
+        evicted_tables={},
     )
-    view.pop("tables", None)
-    view.pop("evicted_tables", None)
-    return view

@@ -11,7 +11,7 @@ error ... greater than jute.maxbuffer=1048575" in the server log). So nothing la
 ever be sent: :func:`check_request` estimates every write before it goes out and raises
 :class:`~txsink.errors.KeeperRequestTooLarge` instead.
 
-An xid node holds the record's JSON (``XidRecord.to_json``), either
+An xid node holds the record's JSON (:func:`txsink.protocol.codec.encode_record`), either
 
 - whole, manifest inline as a list of entry objects (the layout every txsink version
   reads), when that JSON is at most ``INLINE_MANIFEST_BYTES``; or
@@ -40,6 +40,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from txsink.errors import KeeperRequestTooLarge, TxSinkError
+from txsink.protocol.codec import check_format, decode_record, encode_record
 from txsink.protocol.states import StagedPart, XidRecord
 
 # ZooKeeper's default jute.maxbuffer: the largest request (packet) the server accepts.
@@ -129,7 +130,7 @@ def encode_manifest(manifest: tuple[StagedPart, ...]) -> dict[str, Any]:
 
 
 def decode_manifest(data: dict[str, Any]) -> list[dict[str, Any]]:
-    """Entry objects (``StagedPart.to_json`` form) of a compact manifest."""
+    """Entry objects (:func:`~txsink.protocol.codec.encode_part` form) of a compact manifest."""
     prefix = str(data.get("prefix", ""))
     out: list[dict[str, Any]] = []
     for run in data["runs"]:
@@ -218,8 +219,8 @@ class PackedRecord:
 
 
 def _record_node(record: XidRecord) -> dict[str, Any]:
-    """``record.to_json()`` without its manifest (a copy, as JSON keeps it)."""
-    node: dict[str, Any] = json.loads(_dumps(replace(record, manifest=()).to_json()))
+    """``encode_record(record)`` without its manifest (a copy, as JSON keeps it)."""
+    node: dict[str, Any] = json.loads(_dumps(encode_record(replace(record, manifest=()))))
     node["rows"] = record.rows
     del node["manifest"]
     return node
@@ -235,7 +236,7 @@ def pack_record(
     """Lay ``record`` out as an xid node plus chunks (none if the manifest fits inline)."""
     compact = _dumps(encode_manifest(record.manifest))
     if len(compact) <= inline_bytes:
-        legacy: dict[str, Any] = json.loads(_dumps(record.to_json()))
+        legacy: dict[str, Any] = json.loads(_dumps(encode_record(record)))
         if len(_dumps(legacy)) <= inline_bytes:
             return PackedRecord(legacy)  # readable by every txsink version and by tools
     node = _record_node(record)
@@ -283,6 +284,8 @@ def unpack_record(
     Raises :class:`TxSinkError` naming ``where`` if the chunks do not match the reference
     (missing, extra, corrupt): a record is never guessed from partial data.
     """
+    # A newer format may lay chunks out differently: refuse before reading them.
+    check_format(node, where)
     data = dict(node)
     ref = chunk_ref(node)
     try:
@@ -300,7 +303,7 @@ def unpack_record(
             if len(data["manifest"]) != ref.entries:
                 raise ValueError(f"{len(data['manifest'])} entries, expected {ref.entries}")
         data.pop(NODE_CHUNKS, None)
-        return XidRecord.from_json(data, version=version)
+        return decode_record(data, version, where)
     except (ValueError, KeyError, TypeError, IndexError, zlib.error) as exc:
         raise TxSinkError(
             f"Keeper record {where} cannot be read: its manifest is damaged ({exc}); "

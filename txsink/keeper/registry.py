@@ -2,11 +2,11 @@
 
 Keeper layout under the root (default ``/txsink``, inside the optional chroot)::
 
-    <root>/jobs/<job>                    job meta: target, mode, created_at, options
+    <root>/jobs/<job>                    job meta (JobMeta): target, mode, created_at, ...
     <root>/jobs/<job>/epoch              {"epoch": n, "owner": ..., "since": ts}
                                          its node version is the fencing token
-    <root>/jobs/<job>/owner              {"epoch": n, "owner": ..., "heartbeat": ts}
-    <root>/jobs/<job>/ledger             totals, bounded: see :mod:`txsink.keeper.ledger`
+    <root>/jobs/<job>/owner              OwnerInfo: {"epoch", "owner", "heartbeat", ...}
+    <root>/jobs/<job>/ledger             Ledger: totals, bounded (:mod:`txsink.keeper.ledger`)
     <root>/jobs/<job>/xids/<xid>         an XidRecord (JSON), manifest compact inline or
                                          a reference to chunk nodes
     <root>/jobs/<job>/manifests/<xid>.<nonce>.<i>
@@ -15,6 +15,11 @@ Keeper layout under the root (default ``/txsink``, inside the optional chroot)::
     <root>/jobs/<job>/dedup/<xid>/p<n>   dedup-mode BEFORE/AFTER state of one partition
     <root>/namespace                     {"id": random hex}: this store's id, part of every
                                          staging name (two roots never share staging)
+
+Every node's JSON is written and read by :mod:`txsink.protocol.codec` and carries the
+state format it was written in (``"format"``; nodes of releases before it read as format
+0); the registries exchange typed records (``XidRecord``, ``JobMeta``, ``Ledger``,
+``OwnerInfo``), never raw dicts, except blobs, whose owners encode them.
 
 Every state change is fenced: one Keeper transaction checks that the epoch node still has
 the writer's token and then creates or compare-and-sets the record. A writer whose epoch
@@ -33,16 +38,16 @@ docs/architecture.md, "Stale reads").
 from __future__ import annotations
 
 import builtins
-import copy
 import json
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any, Protocol
 
 from txsink.errors import FencedError, RetryableConflict
-from txsink.keeper.ledger import EMPTY_LEDGER, empty_ledger, next_ledger
+from txsink.keeper.cas import CasRetry, cas
+from txsink.keeper.ledger import EMPTY_LEDGER, next_ledger
 from txsink.keeper.manifest_codec import (
     CHUNKS_DIR,
     PackedRecord,
@@ -54,8 +59,28 @@ from txsink.keeper.manifest_codec import (
     repack,
     unpack_record,
 )
-from txsink.protocol.ids import xid_batch
-from txsink.protocol.states import Epoch, Mode, XidRecord, XidState, check_transition
+from txsink.keeper.record_rules import (
+    XidExists,
+    committed_record,
+    over_tombstone,
+    superseded,
+    tombstone,
+    typed_meta,
+    with_more_aborted,
+)
+from txsink.protocol.codec import (
+    JobMeta,
+    Ledger,
+    OwnerInfo,
+    decode_job_meta,
+    decode_ledger,
+    decode_owner,
+    encode_job_meta,
+    encode_ledger,
+    encode_owner,
+    encode_record,
+)
+from txsink.protocol.states import Cut, Epoch, XidRecord, XidState, check_transition
 
 __all__ = [
     "EMPTY_LEDGER",
@@ -64,24 +89,17 @@ __all__ = [
     "XidExists",
     "committed_record",
     "next_ledger",
+    "over_tombstone",
+    "superseded",
+    "tombstone",
+    "typed_meta",
+    "with_more_aborted",
 ]
-
-
-# Rounds of prepare whose chunks a concurrent sweep removed before the record existed.
-MAX_ROUNDS = 50
 
 
 def encode_json(value: dict[str, Any]) -> bytes:
     """Node data as Keeper holds it (canonical JSON; same bytes as kazoo_conn.encode)."""
     return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
-
-
-class XidExists(RetryableConflict):
-    """``prepare`` found a record for the xid already; ``existing`` is that record."""
-
-    def __init__(self, existing: XidRecord) -> None:
-        super().__init__(f"xid {existing.xid} of job {existing.job} exists ({existing.state})")
-        self.existing = existing
 
 
 class BlobConflict(RetryableConflict):
@@ -94,24 +112,24 @@ CREATE = -1  # ``expected_version`` of :meth:`Registry.cas_blob` meaning "must n
 class Registry(Protocol):
     """What the transaction layer needs from Keeper."""
 
-    def ensure_job(self, job: str, meta: dict[str, Any]) -> dict[str, Any]: ...
+    def ensure_job(self, job: str, meta: JobMeta | Mapping[str, Any]) -> JobMeta: ...
     def sync(self, job: str) -> None: ...
-    def job_meta(self, job: str) -> dict[str, Any] | None: ...
-    def set_job_meta(self, job: str, meta: dict[str, Any]) -> None: ...
+    def job_meta(self, job: str) -> JobMeta | None: ...
+    def set_job_meta(self, job: str, meta: JobMeta) -> None: ...
     def blob_children(self, job: str, key: str) -> builtins.list[str]: ...
     def list_jobs(self) -> list[str]: ...
     def take_epoch(self, job: str, owner: str) -> Epoch: ...
     def current_epoch(self, job: str) -> Epoch | None: ...
     def heartbeat(self, epoch: Epoch, info: dict[str, Any]) -> None: ...
-    def owner(self, job: str) -> dict[str, Any] | None: ...
+    def owner(self, job: str) -> OwnerInfo | None: ...
     def get(self, job: str, xid: str) -> XidRecord | None: ...
     def list(self, job: str) -> builtins.list[XidRecord]: ...
     def prepare(self, epoch: Epoch, record: XidRecord) -> XidRecord: ...
     def abort(self, job: str, xid: str, tables: Iterable[str], now: float) -> XidRecord: ...
     def namespace(self) -> str: ...
-    def amend(self, epoch: Epoch, record: XidRecord, extra: dict[str, Any]) -> XidRecord: ...
+    def amend(self, epoch: Epoch, record: XidRecord, cuts: Iterable[Cut]) -> XidRecord: ...
     def commit(self, epoch: Epoch, record: XidRecord, committed_at: float) -> XidRecord: ...
-    def ledger(self, job: str) -> dict[str, Any]: ...
+    def ledger(self, job: str) -> Ledger: ...
     def delete(self, epoch: Epoch, xids: builtins.list[str]) -> None: ...
     def get_blob(self, job: str, key: str) -> dict[str, Any] | None: ...
     def put_blob(self, job: str, key: str, value: dict[str, Any]) -> None: ...
@@ -120,72 +138,6 @@ class Registry(Protocol):
     def delete_job(self, job: str) -> None: ...
     def delete_blobs(self, job: str, key: str) -> None: ...
     def close(self) -> None: ...
-
-
-def committed_record(
-    record: XidRecord, ledger: dict[str, Any], committed_at: float, epoch: int | None = None
-) -> XidRecord:
-    """``record`` in state COMMITTED with its commit sequence number in ``extra['seq']``
-    and the epoch that recorded it in ``extra['committed_epoch']`` (equal to
-    ``record.epoch`` when no crash or takeover came between prepare and commit)."""
-    extra = dict(record.extra)
-    extra["seq"] = int(ledger.get("seq", 0)) + 1
-    if epoch is not None:
-        extra["committed_epoch"] = epoch
-    return record.with_state(XidState.COMMITTED, committed_at=committed_at, extra=extra)
-
-
-def merged_extra(current: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:
-    """``current`` with ``facts`` added one level deep (what :meth:`Registry.amend` writes):
-    a dict under a key is merged key by key, so facts another finisher added since this
-    one read the record are kept."""
-    out = dict(current)
-    for key, value in facts.items():
-        old = out.get(key)
-        out[key] = {**old, **value} if isinstance(old, dict) and isinstance(value, dict) else value
-    return out
-
-
-def superseded(epoch: Epoch, current: Epoch | None) -> FencedError:
-    """The error a writer whose ``epoch`` is no longer ``current`` gets."""
-    return FencedError(
-        f"job {epoch.job}: writer epoch {epoch.number} was superseded by epoch "
-        f"{current.number if current else '?'}; this writer must stop"
-    )
-
-
-def tombstone(job: str, xid: str, tables: Iterable[str], now: float) -> XidRecord:
-    """A fresh ABORTED record naming ``tables`` (see :mod:`txsink.protocol.states`)."""
-    return XidRecord(
-        job=job,
-        xid=xid,
-        batch=xid_batch(xid),
-        state=XidState.ABORTED,
-        epoch=0,
-        mode=Mode.ATTACH,
-        target="",
-        created_at=now,
-        extra={"aborted_tables": sorted(set(tables))},
-    )
-
-
-def with_more_aborted(record: XidRecord, tables: Iterable[str]) -> XidRecord | None:
-    """``record`` (ABORTED) naming ``tables`` too, or None if it names them all already."""
-    merged = record.aborted_tables | set(tables)
-    if merged == record.aborted_tables:
-        return None
-    extra = {**record.extra, "aborted_tables": sorted(merged)}
-    return record.with_state(XidState.ABORTED, extra=extra)
-
-
-def over_tombstone(record: XidRecord, tombstone: XidRecord) -> XidRecord:
-    """``record`` (PREPARED) replacing an ABORTED tombstone; XidExists if it would adopt
-    a table the tombstone rolled back. The tombstone's tables stay listed in ``extra``."""
-    if tombstone.aborted_tables & set(record.staging_tables):
-        raise XidExists(tombstone)
-    extra = {**record.extra, "aborted_tables": sorted(tombstone.aborted_tables)}
-    check_transition(tombstone.state, record.state)
-    return replace(record, extra=extra)
 
 
 class MemoryRegistry:
@@ -205,27 +157,28 @@ class MemoryRegistry:
         self._blob_versions: dict[tuple[str, str], int] = {}
         self._clock = clock
 
-    def ensure_job(self, job: str, meta: dict[str, Any]) -> dict[str, Any]:
+    def ensure_job(self, job: str, meta: JobMeta | Mapping[str, Any]) -> JobMeta:
         path = self._path(job, "")
-        check_request(f"ensure job {path}", [(path, len(encode_json(meta)))])
+        node = encode_job_meta(typed_meta(meta))
+        check_request(f"ensure job {path}", [(path, len(encode_json(node)))])
         with self._lock:
-            return self._jobs.setdefault(job, dict(meta))
+            return typed_meta(self._jobs.setdefault(job, node))
 
     def sync(self, job: str) -> None:
         """Nothing to do: this twin's reads are never stale."""
 
-    def job_meta(self, job: str) -> dict[str, Any] | None:
-        return self._jobs.get(job)
+    def job_meta(self, job: str) -> JobMeta | None:
+        return decode_job_meta(self._jobs.get(job), self._path(job, ""))
 
     def list_jobs(self) -> builtins.list[str]:
         return sorted(self._jobs)
 
-    def set_job_meta(self, job: str, meta: dict[str, Any]) -> None:
+    def set_job_meta(self, job: str, meta: JobMeta) -> None:
         """Replace an existing job's meta (operator actions such as `txsink mode`)."""
         with self._lock:
             if job not in self._jobs:
                 raise KeyError(job)
-            self._jobs[job] = dict(meta)
+            self._jobs[job] = encode_job_meta(meta)
 
     def blob_children(self, job: str, key: str) -> builtins.list[str]:
         """Names directly under blob ``key`` (e.g. xids with dedup state under ``dedup``)."""
@@ -255,15 +208,14 @@ class MemoryRegistry:
     def heartbeat(self, epoch: Epoch, info: dict[str, Any]) -> None:
         with self._lock:
             self._fence(epoch)
-            self._owners[epoch.job] = {
-                "epoch": epoch.number,
-                "owner": epoch.owner,
-                "heartbeat": self._clock(),
-                **info,
-            }
+            details = {k: v for k, v in info.items() if k != "state"}
+            beat = OwnerInfo(
+                epoch.number, epoch.owner, self._clock(), info.get("state", ""), details
+            )
+            self._owners[epoch.job] = encode_owner(beat)
 
-    def owner(self, job: str) -> dict[str, Any] | None:
-        return self._owners.get(job)
+    def owner(self, job: str) -> OwnerInfo | None:
+        return decode_owner(self._owners.get(job), self._path(job, "owner"))
 
     # Xid records are stored as Keeper would hold them: the packed node (JSON) and its
     # chunk nodes, so the twin runs the same layout code as KazooRegistry.
@@ -309,8 +261,9 @@ class MemoryRegistry:
         with self._lock:
             self._fence(epoch)
             check_transition(None, record.state)
-        incoming, over = record, None  # over: version of the tombstone we replace
-        for _ in range(MAX_ROUNDS):
+        incoming = record
+
+        def attempt() -> XidRecord:
             with self._lock:
                 existing = self._nodes.get(epoch.job, {}).get(incoming.xid)
                 record, over = incoming, None
@@ -336,17 +289,18 @@ class MemoryRegistry:
                         store.pop(n, None)
                     raise
                 if any(n not in store for n in names):
-                    continue  # a sweep took our chunks before the record existed: again
+                    raise CasRetry  # a sweep took our chunks before the record existed
                 xids = self._nodes.setdefault(epoch.job, {})
                 now = xids.get(record.xid)
                 if (now[1] if now else None) != over:
                     for n in names:  # the node changed since we read it: decide again
                         store.pop(n, None)
-                    continue
+                    raise CasRetry
                 version = 0 if over is None else over + 1
                 xids[record.xid] = (packed.node, version)
                 return self._unpack(epoch.job, record.xid, packed.node, version)
-        raise RetryableConflict(f"xid {record.xid} of job {epoch.job} keeps changing; retry")
+
+        return cas(f"xid {record.xid} of job {epoch.job}", attempt)
 
     def abort(self, job: str, xid: str, tables: Iterable[str], now: float) -> XidRecord:
         with self._lock:
@@ -354,7 +308,7 @@ class MemoryRegistry:
             found = xids.get(xid)
             if found is None:
                 new = tombstone(job, xid, tables, now)
-                xids[xid] = (new.to_json(), 0)
+                xids[xid] = (encode_record(new), 0)
                 return replace(new, version=0)
             cur = self._unpack(job, xid, *found)
             if cur.state is not XidState.ABORTED:
@@ -362,10 +316,10 @@ class MemoryRegistry:
             more = with_more_aborted(cur, tables)
             if more is None:
                 return cur
-            xids[xid] = (more.to_json(), found[1] + 1)
+            xids[xid] = (encode_record(more), found[1] + 1)
             return replace(more, version=found[1] + 1)
 
-    def amend(self, epoch: Epoch, record: XidRecord, extra: dict[str, Any]) -> XidRecord:
+    def amend(self, epoch: Epoch, record: XidRecord, cuts: Iterable[Cut]) -> XidRecord:
         with self._lock:
             self._fence(epoch)
             found = self._nodes.get(epoch.job, {}).get(record.xid)
@@ -375,9 +329,9 @@ class MemoryRegistry:
             cur = self._unpack(epoch.job, record.xid, node, version)
             if cur.state is not XidState.PREPARED:
                 raise RetryableConflict(f"xid {record.xid} is no longer PREPARED; re-read")
-            if merged_extra(cur.extra, extra) == cur.extra:
+            done = cur.with_cuts(cuts)
+            if done.cuts == cur.cuts:
                 return cur
-            done = replace(cur, extra=merged_extra(cur.extra, extra))
             new_node = repack(done, node)
             check_request(
                 f"amend xid {record.xid} of job {epoch.job}",
@@ -395,9 +349,9 @@ class MemoryRegistry:
                 raise RetryableConflict(f"xid {record.xid} changed under us; re-read and retry")
             node, version = found
             cur = self._unpack(epoch.job, record.xid, node, version)
-            ledger = self._ledgers.get(epoch.job, empty_ledger())
+            ledger = decode_ledger(self._ledgers.get(epoch.job))
             done = committed_record(cur, ledger, committed_at, epoch.number)
-            new_ledger = next_ledger(ledger, cur, committed_at)
+            new_ledger = encode_ledger(next_ledger(ledger, cur, committed_at))
             new_node = repack(done, node)
             check_request(
                 f"commit xid {record.xid} of job {epoch.job}",
@@ -411,8 +365,8 @@ class MemoryRegistry:
             self._ledgers[epoch.job] = new_ledger
             return replace(done, version=version + 1)
 
-    def ledger(self, job: str) -> dict[str, Any]:
-        return copy.deepcopy(self._ledgers.get(job, EMPTY_LEDGER))
+    def ledger(self, job: str) -> Ledger:
+        return decode_ledger(self._ledgers.get(job), self._path(job, "ledger"))
 
     def delete(self, epoch: Epoch, xids: builtins.list[str]) -> None:
         """Delete records, then every chunk no record references (theirs and orphans)."""

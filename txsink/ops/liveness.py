@@ -32,11 +32,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from txsink.protocol.codec import OwnerInfo, as_owner
+
 CADENCE_FACTOR = 3.0
 STALE_FLOOR = 30.0
 STALE_CAP = 600.0
 CADENCE_SAMPLE = 20  # gaps between the most recent commits that the median is taken over
 RECOVER_OWNER_PREFIX = "txsink-recover@"
+
+# The owner node, typed or as its mapping (tests and older callers).
+OwnerLike = OwnerInfo | Mapping[str, Any] | None
 
 
 @dataclass(frozen=True)
@@ -88,18 +93,20 @@ def explain(v: Liveness) -> str:
     )
 
 
-def heartbeat_age(owner: Mapping[str, Any] | None, now: float) -> float | None:
-    if not owner or owner.get("heartbeat") is None:
+def heartbeat_age(owner: OwnerLike, now: float) -> float | None:
+    info = as_owner(owner)
+    if info is None or info.heartbeat is None:
         return None
-    return max(0.0, now - float(owner["heartbeat"]))
+    return max(0.0, now - info.heartbeat)
 
 
-def is_recover_owner(owner: Mapping[str, Any] | None) -> bool:
-    return bool(owner) and str((owner or {}).get("owner", "")).startswith(RECOVER_OWNER_PREFIX)
+def is_recover_owner(owner: OwnerLike) -> bool:
+    info = as_owner(owner)
+    return info is not None and info.owner.startswith(RECOVER_OWNER_PREFIX)
 
 
 def judge(
-    owner: Mapping[str, Any] | None,
+    owner: OwnerLike,
     committed_at: Iterable[float | None],
     now: float,
     stale_after: float | None = None,

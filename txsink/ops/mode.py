@@ -20,15 +20,15 @@ attach mode is refused because ``dedup/<xid>`` state exists (:mod:`txsink.transa
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from txsink.errors import ConfigError
 from txsink.ops.status import Stores, recover_owner, writer_is_live
 from txsink.protocol.dedup import xid_key as dedup_xid_key
-from txsink.protocol.states import XidState
+from txsink.protocol.states import Mode, XidState
 
-MODES = ("attach", "dedup")
+MODES = tuple(m.value for m in Mode)
 
 
 @dataclass
@@ -49,24 +49,25 @@ def change_mode(
     """Pin ``job`` to mode ``new``; ConfigError (naming the next step) when unsafe now."""
     if new not in MODES:
         raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {new!r}")
+    wanted = Mode(new)
     registry = stores.registry
     meta = registry.job_meta(job)
     if meta is None:
         raise ConfigError(
             f"job {job!r} does not exist in Keeper; its mode is decided at its first commit"
         )
-    old = meta.get("mode")
-    if isinstance(meta.get("targets"), dict) and new != "attach":
+    old = meta.mode or None
+    if meta.targets and wanted is not Mode.ATTACH:
         raise ConfigError(
-            f"job {job} writes {', '.join(sorted(meta['targets']))} with txsink.transaction, "
+            f"job {job} writes {', '.join(sorted(meta.targets))} with txsink.transaction, "
             f"which takes attach-mode tables only (dedup rows would be visible before the "
             f"transaction commits). Write the table that needs dedup mode with "
             f"txsink.foreach_batch under a new job name"
         )
-    if meta.get("shards") and new != "attach":
+    if meta.shards and wanted is not Mode.ATTACH:
         raise ConfigError(
-            f"job {job} writes one xid across the shards {', '.join(meta['shards'])} (its "
-            f"target {meta.get('target')} is a local table on each), which takes attach mode "
+            f"job {job} writes one xid across the shards {', '.join(meta.shards)} (its "
+            f"target {meta.target} is a local table on each), which takes attach mode "
             f"only. To go on in dedup mode through a Distributed table, start a new job "
             f"(mode=dedup) after this one's last batch committed"
         )
@@ -75,7 +76,7 @@ def change_mode(
     owner = registry.owner(job)
     if writer_is_live(owner, time.time(), stale_after) and not force:
         raise ConfigError(
-            f"job {job} has a live writer ({(owner or {}).get('owner')}); stop the streaming "
+            f"job {job} has a live writer ({owner.owner if owner else None}); stop the streaming "
             f"query first (a batch in flight was written in mode {old}); pass --force only "
             f"once you know it has stopped (e.g. it just failed)"
         )
@@ -91,7 +92,7 @@ def change_mode(
         )
     committed = {r.xid for r in registry.list(job) if r.state is XidState.COMMITTED}
     open_dedup = [x for x in registry.blob_children(job, "dedup") if x not in committed]
-    if old == "dedup" and open_dedup:
+    if meta.pinned_mode is Mode.DEDUP and open_dedup:
         raise ConfigError(
             f"job {job} has half-written dedup batch(es) {', '.join(open_dedup)}: their rows "
             f"are partly in the target and only a dedup-mode replay finishes them exactly "
@@ -101,5 +102,5 @@ def change_mode(
     registry.heartbeat(epoch, {"state": "mode-changed", "mode": new})
     for xid in open_dedup:  # attach -> dedup: stale state of batches never committed
         registry.delete_blobs(job, dedup_xid_key(xid))
-    registry.set_job_meta(job, {**meta, "mode": new, "mode_changed_at": time.time()})
+    registry.set_job_meta(job, replace(meta, mode=new, mode_changed_at=time.time()))
     return ModeChange(job, old, new, changed=True, epoch=epoch.number)

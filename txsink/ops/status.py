@@ -1,7 +1,8 @@
-"""Operator views of jobs (``txsink status``) and the operator's recovery (``txsink recover``).
+"""Operator views of jobs (``txsink status``); the recovery built on them is
+:mod:`txsink.ops.recovery`, the stores they read :mod:`txsink.ops.stores`.
 
 Everything here returns plain dataclasses; the CLI (:mod:`txsink.cli.ops_cmd`) renders
-them. Reads only, except :func:`carry_out_recovery`, which takes a new writer epoch.
+them. Reads only.
 
 Liveness is judged by :mod:`txsink.ops.liveness` from the owner node's heartbeat (written
 by every writer at takeover and after every commit) against a threshold that follows the
@@ -33,27 +34,38 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from txsink.clickhouse.client import connect
-from txsink.clickhouse.warehouse import DEFAULT_STAGING_DB, ClickHouseWarehouse
-from txsink.errors import ConfigError
-from txsink.keeper.kazoo_registry import KazooRegistry
+from txsink.clickhouse.warehouse import DEFAULT_STAGING_DB
 from txsink.keeper.ledger import LEDGER_PARTITIONS
-from txsink.keeper.registry import Registry
 from txsink.ops.liveness import (
     RECOVER_OWNER_PREFIX,
-    STALE_CAP,
     Liveness,
     explain,
     heartbeat_age,
     is_recover_owner,
     judge,
 )
+from txsink.ops.stores import Stores, open_stores, resolve_jobs
 from txsink.protocol import plans
+from txsink.protocol.codec import JobMeta, Ledger, OwnerInfo, as_job_meta, as_ledger, as_owner
 from txsink.protocol.ids import parse_staging, staging_prefix
 from txsink.protocol.states import Epoch, Mode, XidRecord, XidState
-from txsink.transactor import RecoveryReport, Transactor
 
 log = logging.getLogger(__name__)
+
+__all__ = [
+    "DEFAULT_STALE_AFTER",
+    "DEFAULT_STUCK_AFTER",
+    "JobStatus",
+    "Stores",
+    "assess",
+    "collect_status",
+    "job_status",
+    "liveness_of",
+    "open_stores",
+    "recover_owner",
+    "resolve_jobs",
+    "writer_is_live",
+]
 
 DEFAULT_STUCK_AFTER = 300.0
 # None: the stale threshold follows the job's commit cadence (txsink.ops.liveness).
@@ -64,113 +76,6 @@ RECOVERED_STATE = "recovered"
 def recover_owner() -> str:
     """The owner name recovery takes epochs under (``txsink-recover@host:pid``)."""
     return f"{RECOVER_OWNER_PREFIX}{socket.gethostname()}:{os.getpid()}"
-
-
-# --------------------------------------------------------------------------- stores
-
-
-class Stores:
-    """The registry and ClickHouse client an operator command works with.
-
-    Staging databases can differ per job (recorded in the job meta); one warehouse per
-    database is made on demand (a warehouse holds no state).
-    """
-
-    def __init__(
-        self,
-        registry: Registry,
-        client: Any,
-        staging_database: str | None = None,
-        connect_shard: Any = None,
-    ) -> None:
-        self.registry = registry
-        self.client = client
-        self.staging_database = staging_database
-        self._warehouses: dict[Any, Any] = {}
-        self._connect_shard = connect_shard  # url -> client, with the command's credentials
-        self._shard_clients: dict[str, Any] = {}
-
-    def warehouse(self, meta: Mapping[str, Any] | None = None) -> Any:
-        """The warehouse of a job: ``--staging-database`` if given, else the job's own;
-        for a sharded job (``shards`` in its meta) every shard behind one
-        :class:`~txsink.clickhouse.shards.ShardedWarehouse`, connected with the
-        command's credentials."""
-        db = (
-            self.staging_database
-            or str((meta or {}).get("staging_database") or "")
-            or DEFAULT_STAGING_DB
-        )
-        shards = tuple(str(u) for u in (meta or {}).get("shards") or ())
-        key = (db, shards)
-        if key not in self._warehouses:
-            if shards:
-                from txsink.clickhouse.shards import ShardedWarehouse
-
-                self._warehouses[key] = ShardedWarehouse(
-                    [ClickHouseWarehouse(self.shard_client(u), db) for u in shards]
-                )
-            else:
-                self._warehouses[key] = ClickHouseWarehouse(self.client, db)
-        return self._warehouses[key]
-
-    def shard_client(self, url: str) -> Any:
-        if url not in self._shard_clients:
-            if self._connect_shard is None:
-                raise ConfigError(f"this command cannot reach shard {url}: no credentials")
-            self._shard_clients[url] = self._connect_shard(url)
-        return self._shard_clients[url]
-
-    def close(self) -> None:
-        self.registry.close()
-        for client in (self.client, *self._shard_clients.values()):
-            close = getattr(client, "close", None)
-            if close is not None:
-                close()
-
-    def __enter__(self) -> Stores:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def open_stores(
-    url: str,
-    keeper: str,
-    *,
-    user: str = "default",
-    password: str = "",
-    keeper_auth: str | None = None,
-    keeper_root: str = "/txsink",
-    staging_database: str | None = None,
-    timeout: float = 15.0,
-) -> Stores:
-    """Connect to Keeper and ClickHouse (both fail fast with a named error)."""
-    registry = KazooRegistry(
-        keeper, "/" + keeper_root.strip("/"), auth=keeper_auth, timeout=timeout
-    )
-    try:
-        client = connect(url, user, password)
-    except BaseException:
-        registry.close()
-        raise
-    return Stores(
-        registry, client, staging_database, connect_shard=lambda u: connect(u, user, password)
-    )
-
-
-def resolve_jobs(registry: Registry, job: str | None, root: str = "") -> list[str]:
-    """``[job]`` if it exists, all jobs when ``job`` is None; ConfigError for a missing one."""
-    jobs = registry.list_jobs()
-    if job is None:
-        return jobs
-    if job not in jobs:
-        known = ", ".join(jobs) if jobs else "none"
-        raise ConfigError(
-            f"job {job!r} does not exist in Keeper{f' under {root}' if root else ''} "
-            f"(jobs there: {known}); check --job, --keeper and --keeper-root"
-        )
-    return [job]
 
 
 # --------------------------------------------------------------------------- status
@@ -243,7 +148,7 @@ class JobStatus:
 
 
 def writer_is_live(
-    owner: Mapping[str, Any] | None,
+    owner: OwnerInfo | Mapping[str, Any] | None,
     now: float,
     stale_after: float | None = None,
     records: Iterable[XidRecord] = (),
@@ -253,7 +158,7 @@ def writer_is_live(
 
 
 def liveness_of(
-    owner: Mapping[str, Any] | None,
+    owner: OwnerInfo | Mapping[str, Any] | None,
     records: Iterable[XidRecord],
     now: float,
     stale_after: float | None = None,
@@ -266,10 +171,10 @@ def liveness_of(
 def assess(
     job: str,
     *,
-    meta: Mapping[str, Any],
+    meta: JobMeta | Mapping[str, Any],
     epoch: Epoch | None,
-    owner: Mapping[str, Any] | None,
-    ledger: Mapping[str, Any],
+    owner: OwnerInfo | Mapping[str, Any] | None,
+    ledger: Ledger | Mapping[str, Any],
     records: Iterable[XidRecord],
     staging_sizes: Mapping[str, Mapping[str, int]],
     staging_view: Mapping[str, Mapping[str, int] | None],
@@ -284,30 +189,33 @@ def assess(
     (None for a missing table), as :meth:`ClickHouseWarehouse.staging_view` returns it.
     """
     records = list(records)
-    age = heartbeat_age(owner, now)
-    verdict = liveness_of(owner, records, now, stale_after)
+    job_meta = as_job_meta(meta) or JobMeta()
+    totals = as_ledger(ledger)
+    info = as_owner(owner)
+    age = heartbeat_age(info, now)
+    verdict = liveness_of(info, records, now, stale_after)
     live, stale_after = verdict.live, verdict.stale_after_s
-    last_at = ledger.get("last_commit_at")
+    last_at = totals.last_commit_at
     status = JobStatus(
         job=job,
-        target=str(meta.get("target", "")),
-        mode=str(meta.get("mode", "")),
+        target=job_meta.target,
+        mode=job_meta.mode,
         staging_database=staging_database,
         epoch=epoch.number if epoch else None,
         owner=epoch.owner if epoch else None,
-        owner_epoch=None if not owner or owner.get("epoch") is None else int(owner["epoch"]),
-        owner_state=None if not owner else str(owner.get("state", "")) or None,
+        owner_epoch=None if info is None else info.epoch,
+        owner_state=None if info is None else info.state or None,
         heartbeat_age=None if age is None else round(age, 1),
         live=live,
         cadence_s=verdict.cadence_s,
         stale_after_s=verdict.stale_after_s,
         stale_after_source=verdict.stale_after_source,
-        committed=int(ledger.get("committed", 0)),
-        rows_committed=int(ledger.get("rows", 0)),
-        last_batch=ledger.get("last_batch"),
+        committed=totals.committed,
+        rows_committed=totals.rows,
+        last_batch=totals.last_batch,
         last_commit_at=last_at,
-        last_commit_age=None if last_at is None else round(max(0.0, now - float(last_at)), 1),
-        targets=sorted(meta["targets"]) if isinstance(meta.get("targets"), dict) else [],
+        last_commit_age=None if last_at is None else round(max(0.0, now - last_at), 1),
+        targets=sorted(job_meta.targets),
     )
     prepared = [r for r in records if r.state is XidState.PREPARED]
     prepared_tables = {t: r.xid for r in prepared for t in r.staging_tables}
@@ -401,7 +309,7 @@ def assess(
                     xid=st.xid,
                 )
             )
-    evicted = int(ledger.get("evicted_partitions", 0) or 0)
+    evicted = totals.evicted_partitions
     if evicted:
         w.append(
             Finding(
@@ -409,7 +317,7 @@ def assess(
                 "info",
                 f"the ledger of job {job} keeps per-partition totals of its "
                 f"{LEDGER_PARTITIONS} most recently written partitions; {evicted} eviction(s) "
-                f"folded {int(ledger.get('evicted_rows', 0) or 0)} rows into one total, so "
+                f"folded {totals.evicted_rows} rows into one total, so "
                 "`txsink verify` reconciles those partitions together, not one by one "
                 "(see docs/operations.md#keeper-limits)",
             )
@@ -419,13 +327,14 @@ def assess(
             Finding(
                 "fenced-writer",
                 "info",
-                f"job {job} was taken over by {owner.get('owner') if owner else '?'} (epoch "
+                f"job {job} was taken over by {info.owner if info else '?'} (epoch "
                 f"{status.epoch}); the writer that held it before "
-                f"({(owner or {}).get('previous_owner') or '?'}) is fenced: its next commit fails "
+                f"({(info.details.get('previous_owner') if info else None) or '?'}) is fenced: "
+                f"its next commit fails "
                 f"with FencedError. Restart that Spark query (a new run takes a new epoch)",
             )
         )
-    elif owner and status.owner_epoch is not None and epoch and status.owner_epoch < epoch.number:
+    elif info and status.owner_epoch is not None and epoch and status.owner_epoch < epoch.number:
         w.append(
             Finding(
                 "fenced-writer",
@@ -463,7 +372,7 @@ def job_status(
 ) -> JobStatus:
     """Read Keeper and ClickHouse for one job and :func:`assess` it."""
     registry = stores.registry
-    meta = registry.job_meta(job) or {}
+    meta = registry.job_meta(job) or JobMeta()
     warehouse = stores.warehouse(meta)
     records = registry.list(job)
     needed = [t for r in records if r.state is XidState.PREPARED for t in r.staging_tables]
@@ -497,161 +406,3 @@ def collect_status(
         job_status(stores, name, now=now, stuck_after=stuck_after, stale_after=stale_after)
         for name in resolve_jobs(stores.registry, job, root)
     ]
-
-
-# --------------------------------------------------------------------------- recover
-
-
-@dataclass
-class RecoveryPlanView:
-    """What ``txsink recover`` would do for one job, and whether it may."""
-
-    job: str
-    epoch: int | None
-    owner: str | None
-    heartbeat_age: float | None
-    live: bool
-    plan: RecoveryReport
-    cadence_s: float | None = None
-    stale_after_s: float = STALE_CAP
-    expected_alarms: list[str] = field(default_factory=list)
-    roll_forward_rows: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def empty(self) -> bool:
-        p = self.plan
-        return not (p.rolled_forward or p.rolled_back or p.dropped_leftovers)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "job": self.job,
-            "epoch": self.epoch,
-            "owner": self.owner,
-            "heartbeat_age": self.heartbeat_age,
-            "live": self.live,
-            "cadence_s": self.cadence_s,
-            "stale_after_s": self.stale_after_s,
-            "plan": self.plan.to_json(),
-            "expected_alarms": list(self.expected_alarms),
-            "roll_forward_rows": dict(self.roll_forward_rows),
-            "empty": self.empty,
-        }
-
-
-def plan_job_recovery(
-    stores: Stores,
-    job: str,
-    *,
-    stale_after: float | None = DEFAULT_STALE_AFTER,
-    now: float | None = None,
-) -> RecoveryPlanView:
-    """The recovery plan of ``job`` (``Transactor.recover(dry_run=True)``); writes nothing.
-
-    Roll-forwards whose staging no longer matches the manifest are listed in
-    ``expected_alarms``: carrying out the plan would alarm on them, not publish them.
-    """
-    now = time.time() if now is None else now
-    registry = stores.registry
-    meta = registry.job_meta(job) or {}
-    warehouse = stores.warehouse(meta)
-    current = registry.current_epoch(job)
-    owner = registry.owner(job)
-    probe = current or Epoch(job, 0, -1, "")
-    report = Transactor(registry, warehouse, job).recover(probe, dry_run=True)
-    verdict = liveness_of(owner, registry.list(job), now, stale_after)
-    view = RecoveryPlanView(
-        job,
-        current.number if current else None,
-        current.owner if current else None,
-        verdict.heartbeat_age,
-        verdict.live,
-        report,
-        cadence_s=verdict.cadence_s,
-        stale_after_s=verdict.stale_after_s,
-    )
-    for xid in report.rolled_forward:
-        record = registry.get(job, xid)
-        if record is None:
-            continue
-        view.roll_forward_rows[xid] = record.rows
-        if record.mode is Mode.ATTACH and record.manifest:
-            ops = plans.plan_publish(record, warehouse.staging_view(record.staging_tables))
-            view.expected_alarms += [op.reason for op in ops if isinstance(op, plans.Alarm)]
-    return view
-
-
-@dataclass
-class RecoveryOutcome:
-    """A carried-out recovery: the epoch it took, whom it fenced, and the report."""
-
-    job: str
-    epoch: int
-    owner: str
-    fenced_owner: str | None
-    fenced_epoch: int | None
-    report: RecoveryReport
-    remaining: RecoveryPlanView
-
-    @property
-    def clean(self) -> bool:
-        return not self.report.alarms and not self.remaining.plan.rolled_forward
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "job": self.job,
-            "epoch": self.epoch,
-            "owner": self.owner,
-            "fenced_owner": self.fenced_owner,
-            "fenced_epoch": self.fenced_epoch,
-            "report": self.report.to_json(),
-            "clean": self.clean,
-        }
-
-
-def carry_out_recovery(
-    stores: Stores, job: str, *, stale_after: float | None = DEFAULT_STALE_AFTER
-) -> RecoveryOutcome:
-    """Take a new writer epoch (fencing the current writer) and recover ``job``.
-
-    The epoch is held by :func:`recover_owner`; its heartbeat is left in state
-    ``recovered`` so that status shows the takeover and liveness checks ignore it.
-    """
-    registry = stores.registry
-    meta = registry.job_meta(job) or {}
-    warehouse = stores.warehouse(meta)
-    before = registry.current_epoch(job)
-    epoch = registry.take_epoch(job, recover_owner())
-    log.warning(
-        "job %s: recovery took writer epoch %d as %s, fencing %s (epoch %s)",
-        job,
-        epoch.number,
-        epoch.owner,
-        before.owner if before else None,
-        before.number if before else None,
-    )
-    previous = before.owner if before else None
-    registry.heartbeat(epoch, {"state": "recovering", "previous_owner": previous})
-    report = Transactor(registry, warehouse, job).recover(epoch)
-    for table in (*report.rolled_back, *report.dropped_leftovers):
-        log.warning("job %s: recovery dropped staging %s.%s", job, warehouse.staging_db, table)
-    for alarm in report.alarms:
-        log.error("job %s: recovery alarm: %s", job, alarm)
-    registry.heartbeat(
-        epoch,
-        {
-            "state": RECOVERED_STATE,
-            "previous_owner": previous,
-            "recovered_at": time.time(),
-            "alarms": len(report.alarms),
-        },
-    )
-    remaining = plan_job_recovery(stores, job, stale_after=stale_after)
-    return RecoveryOutcome(
-        job,
-        epoch.number,
-        epoch.owner,
-        previous,
-        before.number if before else None,
-        report,
-        remaining,
-    )

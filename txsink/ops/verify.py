@@ -2,7 +2,7 @@
 
 In the spirit of eBay's Aggregator Runtime Verifier (ARV), which replays the metadata its
 Block Aggregators committed and checks each consecutive pair. Here the metadata is the
-xid records in Keeper, ordered by their commit sequence ``extra["seq"]`` (the ledger's
+xid records in Keeper, ordered by their commit sequence ``seq`` (the ledger's
 counter, assigned in the same Keeper transaction as COMMITTED). For consecutive
 committed batch xids ``M`` and ``M'`` (``b<n>``; ad-hoc ``u...`` xids of batch saves
 without txn_version have no order and are exempt):
@@ -34,193 +34,56 @@ Everything below :func:`verify` is pure and unit-tested without services.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import re
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from txsink.clickhouse.client import split_table
 from txsink.driver import open_registry, open_warehouse
 from txsink.keeper.ledger import LEDGER_PARTITIONS, exact_partitions, maybe_evicted, table_view
 from txsink.keeper.registry import Registry
+from txsink.ops.anomalies import (
+    DEFAULT_RECENT,
+    DEFAULT_STUCK_AFTER,
+    Finding,
+    VerifyResult,
+    batch_of,
+    committed_history,
+    detect_anomalies,
+    stuck_prepared,
+)
+from txsink.protocol.codec import JobMeta, Ledger, as_job_meta, as_ledger
 from txsink.protocol.ids import staging_prefix
 from txsink.protocol.states import Mode, XidRecord, XidState
 
+# Re-exported: the audit's result types and history rules live in txsink.ops.anomalies.
+__all__ = [
+    "DEFAULT_RECENT",
+    "DEFAULT_STUCK_AFTER",
+    "EVICTED",
+    "Finding",
+    "VerifyResult",
+    "batch_of",
+    "committed_history",
+    "detect_anomalies",
+    "fold",
+    "job_tables",
+    "ledger_partition_rows",
+    "reconcile",
+    "stuck_prepared",
+    "verify",
+    "verify_job",
+]
+
 log = logging.getLogger(__name__)
 
-DEFAULT_STUCK_AFTER = 300.0
-DEFAULT_RECENT = 20
-_BATCH_XID = re.compile(r"^b(\d+)$")
 # Engines whose merges remove rows: the target may legitimately hold fewer than committed.
 _MERGING_ENGINES = re.compile(
     r"^(Replacing|Summing|Aggregating|Collapsing|VersionedCollapsing|Graphite|Coalescing)"
     r"MergeTree$"
 )
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One anomaly or warning; ``xids``/``batches``/``partition`` name what is involved."""
-
-    kind: str
-    message: str
-    xids: tuple[str, ...] = ()
-    batches: tuple[int, ...] = ()
-    partition: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["xids"], data["batches"] = list(self.xids), list(self.batches)
-        return data
-
-
-@dataclass
-class VerifyResult:
-    job: str
-    target: str
-    anomalies: list[Finding] = field(default_factory=list)
-    warnings: list[Finding] = field(default_factory=list)
-    checked: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def clean(self) -> bool:
-        return not self.anomalies
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "job": self.job,
-            "target": self.target,
-            "clean": self.clean,
-            "anomalies": [a.to_json() for a in self.anomalies],
-            "warnings": [w.to_json() for w in self.warnings],
-            "checked": dict(self.checked),
-        }
-
-
-# --------------------------------------------------------------------------- history
-
-
-def _seq(record: XidRecord) -> int | None:
-    raw = record.extra.get("seq")
-    return None if raw is None else int(raw)
-
-
-def committed_history(records: Iterable[XidRecord]) -> list[XidRecord]:
-    """COMMITTED records in commit order: by ``extra["seq"]`` (commit time breaks ties and
-    places records without a sequence, which only a hand-edited history has)."""
-    done = [r for r in records if r.state is XidState.COMMITTED]
-    return sorted(
-        done,
-        key=lambda r: (
-            _seq(r) is None,
-            _seq(r) or 0,
-            r.committed_at or 0.0,
-            r.xid,
-        ),
-    )
-
-
-def batch_of(record: XidRecord) -> int | None:
-    """The batch a batch-id xid claims (its recorded batch); None for ad-hoc xids."""
-    m = _BATCH_XID.match(record.xid)
-    if not m:
-        return None
-    return record.batch if record.batch is not None else int(m.group(1))
-
-
-def _ref(record: XidRecord) -> str:
-    seq = _seq(record)
-    return f"xid {record.xid} (seq {seq if seq is not None else '?'})"
-
-
-def detect_anomalies(records: Iterable[XidRecord], *, contiguous: bool = True) -> list[Finding]:
-    """Backward, overlap and gap anomalies of a job's committed history (pure).
-
-    ``contiguous``: batch ids are Spark micro-batch ids, which grow by one. Batch saves
-    with ``txn_version`` (no streaming query id in the job meta) may skip versions, so
-    gaps are not anomalies there.
-    """
-    history = committed_history(records)
-    found: list[Finding] = []
-    seqs: dict[int, list[XidRecord]] = {}
-    for r in history:
-        seq = _seq(r)
-        if seq is not None:
-            seqs.setdefault(seq, []).append(r)
-    for seq, same in sorted(seqs.items()):
-        if len(same) > 1:
-            xids = tuple(r.xid for r in same)
-            found.append(
-                Finding(
-                    "sequence",
-                    f"sequence: commit seq {seq} was given to {len(same)} xids "
-                    f"({', '.join(xids)}); "
-                    "the ledger counted one commit for several records",
-                    xids=xids,
-                )
-            )
-    ordered = [(r, b) for r in history if (b := batch_of(r)) is not None]
-    claims: dict[int, list[XidRecord]] = {}
-    for r, b in ordered:
-        claims.setdefault(b, []).append(r)
-    for b, owners in sorted(claims.items()):
-        if len(owners) > 1:
-            found.append(
-                Finding(
-                    "overlap",
-                    f"overlap: batch {b} was committed {len(owners)} times, by "
-                    + ", ".join(_ref(r) for r in owners)
-                    + ": its rows were published more than once",
-                    xids=tuple(r.xid for r in owners),
-                    batches=(b,),
-                )
-            )
-    for (m, mb), (n, nb) in itertools.pairwise(ordered):
-        if nb < mb:
-            found.append(
-                Finding(
-                    "backward",
-                    f"backward: batch {nb} ({_ref(n)}) was committed after batch {mb} ({_ref(m)})",
-                    xids=(m.xid, n.xid),
-                    batches=(mb, nb),
-                )
-            )
-        elif nb > mb + 1 and contiguous:
-            missing = f"{mb + 1}" if nb == mb + 2 else f"{mb + 1}..{nb - 1}"
-            found.append(
-                Finding(
-                    "gap",
-                    f"gap: batch(es) {missing} never committed between batch {mb} ({_ref(m)}) "
-                    f"and batch {nb} ({_ref(n)})",
-                    xids=(m.xid, n.xid),
-                    batches=(mb, nb),
-                )
-            )
-    return found
-
-
-def stuck_prepared(
-    records: Iterable[XidRecord], now: float, older_than: float = DEFAULT_STUCK_AFTER
-) -> list[Finding]:
-    """PREPARED xids older than ``older_than`` seconds: rows no one has published."""
-    out = []
-    for r in records:
-        if r.state is XidState.PREPARED and now - r.created_at > older_than:
-            out.append(
-                Finding(
-                    "stuck-prepared",
-                    f"stuck-prepared: xid {r.xid} (batch {r.batch}, {r.rows} rows) of job {r.job} "
-                    f"has been PREPARED for {now - r.created_at:.0f}s; run "
-                    f"`txsink recover --job {r.job}`",
-                    xids=(r.xid,),
-                    batches=() if r.batch is None else (r.batch,),
-                )
-            )
-    return out
-
 
 # --------------------------------------------------------------------------- reconciliation
 
@@ -228,7 +91,7 @@ EVICTED = "(evicted)"
 
 
 def ledger_partition_rows(
-    ledgers: Iterable[Mapping[str, Any]], target_rows: Mapping[str, int]
+    ledgers: Iterable[Ledger | Mapping[str, Any]], target_rows: Mapping[str, int]
 ) -> tuple[dict[str, int], set[str]]:
     """(committed rows per partition id, the ids folded into :data:`EVICTED`) (pure).
 
@@ -236,23 +99,23 @@ def ledger_partition_rows(
     rows (in the window, not partial) or certainly never held it; all others, and every
     ledger's evicted total, go into one ``EVICTED`` bucket.
     """
-    ledgers = [dict(ledger) for ledger in ledgers]
+    typed = [as_ledger(ledger) for ledger in ledgers]
     folded: set[str] = set()
     pids = set(target_rows)
-    for ledger in ledgers:
-        window = {str(p) for p in dict(ledger.get("partitions", {}))}
+    for ledger in typed:
+        window = set(ledger.partitions)
         pids |= window
         folded |= window - set(exact_partitions(ledger))
-    for ledger in ledgers:
-        window = {str(p) for p in dict(ledger.get("partitions", {}))}
+    for ledger in typed:
+        window = set(ledger.partitions)
         folded |= {p for p in pids - window if maybe_evicted(ledger, p)}
     rows: dict[str, int] = {}
-    for ledger in ledgers:
-        for pid, n in dict(ledger.get("partitions", {})).items():
-            key = EVICTED if pid in folded else str(pid)
-            rows[key] = rows.get(key, 0) + int(n)
-        if int(ledger.get("evicted_rows", 0) or 0) or int(ledger.get("evicted_partitions", 0) or 0):
-            rows[EVICTED] = rows.get(EVICTED, 0) + int(ledger.get("evicted_rows", 0) or 0)
+    for ledger in typed:
+        for pid, n in ledger.partitions.items():
+            key = EVICTED if pid in folded else pid
+            rows[key] = rows.get(key, 0) + n
+        if ledger.evicted_rows or ledger.evicted_partitions:
+            rows[EVICTED] = rows.get(EVICTED, 0) + ledger.evicted_rows
     return rows, folded
 
 
@@ -267,7 +130,7 @@ def fold(rows: Mapping[str, int], folded: set[str]) -> dict[str, int]:
 
 def evicted_warning(target: str, writers: Mapping[str, Any], folded: set[str]) -> Finding:
     sample = ", ".join(sorted(folded)[:5]) + (", ..." if len(folded) > 5 else "")
-    evictions = sum(int(dict(w).get("evicted_partitions", 0) or 0) for w in writers.values())
+    evictions = sum(as_ledger(w).evicted_partitions for w in writers.values())
     return Finding(
         "ledger-evicted",
         f"reconciliation of {len(folded)} partition(s) of {target} ({sample}) one by one is not "
@@ -381,16 +244,16 @@ def verify(
 ) -> VerifyResult:
     """Audit one job: history anomalies, stuck PREPARED xids, reconciliation, leftovers."""
     now = time.time() if now is None else now
-    meta = registry.job_meta(job) or {}
+    meta = registry.job_meta(job) or JobMeta()
     explicit = bool(target)
-    target = target or str(meta.get("target", ""))
+    target = target or meta.target
     result = VerifyResult(job, target)
     records = registry.list(job)
     history = committed_history(records)
     # streaming jobs (and foreach_batch) record their query id; their batch ids are dense
-    result.anomalies += detect_anomalies(records, contiguous=bool(meta.get("query_id")))
+    result.anomalies += detect_anomalies(records, contiguous=bool(meta.query_id))
     result.anomalies += stuck_prepared(records, now, stuck_after)
-    seqs = [s for r in history if (s := _seq(r)) is not None]
+    seqs = [s for r in history if (s := r.seq) is not None]
     result.checked.update(
         committed_retained=len(history),
         seq_range=[min(seqs), max(seqs)] if seqs else None,
@@ -433,19 +296,16 @@ def verify(
     return result
 
 
-def job_tables(meta: Mapping[str, Any]) -> list[str]:
+def job_tables(meta: JobMeta | Mapping[str, Any]) -> list[str]:
     """Every table a job writes: its ``targets`` (a multi-table job), else its target."""
-    targets = meta.get("targets")
-    if isinstance(targets, dict) and targets:
-        return sorted(str(t) for t in targets)
-    return [str(meta["target"])] if meta.get("target") else []
+    return (as_job_meta(meta) or JobMeta()).tables
 
 
 def _reconcile_table(
     registry: Registry,
     warehouse: Any,
     job: str,
-    meta: Mapping[str, Any],
+    meta: JobMeta,
     records: list[XidRecord],
     target: str,
     result: VerifyResult,
@@ -453,16 +313,15 @@ def _reconcile_table(
 ) -> dict[str, Any]:
     """Reconcile ``target`` against the ledgers (cut to that table) of every job writing
     it; adds findings to ``result`` and returns what was checked."""
-    writers: dict[str, dict[str, Any]] = {}
+    writers: dict[str, Ledger] = {}
     dedup = False
     inflight: dict[str, int] = {}
     for name in registry.list_jobs():
-        other = meta if name == job else (registry.job_meta(name) or {})
-        if target not in job_tables(other):
+        other = meta if name == job else (registry.job_meta(name) or JobMeta())
+        if target not in other.tables:
             continue
-        primary = str(other.get("target", ""))
-        writers[name] = table_view(registry.ledger(name), target, primary)
-        dedup |= str(other.get("mode", "")) == Mode.DEDUP.value
+        writers[name] = table_view(registry.ledger(name), target, other.target)
+        dedup |= other.mode == Mode.DEDUP.value
         for r in records if name == job else registry.list(name):
             dedup |= r.mode is Mode.DEDUP
             if r.state is XidState.PREPARED:
@@ -513,25 +372,25 @@ def _reconcile_table(
 def _reconcile_shards(
     warehouse: Any,
     job: str,
-    meta: Mapping[str, Any],
+    meta: JobMeta,
     records: list[XidRecord],
     target: str,
-    writers: Mapping[str, Mapping[str, Any]],
+    writers: Mapping[str, Ledger | Mapping[str, Any]],
     result: VerifyResult,
     allow_other_writers: bool = False,
 ) -> list[dict[str, Any]]:
     """Each shard of a sharded job's own target against the ledger's rows for that shard
-    (``ledger["shards"]``): rows published on the wrong shard, or twice on one and lost on
+    (``Ledger.shards``): rows published on the wrong shard, or twice on one and lost on
     another, cancel out in the total but not here. Only when the job is the target's only
     writer and its ledger counted shards from its first commit (older ledgers did not)."""
-    shards = [str(u) for u in meta.get("shards") or ()]
-    if not shards or set(writers) != {job} or target != str(meta.get("target", "")):
+    shards = list(meta.shards)
+    if not shards or set(writers) != {job} or target != meta.target:
         return []
     if not hasattr(warehouse, "partition_rows_by_shard"):
         return []
-    ledger = writers[job]
-    counted = {str(k): int(v) for k, v in dict(ledger.get("shards", {})).items()}
-    if sum(counted.values()) != int(ledger.get("rows", 0)):
+    ledger = as_ledger(writers[job])
+    counted = dict(ledger.shards)
+    if sum(counted.values()) != ledger.rows:
         result.warnings.append(
             Finding(
                 "shards-not-counted",
@@ -582,8 +441,8 @@ def verify_job(config: Any, **options: Any) -> VerifyResult:
         warehouse = open_warehouse(config)
         try:
             # a multi-table job is verified table by table (its meta lists them)
-            meta = registry.job_meta(config.job) or {}
-            target = None if meta.get("targets") else config.table
+            meta = registry.job_meta(config.job) or JobMeta()
+            target = None if meta.targets else config.table
             return verify(registry, warehouse, config.job, target=target, **options)
         finally:
             getattr(warehouse, "close", warehouse.client.close)()

@@ -396,7 +396,7 @@ def decide_batch(
             return BatchDecision("prepare", reason="xid rolled back before; preparing afresh")
         return BatchDecision("prepare", reason="new xid")
     if existing.state is XidState.COMMITTED:
-        if epoch is not None and existing.epoch == epoch == existing.extra.get("committed_epoch"):
+        if epoch is not None and existing.epoch == epoch == existing.committed_epoch:
             return BatchDecision(
                 "refuse",
                 stray,

@@ -35,6 +35,7 @@ an ABORTED tombstone names it: no ClickHouse-side drop is ever decided by a read
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -70,11 +71,29 @@ class Mode(enum.StrEnum):
     DEDUP = "dedup"
 
 
+class Visibility(enum.StrEnum):
+    """When a batch's rows become visible: partition by partition as each MOVE lands, or
+    all at once (``batch``: one ATTACH of a batch staging table per target)."""
+
+    PARTITION = "partition"
+    BATCH = "batch"
+
+
 @dataclass(frozen=True)
 class StagedPart:
-    """Rows of one target partition held by one staging table (attach mode), or the rows
-    one Spark partition inserted as deterministic blocks (dedup mode: ``table`` is the
-    target and ``partition_id`` the Spark partition number as text).
+    """One manifest entry. Its fields mean different things per :class:`Mode`:
+
+    ============  ==========================================  =============================
+    field         attach mode                                 dedup mode
+    ============  ==========================================  =============================
+    table         the staging table holding the rows          the target table itself
+    partition_id  the target partition id (ClickHouse's)      the Spark partition number
+    rows          rows staged for that partition              rows the partition inserted
+    blocks        staged parts (0 when not counted)           deterministic blocks sent
+    fingerprint   unused (``""``)                             digest of the block sequence
+    uuids         evidence of publish (below)                 unused
+    target        another table of a multi-table xid          unused
+    ============  ==========================================  =============================
 
     ``uuids`` (attach mode): evidence of publish. Short ids (the first
     :data:`UUID_PREFIX_CHARS` hex digits) of up to :data:`MAX_PART_UUIDS` of the staged
@@ -85,6 +104,7 @@ class StagedPart:
     ``target`` (several tables in one xid, :func:`txsink.transaction`): the table this
     entry is published into; ``""`` means the record's ``target``. Left out of the JSON
     when empty, so records of one table look as before and old records load unchanged.
+    The wire form is :mod:`txsink.protocol.codec`'s.
     """
 
     table: str
@@ -94,33 +114,6 @@ class StagedPart:
     fingerprint: str = ""
     uuids: tuple[str, ...] = ()
     target: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "table": self.table,
-            "partition_id": self.partition_id,
-            "rows": self.rows,
-            "blocks": self.blocks,
-            "fingerprint": self.fingerprint,
-        }
-        if self.uuids:
-            out["uuids"] = ",".join(self.uuids)
-        if self.target:
-            out["target"] = self.target
-        return out
-
-    @staticmethod
-    def from_json(data: dict[str, Any]) -> StagedPart:
-        raw = data.get("uuids") or ""
-        return StagedPart(
-            table=str(data["table"]),
-            partition_id=str(data["partition_id"]),
-            rows=int(data["rows"]),
-            blocks=int(data.get("blocks", 0)),
-            fingerprint=str(data.get("fingerprint", "")),
-            uuids=tuple(u for u in (raw.split(",") if isinstance(raw, str) else raw) if u),
-            target=str(data.get("target") or ""),
-        )
 
 
 # Evidence of publish: how many part UUIDs a manifest entry keeps, and how many hex digits
@@ -143,12 +136,40 @@ def short_uuids(
 
 
 @dataclass(frozen=True)
+class Cut:
+    """Parts of one staging partition proven in the target after a server crash cut a
+    MOVE between parts (recorded by :meth:`Registry.amend` before they are dropped from
+    staging): ``parts`` maps evidence id -> rows. Facts only ever grow: a later cut of
+    the same partition adds parts, never removes one."""
+
+    staging: str
+    partition_id: str
+    parts: Mapping[str, int]
+
+    @property
+    def key(self) -> str:
+        return f"{self.staging}/{self.partition_id}"
+
+
+@dataclass(frozen=True)
 class XidRecord:
     """What Keeper holds for one xid. ``version`` is Keeper's node version (not stored).
 
     ``target`` is the job's (first) table; a manifest entry with its own ``target``
-    belongs to another table of the same transaction. ``extra["tables"]`` lists every
-    table a multi-table transaction wrote (also those that staged no rows).
+    belongs to another table of the same transaction. ``tables`` lists every table a
+    multi-table transaction wrote (also those that staged no rows).
+
+    Facts recorded over the xid's life:
+
+    - ``aborted_tables``: staging tables an ABORTED tombstone (or an earlier one this
+      record replaced) rolled back: they must never be published.
+    - ``cuts``: per staging partition, parts a cut MOVE already published (:class:`Cut`),
+      in the order of their keys (as the codec reads them back).
+    - ``seq`` / ``committed_epoch`` (COMMITTED): the commit's place in the job's ledger
+      and the epoch that recorded it (equal to ``epoch`` when no crash or takeover came
+      between prepare and commit).
+    - ``unknown``: keys a newer txsink wrote that this one does not know; kept as they
+      are through every rewrite (:mod:`txsink.protocol.codec`).
     """
 
     job: str
@@ -162,17 +183,17 @@ class XidRecord:
     created_at: float = 0.0
     committed_at: float | None = None
     version: int = -1
-    extra: dict[str, Any] = field(default_factory=dict)
+    tables: tuple[str, ...] = ()
+    visibility: Visibility = Visibility.PARTITION
+    aborted_tables: frozenset[str] = frozenset()
+    cuts: tuple[Cut, ...] = ()
+    seq: int | None = None
+    committed_epoch: int | None = None
+    unknown: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def rows(self) -> int:
         return sum(p.rows for p in self.manifest)
-
-    @property
-    def aborted_tables(self) -> frozenset[str]:
-        """Staging tables an ABORTED tombstone (or an earlier one this record replaced)
-        rolled back: they must never be published."""
-        return frozenset(str(t) for t in self.extra.get("aborted_tables", ()))
 
     @property
     def staging_tables(self) -> tuple[str, ...]:
@@ -181,10 +202,21 @@ class XidRecord:
 
     def cut(self, table: str, partition_id: str) -> dict[str, int]:
         """Parts of one staging partition proven in the target after a server crash cut
-        a MOVE between parts (``extra["cut"]``, written before they are dropped from
-        staging): evidence id -> rows. Empty when no MOVE of it was ever cut."""
-        found = self.extra.get("cut", {}).get(f"{table}/{partition_id}", {})
-        return {str(u): int(n) for u, n in found.items()}
+        a MOVE between parts: evidence id -> rows. Empty when no MOVE of it was ever cut."""
+        found: dict[str, int] = {}
+        for c in self.cuts:
+            if c.staging == table and c.partition_id == partition_id:
+                found.update(c.parts)
+        return found
+
+    def with_cuts(self, cuts: Iterable[Cut]) -> XidRecord:
+        """This record with ``cuts`` merged into its own, partition by partition (what
+        :meth:`Registry.amend` stores: facts another finisher added are kept)."""
+        merged: dict[tuple[str, str], dict[str, int]] = {}
+        for c in (*self.cuts, *cuts):
+            merged.setdefault((c.staging, c.partition_id), {}).update(c.parts)
+        out = sorted((Cut(t, p, parts) for (t, p), parts in merged.items()), key=lambda c: c.key)
+        return replace(self, cuts=tuple(out))
 
     def part_target(self, part: StagedPart) -> str:
         """The table ``part`` is published into."""
@@ -192,16 +224,22 @@ class XidRecord:
 
     @property
     def targets(self) -> tuple[str, ...]:
-        """Every table of this xid: ``extra["tables"]`` for a multi-table transaction,
-        else the record's target followed by any other entry targets (manifest order)."""
-        listed = [str(t) for t in self.extra.get("tables", ())]
+        """Every table of this xid: ``tables`` for a multi-table transaction, else the
+        record's target followed by any other entry targets (manifest order)."""
         return tuple(
-            dict.fromkeys([*listed, self.target, *(self.part_target(p) for p in self.manifest)])
+            dict.fromkeys(
+                [*self.tables, self.target, *(self.part_target(p) for p in self.manifest)]
+            )
         )
 
     @property
     def multi_table(self) -> bool:
-        return bool(self.extra.get("tables")) or any(p.target for p in self.manifest)
+        return bool(self.tables) or any(p.target for p in self.manifest)
+
+    @property
+    def batch_visible(self) -> bool:
+        """Whether the batch's rows become visible at once (``visibility=batch``)."""
+        return self.visibility is Visibility.BATCH
 
     def partition_rows(self, table: str | None = None) -> dict[str, int]:
         """Rows per partition id, of every entry or only of those published into ``table``."""
@@ -244,39 +282,6 @@ class XidRecord:
     def with_state(self, state: XidState, **changes: Any) -> XidRecord:
         check_transition(self.state, state)
         return replace(self, state=state, **changes)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "job": self.job,
-            "xid": self.xid,
-            "batch": self.batch,
-            "state": self.state.value,
-            "epoch": self.epoch,
-            "mode": self.mode.value,
-            "target": self.target,
-            "manifest": [p.to_json() for p in self.manifest],
-            "rows": self.rows,
-            "created_at": self.created_at,
-            "committed_at": self.committed_at,
-            "extra": self.extra,
-        }
-
-    @staticmethod
-    def from_json(data: dict[str, Any], version: int = -1) -> XidRecord:
-        return XidRecord(
-            job=str(data["job"]),
-            xid=str(data["xid"]),
-            batch=None if data.get("batch") is None else int(data["batch"]),
-            state=XidState(data["state"]),
-            epoch=int(data["epoch"]),
-            mode=Mode(data.get("mode", "attach")),
-            target=str(data.get("target", "")),
-            manifest=tuple(StagedPart.from_json(p) for p in data.get("manifest", [])),
-            created_at=float(data.get("created_at", 0.0)),
-            committed_at=None if data.get("committed_at") is None else float(data["committed_at"]),
-            version=version,
-            extra=dict(data.get("extra", {})),
-        )
 
 
 def ledger_key(primary: str, table: str, partition_id: str) -> str:

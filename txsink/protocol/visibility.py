@@ -146,7 +146,7 @@ def batch_refusal(table: str, engine: str, mode: str) -> str:
 
 
 def is_batch(record: XidRecord) -> bool:
-    return record.mode is Mode.ATTACH and record.extra.get("visibility") == "batch"
+    return record.mode is Mode.ATTACH and record.batch_visible
 
 
 def by_target(record: XidRecord) -> dict[str, list[StagedPart]]:

@@ -56,6 +56,7 @@ from txsink.errors import ConfigError, ContentChanged, DedupWindowExceeded
 from txsink.faults import fault_point
 from txsink.keeper.registry import CREATE, BlobConflict
 from txsink.protocol import dedup
+from txsink.protocol.codec import decode_partition_state, encode_partition_state
 from txsink.protocol.ids import dedup_token
 from txsink.protocol.states import StagedPart
 from txsink.spark.writer import QUERY_ID_PROPERTY, TxCommitMessage, WritePlan, check_nulls
@@ -174,7 +175,8 @@ class StateCell:
         if found is None:
             self.state, self.version = None, CREATE
         else:
-            self.state, self.version = dedup.PartitionState.from_json(found[0]), found[1]
+            where = f"jobs/{self.job}/{self.key}"
+            self.state, self.version = decode_partition_state(found[0], where), found[1]
 
     def propose(self, new: dedup.PartitionState) -> bool:
         """Write ``new`` if the rule allows it; False if another attempt wrote first (the
@@ -185,7 +187,8 @@ class StateCell:
         if verdict is dedup.WriteVerdict.REFUSE:
             raise self._refused(why)
         try:
-            self.version = self.registry.cas_blob(self.job, self.key, new.to_json(), self.version)
+            node = encode_partition_state(new)
+            self.version = self.registry.cas_blob(self.job, self.key, node, self.version)
         except BlobConflict:
             self.refresh()
             return False

@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlparse
 
@@ -50,6 +51,7 @@ from txsink.clickhouse.compat import (
 )
 from txsink.config import WriterConfig
 from txsink.errors import ConfigError, SchemaMismatch, UnavailableError
+from txsink.protocol.codec import JobMeta, as_job_meta
 from txsink.protocol.visibility import batch_refusal
 from txsink.spark.dedup_write import view_tables
 from txsink.spark.writer import WritePlan
@@ -179,7 +181,7 @@ def read_pin(config: WriterConfig) -> tuple[str | None, str]:
     return pinned_mode(meta, config.table), namespace
 
 
-def read_job(config: WriterConfig) -> tuple[dict[str, Any] | None, str]:
+def read_job(config: WriterConfig) -> tuple[JobMeta | None, str]:
     """(the job's Keeper meta or None, the Keeper store's namespace)."""
     from txsink.driver import borrowed_registry
 
@@ -187,16 +189,17 @@ def read_job(config: WriterConfig) -> tuple[dict[str, Any] | None, str]:
         return registry.job_meta(config.job), registry.namespace()
 
 
-def check_identity(config: WriterConfig, meta: dict[str, Any] | None) -> None:
+def check_identity(config: WriterConfig, meta: JobMeta | Mapping[str, Any] | None) -> None:
     """Refuse, before a task writes, a writer the job's first commit rules out (another
     target, another shard list): dedup-mode tasks insert into the target itself, so
     learning it at the commit would leave their rows visible and the batch refused."""
     from txsink.driver import identity_refusal
 
-    if not meta or isinstance(meta.get("targets"), dict):
+    stored = as_job_meta(meta)
+    if not stored or stored.blank or stored.targets:
         return  # a transaction's tables are checked by txsink.transaction
-    mine = {"target": config.table, "shards": list(config.shards), "url": config.url}
-    refusal = identity_refusal(config.job, meta, mine)
+    mine = JobMeta(target=config.table, shards=tuple(config.shards), url=config.url)
+    refusal = identity_refusal(config.job, stored, mine)
     if refusal:
         raise ConfigError(f"{refusal}. Nothing was written")
 
@@ -411,12 +414,9 @@ def check_sharded(config: WriterConfig, schema: StructType, infos: list[TargetIn
             )
 
 
-def pinned_mode(meta: dict[str, Any] | None, table: str | None = None) -> str | None:
+def pinned_mode(meta: JobMeta | Mapping[str, Any] | None, table: str | None = None) -> str | None:
     """The mode a job's Keeper meta pins for ``table`` (None for a job that never
     committed, or a table a multi-table job's ``targets`` do not list)."""
-    targets = (meta or {}).get("targets")
-    if table is not None and isinstance(targets, dict):
-        mode = targets.get(table)
-    else:
-        mode = (meta or {}).get("mode")
-    return str(mode) if mode in ("attach", "dedup") else None
+    stored = as_job_meta(meta) or JobMeta()
+    mode = stored.targets.get(table, "") if table is not None and stored.targets else stored.mode
+    return mode if mode in ("attach", "dedup") else None

@@ -24,7 +24,7 @@ from txsink.config import WriterConfig
 from txsink.errors import ConfigError, FencedError, SchemaMismatch, TxSinkError, UnavailableError
 from txsink.faults import fault_point
 from txsink.protocol.ids import batch_xid, parse_staging, run_tag, staging_name
-from txsink.protocol.states import Mode, StagedPart, XidState
+from txsink.protocol.states import Mode, StagedPart, Visibility, XidState
 
 if TYPE_CHECKING:
     from txsink.driver import JobHandle
@@ -134,7 +134,7 @@ def already_committed(plan: WritePlan, xid: str, batch: int | None) -> bool:
         with borrowed_registry(plan.config) as registry:
             record = registry.get(job, xid)
             if record is None and batch is not None:
-                last = registry.ledger(job).get("last_batch")
+                last = registry.ledger(job).last_batch
     except UnavailableError:
         return False
     if record is not None:
@@ -404,12 +404,12 @@ def _commit_writes(
             for m in ms
             for p in m.parts
         ]
-        extra: dict[str, Any] = {"tables": sorted(targets)} if targets else {}
-        if config.visibility == "batch" and mode is Mode.ATTACH:
-            extra["visibility"] = "batch"
+        batch_visible = config.visibility == Visibility.BATCH and mode is Mode.ATTACH
         result = handle.transactor.commit_batch(
-            epoch, xid, batch, config.table, parts, mode, extra, streaming=streaming
-        )
+            epoch, xid, batch, config.table, parts, mode, streaming=streaming,
+            tables=sorted(targets) if targets else (),
+            visibility=Visibility.BATCH if batch_visible else Visibility.PARTITION,
+        )  # fmt: skip
     except FencedError:
         count(config, fencing_events=1)
         raise

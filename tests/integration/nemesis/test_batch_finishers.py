@@ -23,7 +23,7 @@ from tests.integration.test_rollback_races import counts, prepared_record
 from tests.nemesis.services import Services
 from txsink.driver import JobHandle, open_job
 from txsink.errors import RecoveryAlarm, TxSinkError
-from txsink.protocol.states import XidRecord, XidState
+from txsink.protocol.states import Visibility, XidRecord, XidState
 
 TRIALS = 30
 ROWS = 200
@@ -34,7 +34,7 @@ def batch_prepared(handle: JobHandle, epoch: Any, xid: str, ids: range) -> XidRe
     the record as Keeper holds it."""
     parts = stage_parts(handle, xid, ids, blocks=2)
     record = prepared_record(handle, epoch, xid, parts)
-    record = dataclasses.replace(record, extra={"visibility": "batch"})
+    record = dataclasses.replace(record, visibility=Visibility.BATCH)
     handle.registry.prepare(epoch, record)
     stored = handle.registry.get(handle.config.job, xid)
     assert stored is not None and stored.state is XidState.PREPARED
@@ -155,7 +155,7 @@ def test_a_column_added_between_two_tasks_of_a_batch_xid_is_published_exact(
         ch.command(f"ALTER TABLE {target} ADD COLUMN note String DEFAULT 'added'")
         newer = stage_parts(handle, "b1", range(ROWS, 2 * ROWS), blocks=1, task=1)
         record = prepared_record(handle, epoch, "b1", [*old, *newer])
-        record = dataclasses.replace(record, extra={"visibility": "batch"})
+        record = dataclasses.replace(record, visibility=Visibility.BATCH)
         handle.registry.prepare(epoch, record)
         stored = handle.registry.get(handle.config.job, "b1")
         assert stored is not None
