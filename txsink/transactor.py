@@ -33,7 +33,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from txsink.clickhouse.warehouse import Warehouse
 from txsink.errors import (
     CommitOutcomeUnknown,
     ConfigError,
@@ -44,6 +43,7 @@ from txsink.errors import (
 )
 from txsink.faults import fault_point
 from txsink.keeper.registry import Registry, XidExists, superseded
+from txsink.ports.warehouse import Warehouse
 from txsink.protocol import plans, visibility
 from txsink.protocol.codec import JobMeta
 from txsink.protocol.dedup import xid_key as dedup_xid_key

@@ -20,6 +20,7 @@ from txsink.clickhouse.shards import (
 )
 from txsink.config import WriterConfig
 from txsink.errors import ConfigError
+from txsink.ports.warehouse import WarehouseCapabilities
 from txsink.protocol.codec import JobMeta
 from txsink.protocol.ids import parse_staging, shard_of, staging_name
 
@@ -238,6 +239,7 @@ def test_per_shard_verify_honours_allow_other_writers() -> None:
 
     class Sharded:
         client = Client()
+        capabilities = WarehouseCapabilities(per_shard_counts=True)
 
         def partition_rows_by_shard(self, table: str) -> list[dict[str, int]]:
             return [{"p": 110}, {"p": 100}]

@@ -28,9 +28,16 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from txsink.clickhouse.compat import ClusterReplica, TargetInfo, split_engine
-from txsink.clickhouse.warehouse import BlockSettings, ClickHouseWarehouse, InsertStats
+from txsink.clickhouse.replicated_ddl import split_engine
+from txsink.clickhouse.warehouse import ClickHouseWarehouse
 from txsink.errors import ConfigError
+from txsink.ports.warehouse import (
+    BlockSettings,
+    ClusterReplica,
+    InsertStats,
+    TargetInfo,
+    WarehouseCapabilities,
+)
 from txsink.protocol.ids import shard_of
 
 _SALT = np.uint64(0x4CF2D2BAAE6DA887)  # ClickHouse's IntHash64Impl xors this in first
@@ -196,7 +203,20 @@ def _bracketed(host: str) -> str:
 
 
 class ShardedWarehouse:
-    """:class:`~.warehouse.Warehouse` over one :class:`ClickHouseWarehouse` per shard."""
+    """:class:`~txsink.ports.warehouse.Warehouse` over one :class:`ClickHouseWarehouse`
+    per shard. It lacks what one statement on one server must do for the whole table:
+    ``visibility=batch`` (one ATTACH per table cannot span servers, nor can its query-log
+    proof), direct inserts (dedup mode), and reading cluster definitions (a sharded job
+    names its shards); those methods raise
+    :class:`~txsink.ports.warehouse.WarehouseCapabilityMissing`."""
+
+    capabilities = WarehouseCapabilities(
+        batch_visibility=False,
+        query_log=False,
+        direct_insert=False,
+        per_shard_counts=True,
+        clusters=False,
+    )
 
     def __init__(self, shards: Sequence[ClickHouseWarehouse]) -> None:
         if not shards:
@@ -260,9 +280,11 @@ class ShardedWarehouse:
         settings: BlockSettings = None,
     ) -> InsertStats:
         if "." in table or "`" in table:
-            raise ConfigError(
-                f"inserting into {table} directly is dedup mode, which a sharded job does not "
-                "offer (each shard would need its own deterministic blocks); use mode=attach"
+            raise self.capabilities.missing(
+                "direct_insert",
+                f"inserting into {table} directly (dedup mode)",
+                "a sharded job does not offer it (each shard would need its own "
+                "deterministic blocks); use mode=attach",
             )
         return self._on(table).insert_blocks(
             table, batches, block_rows=block_rows, block_bytes=block_bytes, settings=settings
@@ -328,17 +350,34 @@ class ShardedWarehouse:
 
     # -- visibility=batch: one ATTACH per table cannot span servers ---------------------
 
+    def _no_batch(self, what: str, capability: str = "batch_visibility") -> ConfigError:
+        return self.capabilities.missing(
+            capability, what, "visibility=batch cannot span shards; use visibility=partition"
+        )
+
     def create_batch_staging(self, table: str, like: str, target: str = "") -> None:
-        raise ConfigError("visibility=batch cannot span shards; use visibility=partition")
+        raise self._no_batch(f"batch staging {table}")
 
     def attach_all(self, staging: str, target: str, tag: str = "") -> None:
-        raise ConfigError("visibility=batch cannot span shards; use visibility=partition")
+        raise self._no_batch(f"ATTACH PARTITION ALL into {target}")
 
     def claim_staging(self, staging: str, claimed: str) -> None:
-        raise ConfigError("visibility=batch cannot span shards; use visibility=partition")
+        raise self._no_batch(f"claiming batch staging {staging}")
 
     def attach_logged(self, target: str, tag: str, since: float) -> bool:
-        raise ConfigError("visibility=batch cannot span shards; use visibility=partition")
+        raise self._no_batch(f"the query-log proof of an ATTACH into {target}", "query_log")
 
     def consolidate(self, staging: str, partition_id: str, batch_staging: str) -> None:
-        raise ConfigError("visibility=batch cannot span shards; use visibility=partition")
+        raise self._no_batch(f"consolidating {staging} into batch staging {batch_staging}")
+
+    # -- cluster definitions: a sharded job names its shards ------------------------------
+
+    def expand_macros(self, text: str) -> str:
+        raise self.capabilities.missing(
+            "clusters", f"expanding macros of {text!r}", "a sharded job names its shards"
+        )
+
+    def cluster_replicas(self, cluster: str) -> list[ClusterReplica]:
+        raise self.capabilities.missing(
+            "clusters", f"reading cluster {cluster}", "a sharded job names its shards"
+        )

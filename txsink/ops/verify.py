@@ -386,7 +386,7 @@ def _reconcile_shards(
     shards = list(meta.shards)
     if not shards or set(writers) != {job} or target != meta.target:
         return []
-    if not hasattr(warehouse, "partition_rows_by_shard"):
+    if not warehouse.capabilities.per_shard_counts:
         return []
     ledger = as_ledger(writers[job])
     counted = dict(ledger.shards)

@@ -1,0 +1,347 @@
+"""ClickHouse and Spark type strings, parsed, and whether a DataFrame fits a target.
+
+Owned by the ClickHouse adapter; pure (no I/O). Spark types are spelled as
+``DataType.simpleString()`` prints them (``bigint``, ``decimal(10,2)``, ``array<int>``,
+``struct<a:int,b:string>``); ClickHouse types as ``system.columns.type`` prints them
+(``LowCardinality(Nullable(String))``). Invariants: :func:`check_schema` returns errors
+naming the table and column; soft warnings (unsigned targets, precision loss the user
+probably intends) go to the optional ``notes`` list.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from txsink.clickhouse.sqltext import split_top_level
+from txsink.ports.warehouse import ColumnInfo
+
+# default_kind values of system.columns a DataFrame cannot (or need not) supply.
+NOT_INSERTABLE_KINDS = frozenset({"MATERIALIZED", "ALIAS"})
+
+
+@dataclass(frozen=True)
+class SparkField:
+    name: str
+    type_string: str  # DataType.simpleString()
+    nullable: bool = True
+
+
+# --------------------------------------------------------------------------- type parsing
+
+
+@dataclass(frozen=True)
+class CHType:
+    """A parsed ClickHouse type: ``name(args...)``; args are nested types or literals."""
+
+    name: str
+    args: tuple[str, ...] = ()
+
+    def arg_type(self, i: int) -> CHType:
+        return parse_ch_type(_strip_element_name(self.args[i]))
+
+
+def parse_ch_type(s: str) -> CHType:
+    s = s.strip()
+    m = re.match(r"^([A-Za-z_][A-Za-z0-9_]*)\s*(?:\((.*)\))?$", s, re.DOTALL)
+    if not m:
+        return CHType(s)
+    args = tuple(split_top_level(m.group(2))) if m.group(2) is not None else ()
+    return CHType(m.group(1), args)
+
+
+_ELEMENT_NAME_RE = re.compile(r"^(`[^`]+`|[A-Za-z_][A-Za-z0-9_]*)\s+(?=[A-Za-z_])")
+
+
+def _strip_element_name(arg: str) -> str:
+    """``a Int32`` (a named Tuple element) -> ``Int32``."""
+    m = _ELEMENT_NAME_RE.match(arg)
+    return arg[m.end() :] if m else arg
+
+
+def _element_name(arg: str) -> str | None:
+    m = _ELEMENT_NAME_RE.match(arg)
+    return m.group(1).strip("`") if m else None
+
+
+def unwrap(t: CHType) -> tuple[CHType, bool]:
+    """Strip LowCardinality/Nullable wrappers: (inner type, nullable).
+
+    ``SimpleAggregateFunction(f, T)`` is stored and inserted as plain ``T`` (ClickHouse
+    takes values of ``T`` for it, the function only applies when parts merge), so it
+    unwraps to ``T`` as well, for type checks and for the null check of each block."""
+    nullable = False
+    while t.args:
+        if t.name in ("LowCardinality", "Nullable"):
+            nullable = nullable or t.name == "Nullable"
+            t = t.arg_type(0)
+        elif t.name == "SimpleAggregateFunction" and len(t.args) >= 2:
+            t = t.arg_type(len(t.args) - 1)
+        else:
+            break
+    return t, nullable
+
+
+@dataclass(frozen=True)
+class SparkType:
+    name: str  # bigint, decimal, array, map, struct, ...
+    args: tuple[str, ...] = ()  # decimal: (p, s); array: (elem,); map: (k, v)
+    fields: tuple[tuple[str, str], ...] = ()  # struct: ((name, type), ...)
+
+
+def parse_spark_type(s: str) -> SparkType:
+    s = s.strip()
+    low = s.lower()
+    if low.startswith("array<") and low.endswith(">"):
+        return SparkType("array", (s[6:-1],))
+    if low.startswith("map<") and low.endswith(">"):
+        kv = split_top_level(s[4:-1])
+        return SparkType("map", tuple(kv))
+    if low.startswith("struct<") and low.endswith(">"):
+        fields = []
+        for f in split_top_level(s[7:-1]):
+            name, _, typ = f.partition(":")
+            fields.append((name.strip("`"), typ))
+        return SparkType("struct", fields=tuple(fields))
+    m = re.match(r"^(decimal|char|varchar)\((\d+)(?:,\s*(\d+))?\)$", low)
+    if m:
+        args = (m.group(2), m.group(3) or "0") if m.group(1) == "decimal" else (m.group(2),)
+        return SparkType(m.group(1), args)
+    if low == "decimal":
+        return SparkType("decimal", ("10", "0"))
+    return SparkType(low)
+
+
+# --------------------------------------------------------------------------- compatibility
+
+_SIGNED = {"Int8": 8, "Int16": 16, "Int32": 32, "Int64": 64, "Int128": 128, "Int256": 256}
+_UNSIGNED = {"UInt8": 8, "UInt16": 16, "UInt32": 32, "UInt64": 64, "UInt128": 128, "UInt256": 256}
+_SPARK_INT_BITS = {"tinyint": 8, "byte": 8, "smallint": 16, "short": 16, "int": 32,
+                   "integer": 32, "bigint": 64, "long": 64}  # fmt: skip
+_DECIMAL_MAX_P = {"Decimal32": 9, "Decimal64": 18, "Decimal128": 38, "Decimal256": 76}
+_STRINGISH = {"string", "char", "varchar"}
+
+
+@dataclass
+class _Verdict:
+    error: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _decimal_ps(t: CHType) -> tuple[int, int] | None:
+    try:
+        if t.name == "Decimal" and len(t.args) == 2:
+            return int(t.args[0]), int(t.args[1])
+        if t.name == "Decimal" and len(t.args) == 1:
+            return int(t.args[0]), 0
+        if t.name in _DECIMAL_MAX_P and len(t.args) == 1:
+            return _DECIMAL_MAX_P[t.name], int(t.args[0])
+    except ValueError:
+        return None
+    return None
+
+
+def _compatible(spark: SparkType, ch: CHType, where: str) -> _Verdict:
+    """Whether values of ``spark`` fit into ``ch`` (already unwrapped); ``where`` names it."""
+    v = _Verdict()
+    n = ch.name
+    s = spark.name
+    bad = _Verdict(f"{s} does not fit {_fmt(ch)}")
+    if s in _SPARK_INT_BITS:
+        bits = _SPARK_INT_BITS[s]
+        if n in _SIGNED and _SIGNED[n] >= bits:
+            return v
+        if n in _UNSIGNED and _UNSIGNED[n] >= bits:
+            v.notes.append(
+                f"{where}: {s} into unsigned {n}: negative values will not fit; "
+                "make sure the column holds none"
+            )
+            return v
+        if n in _SIGNED or n in _UNSIGNED:
+            return _Verdict(f"{s} is wider than {n}; widen the column or cast in Spark")
+        return bad
+    if s == "boolean":
+        return v if n in ("Bool", "Boolean", "UInt8", "Int8") else bad
+    if s == "float":
+        return v if n in ("Float32", "Float64") else bad
+    if s == "double":
+        if n == "Float64":
+            return v
+        if n == "Float32":
+            return _Verdict("double into Float32 loses precision; cast to float in Spark")
+        return bad
+    if s == "decimal":
+        p, sc = int(spark.args[0]), int(spark.args[1])
+        ps = _decimal_ps(ch)
+        if ps is None:
+            return bad
+        cp, cs = ps
+        if cp - cs >= p - sc and cs >= sc:
+            return v
+        return _Verdict(
+            f"decimal({p},{sc}) does not fit {_fmt(ch)}: need at least {p - sc} integer "
+            f"and {sc} fractional digits; widen the column or cast in Spark"
+        )
+    if s in _STRINGISH:
+        if n == "String":
+            return v
+        if n == "FixedString":
+            v.notes.append(f"{where}: string into {_fmt(ch)}: longer values will be rejected")
+            return v
+        if n == "UUID":
+            v.notes.append(f"{where}: string into UUID: every value must be a UUID")
+            return v
+        if n in ("Enum8", "Enum16", "Enum"):
+            v.notes.append(f"{where}: string into {n}: values outside the enum are rejected")
+            return v
+        return bad
+    if s == "binary":
+        if n == "String":
+            return v
+        if n == "FixedString":
+            v.notes.append(f"{where}: binary into {_fmt(ch)}: longer values will be rejected")
+            return v
+        return bad
+    if s in ("timestamp", "timestamp_ntz"):
+        if n == "DateTime64":
+            try:
+                prec = int(ch.args[0]) if ch.args else 3
+            except ValueError:
+                prec = 3
+            if prec < 6:
+                v.notes.append(
+                    f"{where}: Spark timestamps have microseconds; {_fmt(ch)} keeps {prec} "
+                    "fractional digits"
+                )
+            if s == "timestamp_ntz":
+                v.notes.append(f"{where}: timestamp_ntz is read in the column's time zone")
+            return v
+        if n == "DateTime":
+            v.notes.append(
+                f"{where}: {s} into DateTime truncates to whole seconds; use DateTime64(6) "
+                "to keep them"
+            )
+            return v
+        return bad
+    if s == "date":
+        if n == "Date32":
+            return v
+        if n == "Date":
+            v.notes.append(f"{where}: Date holds 1970-01-01..2149-06-06; Date32 holds more")
+            return v
+        return bad
+    if s == "array":
+        if n != "Array" or len(ch.args) != 1:
+            return bad
+        inner, _ = unwrap(ch.arg_type(0))
+        return _nested(parse_spark_type(spark.args[0]), inner, f"{where}[]")
+    if s == "map":
+        if n != "Map" or len(ch.args) != 2 or len(spark.args) != 2:
+            return bad
+        kv = _nested(parse_spark_type(spark.args[0]), unwrap(ch.arg_type(0))[0], f"{where} key")
+        if kv.error:
+            return kv
+        vv = _nested(parse_spark_type(spark.args[1]), unwrap(ch.arg_type(1))[0], f"{where} value")
+        vv.notes[:0] = kv.notes
+        return vv
+    if s == "struct":
+        if n != "Tuple" or len(ch.args) != len(spark.fields):
+            return _Verdict(
+                f"struct with {len(spark.fields)} fields does not fit {_fmt(ch)}; "
+                "use a Tuple with the same fields"
+            )
+        for i, (fname, ftype) in enumerate(spark.fields):
+            ename = _element_name(ch.args[i])
+            if ename is not None and ename != fname:
+                return _Verdict(f"struct field {fname} meets Tuple element {ename}")
+            sub = _nested(parse_spark_type(ftype), unwrap(ch.arg_type(i))[0], f"{where}.{fname}")
+            if sub.error:
+                return sub
+            v.notes.extend(sub.notes)
+        return v
+    if s in ("void", "null"):
+        return v
+    return _Verdict(f"Spark type {s} is not supported by txsink; cast it in Spark")
+
+
+def _nested(spark: SparkType, ch: CHType, where: str) -> _Verdict:
+    v = _compatible(spark, ch, where)
+    if v.error:
+        v.error = f"{where}: {v.error}"
+    return v
+
+
+def _fmt(t: CHType) -> str:
+    return f"{t.name}({', '.join(t.args)})" if t.args else t.name
+
+
+def check_schema(
+    spark_fields: list[SparkField],
+    columns: list[ColumnInfo],
+    *,
+    table: str = "the target",
+    notes: list[str] | None = None,
+) -> list[str]:
+    """Every reason the DataFrame cannot be inserted into ``columns`` of ``table``.
+
+    Missing columns (no default in the target), extra columns, incompatible types and
+    nullable Spark columns meeting non-Nullable ClickHouse columns are errors: ClickHouse
+    would otherwise turn nulls silently into default values (``input_format_null_as_default``).
+    A missing Nullable column is allowed (it becomes NULL) and noted.
+    """
+    errors: list[str] = []
+    by_name = {c.name: c for c in columns}
+    lower = {c.name.lower(): c.name for c in columns}
+    seen: set[str] = set()
+    for f in spark_fields:
+        col = by_name.get(f.name)
+        if col is None:
+            hint = lower.get(f.name.lower())
+            did = f" (did you mean {hint}? names are case-sensitive)" if hint else ""
+            errors.append(
+                f"DataFrame column {f.name} does not exist in {table}{did}; drop or rename "
+                "it before writing, or add the column to the table"
+            )
+            continue
+        seen.add(col.name)
+        if col.default_kind in NOT_INSERTABLE_KINDS:
+            errors.append(
+                f"column {col.name} of {table} is {col.default_kind} and cannot be written; "
+                "drop it from the DataFrame"
+            )
+            continue
+        ch, ch_nullable = unwrap(parse_ch_type(col.type))
+        where = f"column {col.name} of {table}"
+        verdict = _compatible(parse_spark_type(f.type_string), ch, where)
+        if verdict.error:
+            errors.append(
+                f"{where} is {col.type}, the DataFrame has {f.type_string}: {verdict.error}"
+            )
+            continue
+        if notes is not None:
+            notes.extend(verdict.notes)
+        if f.nullable and not ch_nullable:
+            if ch.name in ("Array", "Map", "Tuple"):
+                if notes is not None:
+                    notes.append(
+                        f"{where} is {col.type} (cannot be Nullable): null values from the "
+                        "DataFrame become empty values"
+                    )
+            else:
+                errors.append(
+                    f"{where} is {col.type} (not Nullable) but DataFrame column {f.name} is "
+                    f"nullable: make the column Nullable({col.type}) or fill nulls in Spark "
+                    "(coalesce / na.fill) so the field is non-nullable"
+                )
+    for col in columns:
+        if col.name in seen or col.default_kind:
+            continue
+        if unwrap(parse_ch_type(col.type))[1]:
+            if notes is not None:
+                notes.append(f"column {col.name} of {table} is not in the DataFrame: NULL")
+            continue
+        errors.append(
+            f"column {col.name} ({col.type}) of {table} has no default and is missing from "
+            "the DataFrame; add it to the DataFrame or give the column a DEFAULT"
+        )
+    return errors

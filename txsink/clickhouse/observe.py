@@ -1,0 +1,354 @@
+"""What txsink reads from a ClickHouse server: staging partitions and part UUIDs, a
+target's structure and views, cluster definitions, the query log, running statements.
+
+Owned by the ClickHouse adapter: :class:`Observer` is the base of
+:class:`~txsink.clickhouse.warehouse.ClickHouseWarehouse` (one client, one staging
+database) and holds the read-only half of the :class:`~txsink.ports.warehouse.Warehouse`
+port. Invariants: nothing here writes (``SYSTEM FLUSH LOGS`` aside); only tables whose
+name :func:`~txsink.protocol.ids.parse_staging` recognises are read as staging; answers
+are conservative (a table seen in ``system.parts`` but raced away from ``system.tables``
+is reported with its rows).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from txsink.clickhouse.client import Client, qualified, quote_literal, split_table
+from txsink.clickhouse.sqltext import has_ttl, parse_settings_clause, reads_from, ttl_columns
+from txsink.errors import ConfigError, TxSinkError
+from txsink.ports.warehouse import ClusterReplica, ColumnInfo, TargetInfo
+from txsink.protocol.ids import parse_staging
+from txsink.protocol.states import MAX_PART_UUIDS, short_uuids
+
+DEFAULT_STAGING_DB = "txsink_staging"
+# Commands per grouped statement (MOVE PARTITION, DROP TABLE): ClickHouse refuses any
+# statement over max_query_size (256 KiB by default) on every retry, so one ALTER for a
+# backfill task's thousands of partitions would wedge its PREPARED xid. 200 commands stay
+# under 64 KiB at ClickHouse's name length limits.
+MAX_COMMANDS = 200
+TABLE_ALREADY_EXISTS = 57
+REPLICA_ALREADY_EXISTS = 253
+METADATA_MISMATCH = 342  # a leftover at the path, of a table the target has outgrown
+PARTITION_ID_RE = re.compile(r"^[A-Za-z0-9_\-]+$")
+_DB_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+DEDUP_SETTING_KEYS = ("non_replicated_deduplication_window", "replicated_deduplication_window")
+PARTS_SETTING_KEYS = ("parts_to_delay_insert", "parts_to_throw_insert")
+# MergeTree settings TargetInfo carries: server defaults, overridden by the table's SETTINGS
+MERGE_TREE_SETTING_KEYS = (*DEDUP_SETTING_KEYS, *PARTS_SETTING_KEYS)
+
+
+class Observer:
+    """The reads of :class:`~txsink.clickhouse.warehouse.ClickHouseWarehouse`."""
+
+    def __init__(self, client: Client, staging_db: str = DEFAULT_STAGING_DB) -> None:
+        if not _DB_RE.match(staging_db):
+            raise ConfigError(
+                f"staging database {staging_db!r} must be a plain identifier "
+                "([A-Za-z_][A-Za-z0-9_]*)"
+            )
+        self.client = client
+        self.staging_db = staging_db
+
+    # ------------------------------------------------------------------ staging naming
+
+    def _staging(self, table: str, action: str) -> str:
+        """Qualified name of a txsink staging table; ConfigError for any other name."""
+        if parse_staging(table) is None:
+            raise ConfigError(
+                f"refusing to {action} {self.staging_db}.{table}: not a txsink staging table "
+                f"name (see txsink.protocol.ids); txsink never touches tables it did not name"
+            )
+        return qualified(self.staging_db, table)
+
+    # ------------------------------------------------------------------ observation
+
+    def staging_view(self, tables: Iterable[str]) -> dict[str, dict[str, int] | None]:
+        """Rows per partition id of each staging table; None for a table that is missing.
+
+        Partitions without rows are left out: after MOVE/DROP PARTITION ClickHouse 26.9
+        keeps an empty active part covering the moved range until cleanup.
+        """
+        names = sorted(set(tables))
+        if not names:
+            return {}
+        rows = self.client.query_rows(
+            "SELECT name, '' AS partition_id, toUInt64(0) AS rows FROM system.tables "
+            "WHERE database = {db:String} AND name IN {names:Array(String)} "
+            "UNION ALL "
+            "SELECT table, partition_id, sum(rows) FROM system.parts "
+            "WHERE active AND database = {db:String} AND table IN {names:Array(String)} "
+            "GROUP BY table, partition_id HAVING sum(rows) > 0",
+            parameters={"db": self.staging_db, "names": names},
+            what=f"read staging partitions of {len(names)} table(s) in {self.staging_db}",
+        )
+        view: dict[str, dict[str, int] | None] = dict.fromkeys(names)
+        for name, pid, n in rows:
+            parts = view.get(name)
+            if parts is None:
+                parts = view[name] = {}
+            if pid:
+                parts[pid] = parts.get(pid, 0) + int(n)
+        # A table whose parts were listed but whose system.tables row raced away (dropped
+        # between the two reads) is reported with its rows: the conservative answer.
+        return view
+
+    def partition_rows(self, table: str, db: str | None = None) -> dict[str, int]:
+        """Rows per partition id of any table (``table`` is ``db.table`` when db is None)."""
+        if db is None:
+            db, table = split_table(table)
+        rows = self.client.query_rows(
+            "SELECT partition_id, sum(rows) FROM system.parts "
+            "WHERE active AND database = {db:String} AND table = {t:String} "
+            "GROUP BY partition_id HAVING sum(rows) > 0",
+            parameters={"db": db, "t": table},
+            what=f"read partitions of {db}.{table}",
+        )
+        return {pid: int(n) for pid, n in rows}
+
+    def staged_partitions(
+        self, table: str, every_part: bool = False
+    ) -> dict[str, tuple[int, tuple[str, ...]]]:
+        """Rows and evidence ids (short part UUIDs, see
+        :func:`~txsink.protocol.states.short_uuids`) per partition of one staging table:
+        those of the largest parts (what a manifest records), or of ``every_part`` (what
+        a resumed publish compares with the target)."""
+        by_pid: dict[str, list[tuple[int, str]]] = {}
+        for pid, n, uuid in self._staged_parts(table):
+            by_pid.setdefault(pid, []).append((n, uuid))
+        return {
+            pid: (
+                sum(n for n, _ in parts),
+                short_uuids(parts, None if every_part else MAX_PART_UUIDS),
+            )
+            for pid, parts in by_pid.items()
+        }
+
+    def staged_part_rows(self, table: str) -> dict[str, dict[str, int]]:
+        """Every active part of one staging table: partition id -> {evidence id: rows}."""
+        out: dict[str, dict[str, int]] = {}
+        for pid, n, uuid in self._staged_parts(table):
+            for short in short_uuids([(n, uuid)], None):
+                out.setdefault(pid, {})[short] = n
+        return out
+
+    def _staged_parts(self, table: str) -> list[tuple[str, int, str]]:
+        """(partition id, rows, UUID) of every active part of one staging table."""
+        self._staging(table, "read")
+        rows = self.client.query_rows(
+            "SELECT partition_id, rows, toString(uuid) FROM system.parts "
+            "WHERE active AND rows > 0 AND database = {db:String} AND table = {t:String}",
+            parameters={"db": self.staging_db, "t": table},
+            what=f"read staged parts of {self.staging_db}.{table}",
+        )
+        return [(str(pid), int(n), str(uuid)) for pid, n, uuid in rows]
+
+    def published_uuids(self, target: str, uuids: Iterable[str]) -> frozenset[str]:
+        """Which evidence ids (short part UUIDs) the target's parts still show, active or
+        outdated (moved parts keep their UUID until a merge in the target replaces them
+        and the replaced parts are cleaned up)."""
+        wanted = sorted(set(uuids))
+        if not wanted:
+            return frozenset()
+        db, name = split_table(target)
+        rows = self.client.query_rows(
+            "SELECT DISTINCT substring(replaceAll(toString(uuid), '-', ''), 1, {n:UInt8}) AS u "
+            "FROM system.parts WHERE database = {db:String} AND table = {t:String} "
+            "AND u IN {ids:Array(String)}",
+            parameters={"db": db, "t": name, "ids": wanted, "n": len(wanted[0])},
+            what=f"look for published parts in {target}",
+        )
+        return frozenset(str(r[0]) for r in rows)
+
+    def list_staging(self, prefix: str) -> list[str]:
+        """Staging tables of one job prefix (``prefix + "__"``), sorted."""
+        rows = self.client.query_rows(
+            "SELECT name FROM system.tables WHERE database = {db:String} "
+            "AND startsWith(name, {p:String}) ORDER BY name",
+            parameters={"db": self.staging_db, "p": prefix + "__"},
+            what=f"list staging tables {prefix}__* in {self.staging_db}",
+        )
+        return [r[0] for r in rows]
+
+    def staging_sizes(self, prefix: str) -> dict[str, dict[str, int]]:
+        """``{table: {"rows": n, "bytes": n}}`` of one job's staging tables (status)."""
+        rows = self.client.query_rows(
+            "SELECT name, ifNull(total_rows, 0), ifNull(total_bytes, 0) FROM system.tables "
+            "WHERE database = {db:String} AND startsWith(name, {p:String}) ORDER BY name",
+            parameters={"db": self.staging_db, "p": prefix + "__"},
+            what=f"size staging tables {prefix}__* in {self.staging_db}",
+        )
+        return {name: {"rows": int(r), "bytes": int(b)} for name, r, b in rows}
+
+    def target_info(self, target: str, *, views: bool = True) -> TargetInfo:
+        """Everything compat checks need about ``db.table``; ConfigError if it is missing.
+
+        One round trip (scalar subqueries over the system tables): it runs for every
+        staging table a task creates. ``views=False`` skips the scan of materialized views
+        (a staging table has none)."""
+        db, name = split_table(target)
+        sub = "WHERE database = {db:String} AND table = {t:String}"
+        mvs = (
+            "(SELECT groupArray((database, name, if(as_select != '', as_select, "
+            "create_table_query))) FROM system.tables WHERE engine = 'MaterializedView')"
+            if views
+            else "[]"
+        )
+        rows = self.client.query_rows(
+            "SELECT engine, engine_full, partition_key, sorting_key, primary_key, "
+            "sampling_key, storage_policy, dependencies_database, dependencies_table, "
+            "create_table_query, "
+            "(SELECT groupArray((position, name, type, default_kind, default_expression, "
+            f"compression_codec)) FROM system.columns {sub}), "
+            "(SELECT groupArray((name, type_full, toString(granularity), expr)) "
+            f"FROM system.data_skipping_indices {sub}), "
+            f"(SELECT groupArray((name, query)) FROM system.projections {sub}), "
+            "(SELECT groupArray((name, value)) FROM system.merge_tree_settings "
+            f"WHERE name IN {{names:Array(String)}}), {mvs}, "
+            "(SELECT groupArray((if(zookeeper_name IN ('', 'default'), '', "
+            "zookeeper_name || ':') || zookeeper_path, replica_name)) "
+            f"FROM system.replicas {sub}) "
+            "FROM system.tables WHERE database = {db:String} AND name = {t:String}",
+            parameters={"db": db, "t": name, "names": list(MERGE_TREE_SETTING_KEYS)},
+            what=f"inspect {target}",
+            table=target,
+        )
+        if not rows:
+            raise ConfigError(
+                f"table {db}.{name} does not exist on {self.client.url}; create it first or "
+                f"fix the table option",
+                code=60,
+            )
+        (
+            engine, engine_full, pkey, skey, prkey, sampling, policy, dep_dbs, dep_tables, ddl,
+            cols, idx, projs, defaults, views_found, replicas,
+        ) = rows[0]  # fmt: skip
+        keeper_path, replica = (str(replicas[0][0]), str(replicas[0][1])) if replicas else ("", "")
+        columns = tuple(ColumnInfo(n, t, k, e, c) for _, n, t, k, e, c in sorted(cols))
+        found = {f"{d}.{t}" for d, t in zip(dep_dbs, dep_tables, strict=False)}
+        found |= {
+            f"{vdb}.{vname}"
+            for vdb, vname, select in views_found
+            if reads_from(str(select), str(vdb), db, name)
+        }
+        indices = tuple(f"{n} TYPE {tf} GRANULARITY {g} ON {e}" for n, tf, g, e in sorted(idx))
+        projections = tuple(f"{n}: {q}" for n, q in sorted(projs))
+        settings: dict[str, str] = {}
+        if str(engine).endswith("MergeTree"):
+            settings.update((k, str(v)) for k, v in defaults)
+            settings.update(parse_settings_clause(str(engine_full)))
+        return TargetInfo(
+            database=db,
+            table=name,
+            engine=str(engine),
+            engine_full=str(engine_full),
+            partition_key=str(pkey),
+            sorting_key=str(skey),
+            primary_key=str(prkey),
+            sampling_key=str(sampling),
+            storage_policy=str(policy),
+            columns=columns,
+            dependent_views=tuple(sorted(found)),
+            settings=settings,
+            skip_indices=indices,
+            projections=projections,
+            table_ttl=has_ttl(str(engine_full)),
+            ttl_columns=ttl_columns(str(ddl)),
+            zookeeper_path=keeper_path,
+            replica_name=replica,
+        )
+
+    def dependent_views(self, target: str) -> tuple[str, ...]:
+        """Materialized views fed by ``db.table`` now (the commit's re-check of attach
+        mode), by ``dependencies_table`` and by a scan of every view's SELECT (older
+        servers fill the former inconsistently); one round trip."""
+        db, name = split_table(target)
+        rows = self.client.query_rows(
+            "SELECT 1, dependencies_database, dependencies_table, '' FROM system.tables "
+            "WHERE database = {db:String} AND name = {t:String} "
+            "UNION ALL "
+            "SELECT 2, [database], [name], if(as_select != '', as_select, create_table_query) "
+            "FROM system.tables WHERE engine = 'MaterializedView'",
+            parameters={"db": db, "t": name},
+            what=f"read views of {target}",
+            table=target,
+        )
+        views: set[str] = set()
+        for kind, dbs, names, select in rows:
+            if kind == 1:
+                views |= {f"{d}.{t}" for d, t in zip(dbs, names, strict=False)}
+            elif reads_from(str(select), str(dbs[0]), db, name):
+                views.add(f"{dbs[0]}.{names[0]}")
+        return tuple(sorted(views))
+
+    def expand_macros(self, text: str) -> str:
+        """``text`` with every ``{name}`` replaced by the server's macro of that name (a
+        Distributed table's ``engine_full`` keeps ``'{cluster}'`` as written)."""
+        names = sorted(set(re.findall(r"\{([A-Za-z_][A-Za-z0-9_]*)\}", text)))
+        if not names:
+            return text
+        rows = self.client.query_rows(
+            "SELECT " + ", ".join(f"getMacro({quote_literal(n)})" for n in names),
+            what=f"expand the macros of {text!r}",
+        )
+        for name, value in zip(names, rows[0], strict=True):
+            text = text.replace("{" + name + "}", str(value))
+        return text
+
+    def cluster_replicas(self, cluster: str) -> list[ClusterReplica]:
+        """The rows of ``system.clusters`` for ``cluster`` on this server (the shards a
+        ``Distributed`` table over it writes to)."""
+        rows = self.client.query_rows(
+            "SELECT shard_num, shard_weight, replica_num, host_name FROM system.clusters "
+            "WHERE cluster = {c:String} ORDER BY shard_num, replica_num",
+            parameters={"c": cluster},
+            what=f"read cluster {cluster} from system.clusters",
+        )
+        return [ClusterReplica(int(s), int(w), int(r), str(h)) for s, w, r, h in rows]
+
+    def attach_logged(self, target: str, tag: str, since: float) -> bool:
+        """Whether ``system.query_log`` shows an ATTACH tagged ``tag`` (its
+        ``log_comment``) that finished, since the day before ``since`` (unix time).
+        Flushes the logs first. A server without a query log is a ConfigError: nothing
+        else proves an ATTACH whose parts the target has merged away."""
+        try:
+            self.client.command("SYSTEM FLUSH LOGS", what="flush the query log")
+            # merge(): a server upgrade that changes the log's columns renames the old
+            # table to query_log_0, _1, ...; the entry may be there
+            rows = self.client.query_rows(
+                "SELECT count() FROM merge('system', '^query_log(_[0-9]+)?$') WHERE "
+                "event_date >= toDate(toDateTime({since:Int64})) - 7 AND type = 'QueryFinish' "
+                "AND log_comment = {tag:String} AND query_kind = 'Alter'",
+                parameters={"since": int(since), "tag": tag},
+                what=f"look in system.query_log for an ATTACH into {target}",
+            )
+        except TxSinkError as exc:
+            if exc.code not in (60, 497):  # no query_log table / no privilege to read it
+                raise
+            raise ConfigError(
+                f"visibility=batch into {target} needs system.query_log (readable by this "
+                f"user, and SYSTEM FLUSH LOGS) to prove an ATTACH landed: {exc}. Enable the "
+                f"server's <query_log> or use visibility=partition (docs/modes.md#visibility)",
+                code=exc.code,
+            ) from exc
+        return int(rows[0][0]) > 0
+
+    def settle(self, names: Iterable[str]) -> bool:
+        """True when the server answers and runs no statement whose text contains any of
+        ``names`` (staging tables or a common prefix of them; other than this probe): a
+        MOVE whose reply was lost has then ended, one way or the other, and what it left
+        can be observed. A client that goes away does not stop a running ALTER on the
+        server, so this is how a resumed publish knows it is alone."""
+        names = sorted({n for n in names if n})
+        if len(names) > 200:  # multiSearchAny takes fewer than 256 needles
+            raise ConfigError(f"settle: {len(names)} names; pass a common prefix instead")
+        if not names:
+            return bool(self.client.ping())
+        rows = self.client.query_rows(
+            "SELECT count() FROM system.processes "
+            "WHERE query_id != queryID() AND multiSearchAny(query, {names:Array(String)})",
+            parameters={"names": names},
+            what="look for statements still running on staging",
+        )
+        return int(rows[0][0]) == 0

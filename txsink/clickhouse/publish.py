@@ -1,0 +1,211 @@
+"""Publishing staged rows on a ClickHouse server: MOVE PARTITION (partition visibility),
+consolidation, claim and ATTACH PARTITION ALL (batch visibility), dropping parts a cut
+MOVE already published, catching staging up with columns the target gained.
+
+Owned by the ClickHouse adapter (:class:`Publisher`, a base of
+:class:`~txsink.clickhouse.warehouse.ClickHouseWarehouse`). Invariants:
+
+- ``move_partition(s)`` and ``consolidate`` are idempotent: moving a partition id the
+  staging table no longer holds moves nothing and does not fail; statements are never
+  retried blindly (a repeat sent while the first still runs could copy parts twice);
+- ``attach_all`` copies, so the caller claims (``RENAME``) and re-observes first;
+- when the target gained columns after staging was created, staging gets the same
+  columns first; nothing else is repaired (:func:`~.blockers.plan_column_catch_up`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from txsink.clickhouse.blockers import AddColumn, plan_column_catch_up
+from txsink.clickhouse.client import qualified, quote_ident, quote_literal, split_table
+from txsink.clickhouse.observe import MAX_COMMANDS, PARTITION_ID_RE
+from txsink.clickhouse.staging import Stager
+from txsink.errors import ConfigError, RecoveryAlarm, RetryableConflict, TxSinkError
+
+log = logging.getLogger(__name__)
+
+
+class Publisher(Stager):
+    """The publish statements of :class:`~txsink.clickhouse.warehouse.ClickHouseWarehouse`."""
+
+    def drop_parts(self, staging: str, partition_id: str, evidence: Sequence[str]) -> None:
+        """Drop the active parts of one staging partition whose evidence ids are
+        ``evidence`` (parts a cut MOVE already put in the target). Looked up by UUID at
+        the moment of the drop: a part gone already (a repeat after a lost reply) is
+        simply not dropped again."""
+        fq = self._staging(staging, "drop parts of")
+        wanted = sorted(set(evidence))
+        if not wanted:
+            return
+        names = self.client.query_rows(
+            "SELECT name FROM system.parts WHERE active AND database = {db:String} "
+            "AND table = {t:String} AND partition_id = {p:String} AND "
+            "substring(replaceAll(toString(uuid), '-', ''), 1, {n:UInt8}) IN {ids:Array(String)}",
+            parameters={"db": self.staging_db, "t": staging, "p": partition_id,
+                        "ids": wanted, "n": len(wanted[0])},
+            what=f"find the parts of {fq} already in the target",
+        )  # fmt: skip
+        for at in range(0, len(names), MAX_COMMANDS):
+            commands = ", ".join(
+                f"DROP PART {quote_literal(str(r[0]))}" for r in names[at : at + MAX_COMMANDS]
+            )
+            self.client.command(
+                f"ALTER TABLE {fq} {commands}",
+                idempotent=False,
+                table=f"{self.staging_db}.{staging}",
+                what=f"drop from {fq} the parts already in the target",
+            )
+
+    def consolidate(self, staging: str, partition_id: str, batch_staging: str) -> None:
+        """MOVE one task staging partition into the batch staging table (readers of the
+        target see neither). Idempotent like :meth:`move_partition`."""
+        self._staging(batch_staging, "move partitions into")
+        self.move_partition(staging, partition_id, f"{self.staging_db}.{batch_staging}")
+
+    def attach_all(self, staging: str, target: str, tag: str = "") -> None:
+        """``ATTACH PARTITION ALL FROM`` the batch staging: every part in one commit.
+
+        Not idempotent (it copies) and never retried blindly: the caller claimed the
+        batch staging and re-observed (part UUIDs in the target, ``tag`` in the query
+        log) before. ``tag`` goes into ``system.query_log`` as the statement's
+        ``log_comment``, whatever the user's profile says about logging."""
+        fq = self._staging(staging, "attach from")
+        db, name = split_table(target)
+        logged = {
+            "log_queries": 1,
+            "log_comment": tag,
+            "log_queries_min_type": "QUERY_START",
+            "log_queries_min_query_duration_ms": 0,
+            "log_queries_probability": 1,
+        }
+
+        def attach(note: str = "") -> None:
+            self.client.command(
+                f"ALTER TABLE {qualified(db, name)} ATTACH PARTITION ALL FROM {fq}",
+                settings=logged if tag else None,
+                idempotent=False,
+                table=target,
+                what=f"ATTACH PARTITION ALL FROM {fq} into {target}{note}",
+            )
+
+        try:
+            attach()
+        except TxSinkError as exc:
+            if exc.code not in (36, 122):  # a definite structure refusal: nothing attached
+                raise
+            self._catch_up_columns(staging, target, exc)
+            attach(" (after adding the target's new columns to batch staging)")
+
+    def claim_staging(self, staging: str, claimed: str) -> None:
+        """``RENAME TABLE staging TO claimed``: atomic, so of several finishers renaming
+        one batch staging table exactly one holds it afterwards; the others find it gone
+        (RetryableConflict: re-observe)."""
+        src = self._staging(staging, "claim")
+        dst = self._staging(claimed, "claim")
+        try:
+            self.client.command(
+                f"RENAME TABLE {src} TO {dst}",
+                idempotent=False,
+                table=f"{self.staging_db}.{staging}",
+                what=f"claim batch staging {src} as {dst}",
+            )
+        except TxSinkError as exc:
+            if exc.code not in (60, 81):  # UNKNOWN_TABLE / UNKNOWN_DATABASE: taken already
+                raise
+            raise RetryableConflict(
+                f"batch staging {src} was claimed by another finisher of its xid; re-observing"
+            ) from exc
+
+    def move_partition(self, staging: str, partition_id: str, target: str) -> None:
+        """Publish one staged partition. Idempotent: once moved, a repeat moves nothing."""
+        self.move_partitions(staging, [partition_id], target)
+
+    def move_partitions(self, staging: str, partition_ids: Sequence[str], target: str) -> None:
+        """Publish staged partitions of one staging table, in ALTERs of up to
+        ``MAX_COMMANDS`` MOVE commands (one round trip for most tasks: each command is
+        atomic per partition, not the statement). Idempotent: a partition already moved
+        moves nothing, so a repeat moves only what is left. Every id is checked before the
+        first statement: a bad one must not stop the publish half-way."""
+        for partition_id in partition_ids:
+            if not PARTITION_ID_RE.match(partition_id):
+                raise ConfigError(
+                    f"partition id {partition_id!r} of staging {staging} is not a ClickHouse "
+                    "partition id; the manifest is corrupt: run `txsink verify`"
+                )
+        for at in range(0, len(partition_ids), MAX_COMMANDS):
+            self._move(staging, partition_ids[at : at + MAX_COMMANDS], target)
+
+    def _move(self, staging: str, partition_ids: Sequence[str], target: str) -> None:
+        fq = self._staging(staging, "move partitions out of")
+        if not partition_ids:
+            return
+        db, name = split_table(target)
+        dest = qualified(db, name)
+        commands = ", ".join(
+            f"MOVE PARTITION ID {quote_literal(p)} TO TABLE {dest}" for p in partition_ids
+        )
+        shown = partition_ids[0] if len(partition_ids) == 1 else f"s {', '.join(partition_ids)}"
+
+        def move(note: str = "") -> None:
+            # Not retried blindly: a repeat sent while the first MOVE still runs on the
+            # server could copy the same parts twice. An ambiguous failure surfaces, and
+            # the resumed publish re-observes (staging rows, part UUIDs in the target).
+            self.client.command(
+                f"ALTER TABLE {fq} {commands}",
+                idempotent=False,
+                table=f"{self.staging_db}.{staging}",
+                what=f"MOVE PARTITION ID{shown} of {self.staging_db}.{staging} "
+                f"TO TABLE {target}{note}",
+            )
+
+        try:
+            move()
+        except TxSinkError as exc:
+            if exc.code not in (36, 122):  # BAD_ARGUMENTS / INCOMPATIBLE_COLUMNS: structure
+                raise
+            self._catch_up_columns(staging, target, exc)
+            move(" (after adding the target's new columns to staging)")
+
+    def _catch_up_columns(self, staging: str, target: str, exc: TxSinkError) -> None:
+        """The target was altered after the batch was staged: add the columns it gained to
+        staging, or raise RecoveryAlarm naming the difference and the next step."""
+        fq = qualified(self.staging_db, staging)
+        mine = self.target_info(f"{self.staging_db}.{staging}")
+        theirs = self.target_info(target)
+        additions, problem = plan_column_catch_up(mine, theirs)
+        if problem:
+            raise RecoveryAlarm(problem, code=exc.code) from exc
+        if not additions:
+            raise ConfigError(
+                f"MOVE PARTITION from staging {self.staging_db}.{staging} into {target} "
+                f"failed ({exc}) although their structures look alike; run `txsink verify` "
+                f"and see docs/operations.md#target-altered",
+                code=exc.code,
+            ) from exc
+        clauses = ", ".join(add_column_clause(a) for a in additions)
+        log.warning(
+            "target %s gained column(s) %s after staging %s was created; adding them to "
+            "staging before the MOVE",
+            target, ", ".join(a.column.name for a in additions), staging,
+        )  # fmt: skip
+        self.client.command(
+            f"ALTER TABLE {fq} {clauses}",
+            idempotent=True,  # IF NOT EXISTS: a repeat after a lost reply is a no-op
+            table=f"{self.staging_db}.{staging}",
+            what=f"add the target's new columns to staging {self.staging_db}.{staging}",
+        )
+
+
+def add_column_clause(add: AddColumn) -> str:
+    """``ADD COLUMN IF NOT EXISTS `c` T [DEFAULT e] [CODEC(...)] AFTER `x``` (or FIRST)."""
+    col = add.column
+    sql = f"ADD COLUMN IF NOT EXISTS {quote_ident(col.name)} {col.type}"
+    if col.default_kind in ("DEFAULT", "MATERIALIZED", "ALIAS", "EPHEMERAL"):
+        sql += f" {col.default_kind}"
+        if col.default_expression:
+            sql += f" {col.default_expression}"
+    if col.codec:
+        sql += f" {col.codec}"
+    return sql + (f" AFTER {quote_ident(add.after)}" if add.after else " FIRST")

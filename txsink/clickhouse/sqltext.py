@@ -1,0 +1,134 @@
+"""SQL text txsink reads back from the server: engine clauses, CREATE statements, view
+SELECTs, SETTINGS lists, type argument lists.
+
+Owned by the ClickHouse adapter; pure (no I/O, no clickhouse-connect). Invariants: every
+scan is quote-aware (a keyword or a parenthesis inside a string literal or a backquoted
+name is not one) and conservative: what it cannot read it reports as absent or raises
+ValueError, never guesses.
+"""
+
+from __future__ import annotations
+
+import re
+
+_TTL_RE = re.compile(r"\sTTL\s", re.IGNORECASE)
+_QUOTED_RE = re.compile(r"'(?:[^'\\]|\\.)*'")
+
+
+def split_top_level(s: str, sep: str = ",") -> list[str]:
+    """Split on ``sep`` outside parentheses, angle brackets and quotes."""
+    parts: list[str] = []
+    depth = 0
+    quote: str | None = None
+    cur: list[str] = []
+    i = 0
+    while i < len(s):
+        ch = s[i]
+        if quote:
+            cur.append(ch)
+            if ch == "\\" and i + 1 < len(s):
+                cur.append(s[i + 1])
+                i += 1
+            elif ch == quote:
+                quote = None
+        elif ch in "'`\"":
+            quote = ch
+            cur.append(ch)
+        elif ch in "(<":
+            depth += 1
+            cur.append(ch)
+        elif ch in ")>":
+            depth -= 1
+            cur.append(ch)
+        elif ch == sep and depth == 0:
+            parts.append("".join(cur).strip())
+            cur = []
+        else:
+            cur.append(ch)
+        i += 1
+    tail = "".join(cur).strip()
+    if tail or parts:
+        parts.append(tail)
+    return parts
+
+
+def closing_paren(text: str) -> int:
+    """Index of the parenthesis closing the one ``text`` starts with (quote-aware)."""
+    depth, quote, i = 0, "", 0
+    while i < len(text):
+        ch = text[i]
+        if quote:
+            if ch == "\\":
+                i += 1
+            elif ch == quote:
+                quote = ""
+        elif ch in "'`\"":
+            quote = ch
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    raise ValueError(f"unbalanced parentheses in {text!r}")
+
+
+def mask_quoted(text: str) -> str:
+    """``text`` with the inside of every quoted string blanked (same length), so keyword
+    searches do not match inside literals."""
+    return re.sub(r"'(?:[^'\\]|\\.)*'", lambda m: "'" + "_" * (len(m.group(0)) - 2) + "'", text)
+
+
+def sql_string(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+_SETTINGS_TAIL_RE = re.compile(r"\sSETTINGS\s+(.*)$", re.DOTALL)
+_SETTING_RE = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*('(?:[^'\\]|\\.)*'|[^,]+?)\s*(?:,|$)")
+
+
+def parse_settings_clause(engine_full: str) -> dict[str, str]:
+    """``... SETTINGS a = 1, storage_policy = 'x'`` -> ``{"a": "1", "storage_policy": "x"}``."""
+    m = _SETTINGS_TAIL_RE.search(engine_full)
+    if not m:
+        return {}
+    out: dict[str, str] = {}
+    for key, value in _SETTING_RE.findall(m.group(1)):
+        out[key] = value[1:-1] if value.startswith("'") else value
+    return out
+
+
+def ttl_columns(create_query: str) -> tuple[str, ...]:
+    """Columns with a column TTL in a ``system.tables.create_table_query``."""
+    start = create_query.find("(")
+    if start < 0:
+        return ()
+    try:
+        end = start + closing_paren(create_query[start:])
+    except ValueError:
+        end = len(create_query)
+    found = []
+    for element in split_top_level(create_query[start + 1 : end]):
+        m = re.match(r"^(`(?:[^`\\]|\\.)+`|[A-Za-z_][A-Za-z0-9_]*)\s+(.*)$", element, re.DOTALL)
+        if not m or m.group(1).upper() in ("INDEX", "PROJECTION", "CONSTRAINT"):
+            continue
+        if _TTL_RE.search(_QUOTED_RE.sub("''", m.group(2))):
+            found.append(re.sub(r"\\(.)", r"\1", m.group(1).strip("`")))
+    return tuple(found)
+
+
+def reads_from(select: str, view_db: str, db: str, table: str) -> bool:
+    """Whether a view's SELECT reads FROM ``db.table`` (unqualified names are ``view_db``)."""
+    ident = r"(?:`(?:[^`\\]|\\.)+`|[A-Za-z_][A-Za-z0-9_]*)"
+    for m in re.finditer(rf"\bFROM\s+({ident})(?:\s*\.\s*({ident}))?", select, re.IGNORECASE):
+        first, second = m.group(1).strip("`"), m.group(2)
+        src_db, src = (first, second.strip("`")) if second else (view_db, first)
+        if src_db == db and src == table:
+            return True
+    return False
+
+
+def has_ttl(engine_full: str) -> bool:
+    """Whether an ``engine_full`` carries a table TTL (outside string literals)."""
+    return bool(_TTL_RE.search(_QUOTED_RE.sub("''", engine_full)))
