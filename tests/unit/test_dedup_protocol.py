@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.unit.fakes import MemoryWarehouse
 from txsink.keeper.registry import MemoryRegistry
+from txsink.ports.warehouse_memory import MemoryWarehouse
 from txsink.protocol.dedup import (
     BlockAction,
     BlockFingerprint,

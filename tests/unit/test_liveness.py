@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.fakes import MemoryWarehouse
 from txsink.keeper.registry import MemoryRegistry
 from txsink.ops import liveness as lv
 from txsink.ops.status import assess, liveness_of
+from txsink.ports.warehouse_memory import MemoryWarehouse
 from txsink.transactor import Transactor
 
 JOB = "cadenced"

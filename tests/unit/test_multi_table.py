@@ -7,7 +7,6 @@ import json
 
 import pytest
 
-from tests.unit.fakes import MemoryWarehouse
 from txsink.driver import check_tables, primary_target
 from txsink.errors import ConfigError, RecoveryAlarm
 from txsink.keeper import ledger as lg
@@ -18,6 +17,7 @@ from txsink.keeper.manifest_codec import (
     unpack_record,
 )
 from txsink.keeper.registry import MemoryRegistry
+from txsink.ports.warehouse_memory import MemoryWarehouse
 from txsink.protocol import plans
 from txsink.protocol.codec import decode_part, decode_record, encode_part, encode_record
 from txsink.protocol.ids import batch_xid, staging_name
@@ -195,8 +195,8 @@ def staged(wh: MemoryWarehouse, run: str) -> list[StagedPart]:
     xid = batch_xid(3)
     a = staging_name(JOB, xid, run, 0, 0, 1).table
     b = staging_name(JOB, xid, run, 0, 0, 2).table
-    wh.create_staging(a, {"202401": [1, 2, 3], "202402": [4]})
-    wh.create_staging(b, {"202401": [100]})
+    wh.stage(a, {"202401": [1, 2, 3], "202402": [4]})
+    wh.stage(b, {"202401": [100]})
     return [
         StagedPart(a, "202401", 3, target=FACTS),
         StagedPart(a, "202402", 1, target=FACTS),

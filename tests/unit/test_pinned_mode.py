@@ -6,13 +6,13 @@ from typing import Any
 
 import pytest
 
-from tests.unit.fakes import MemoryWarehouse
 from tests.unit.test_compat import info
 from txsink.config import WriterConfig
 from txsink.errors import ConfigError, FencedError
 from txsink.keeper.registry import MemoryRegistry
 from txsink.ops.mode import change_mode
 from txsink.ops.status import Stores
+from txsink.ports.warehouse_memory import MemoryWarehouse
 from txsink.protocol.ids import staging_name
 from txsink.protocol.states import StagedPart, XidRecord
 from txsink.spark.validate import pinned_mode, resolve_mode
@@ -97,7 +97,7 @@ def test_a_prepare_racing_the_mode_change_is_fenced_not_left_in_the_old_mode() -
     reg.ensure_job("j", {"target": "db.t", "mode": "attach"})
     tx = Transactor(reg, wh, "j", fault=lambda _p: None)
     epoch = tx.begin("run-1")
-    wh.create_staging(staging_name("j", "b1", "0000000a", 0, 0, 0).table, {"p": [1, 2]})
+    wh.stage(staging_name("j", "b1", "0000000a", 0, 0, 0).table, {"p": [1, 2]})
     parts = [StagedPart(staging_name("j", "b1", "0000000a", 0, 0, 0).table, "p", 2)]
     reg.writer = (tx, epoch, parts)
     change_mode(Stores(reg, None), "j", "dedup", stale_after=600, force=True)  # type: ignore[arg-type]
@@ -111,7 +111,7 @@ def test_an_attach_batch_whose_xid_has_dedup_state_is_refused_not_staged_again()
     epoch = tx.begin("run-2")
     reg.put_blob("j", "dedup/b5/p0", {"status": "BEFORE", "blocks": []})  # a dedup task ran
     table = staging_name("j", "b5", "0000000b", 0, 0, 0).table
-    wh.create_staging(table, {"p": [1]})
+    wh.stage(table, {"p": [1]})
     with pytest.raises(ConfigError, match="dedup-mode state"):
         tx.commit_batch(epoch, "b5", 5, "db.t", [StagedPart(table, "p", 1)])
     assert wh.target_ids("db.t") == [] and reg.get("j", "b5") is None

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.fakes import MemoryWarehouse
 from tests.unit.test_transaction_model import JOB, TARGET, stage_batch
 from txsink.errors import ConfigError, RetryableConflict
 from txsink.keeper.registry import MemoryRegistry
+from txsink.ports.warehouse_memory import MemoryWarehouse
 from txsink.protocol import plans
 from txsink.protocol.ids import batch_xid, staging_name, staging_prefix
 from txsink.protocol.states import Mode, XidRecord, XidState
@@ -148,8 +148,8 @@ def test_recovery_never_touches_staging_of_the_same_job_name_in_another_namespac
     assert staging_prefix(JOB, "ns-a") != staging_prefix(JOB, "ns-b")
     theirs = staging_name(JOB, "b0", "0000000a", 0, 0, 0, "ns-b").table
     mine = staging_name(JOB, "b0", "0000000a", 0, 0, 0, "ns-a").table
-    wh.create_staging(theirs, {"a": [1]})
-    wh.create_staging(mine, {"a": [2]})
+    wh.stage(theirs, {"a": [1]})
+    wh.stage(mine, {"a": [2]})
     Transactor(here, wh, JOB).begin("run-a")
     assert theirs in wh.staging and mine not in wh.staging
     Transactor(there, wh, JOB).begin("run-b")

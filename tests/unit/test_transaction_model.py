@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.unit.fakes import MemoryWarehouse
 from txsink.errors import FencedError, RecoveryAlarm
 from txsink.faults import POINTS
 from txsink.keeper.registry import MemoryRegistry
+from txsink.ports.warehouse_memory import MemoryWarehouse
 from txsink.protocol.ids import batch_xid, staging_name
 from txsink.protocol.states import StagedPart, XidState
 from txsink.transactor import Transactor
@@ -64,12 +64,12 @@ def stage_batch(
             dead = staging_name(
                 JOB, batch_xid(batch), f"{epoch:08x}", sp, attempt, 1000 * sp + attempt
             )
-            wh.create_staging(dead.table, {p: ids[: len(ids) // 2] for p, ids in by_pid.items()})
+            wh.stage(dead.table, {p: ids[: len(ids) // 2] for p, ids in by_pid.items()})
         attempt = failed_attempts
         name = staging_name(
             JOB, batch_xid(batch), f"{epoch:08x}", sp, attempt, 1000 * sp + attempt
         ).table
-        wh.create_staging(name, by_pid)
+        wh.stage(name, by_pid)
         parts.extend(StagedPart(name, pid, len(ids)) for pid, ids in by_pid.items())
     return parts
 
@@ -181,9 +181,9 @@ def test_prepared_xid_with_lost_staging_raises_an_alarm_instead_of_guessing() ->
 def test_orphan_staging_of_other_jobs_is_never_touched() -> None:
     reg, wh = MemoryRegistry(), MemoryWarehouse()
     other = staging_name("another-job", "b0", "0000000a", 0, 0, 0).table
-    wh.create_staging(other, {"a": [1]})
+    wh.stage(other, {"a": [1]})
     mine = staging_name(JOB, "b0", "0000000a", 0, 0, 0).table
-    wh.create_staging(mine, {"a": [2]})
+    wh.stage(mine, {"a": [2]})
     Transactor(reg, wh, JOB).begin()
     assert other in wh.staging
     assert mine not in wh.staging
