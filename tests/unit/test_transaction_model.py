@@ -1,10 +1,12 @@
 """Model-based tests of the transaction runner: random batches, crashes and replays.
 
 A scripted "Spark" drives :class:`txsink.transactor.Transactor` against the in-memory
-registry and warehouse. Crashes are raised at random protocol fault points, after which
-a new driver run starts (new epoch, recovery) and Spark replays the first batch whose
-commit did not return. After every run to completion, the target must hold every
-produced row exactly once.
+registry and warehouse (:class:`~txsink.ports.warehouse_memory.MemoryWarehouse`: parts
+with UUIDs, the evidence of publish). Crashes are raised at random protocol fault
+points; the warehouse loses MOVE replies and cuts MOVEs between parts (a server crash);
+the target merges its parts between runs. After each failure a new driver run starts
+(new epoch, recovery) and Spark replays the first batch whose commit did not return.
+After every run to completion, the target must hold every produced row exactly once.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from txsink.errors import FencedError, RecoveryAlarm
+from txsink.errors import FencedError, RecoveryAlarm, RetryableConflict, UnavailableError
 from txsink.faults import POINTS
 from txsink.keeper.registry import MemoryRegistry
 from txsink.ports.warehouse_memory import MemoryWarehouse
@@ -51,8 +53,11 @@ def stage_batch(
     rows: list[tuple[int, str]],
     spark_parts: int,
     failed_attempts: int,
+    blocks: int = 1,
 ) -> list[StagedPart]:
-    """Executors: each Spark partition writes a staging table; failed attempts leave junk."""
+    """Executors: each Spark partition writes a staging table (``blocks`` parts per
+    partition) and reports what it staged with the evidence ids of its largest parts, as
+    the Spark writer does; failed attempts leave junk."""
     parts: list[StagedPart] = []
     for sp in range(spark_parts):
         mine = [r for i, r in enumerate(rows) if i % spark_parts == sp]
@@ -69,8 +74,11 @@ def stage_batch(
         name = staging_name(
             JOB, batch_xid(batch), f"{epoch:08x}", sp, attempt, 1000 * sp + attempt
         ).table
-        wh.stage(name, by_pid)
-        parts.extend(StagedPart(name, pid, len(ids)) for pid, ids in by_pid.items())
+        wh.stage(name, by_pid, parts=blocks)
+        parts.extend(
+            StagedPart(name, pid, n, uuids=uuids)
+            for pid, (n, uuids) in sorted(wh.staged_partitions(name).items())
+        )
     return parts
 
 
@@ -79,20 +87,39 @@ def run_job(
     crashes: list[tuple[str, int]],
     spark_parts: int,
     failed_attempts: int,
+    *,
+    blocks: int = 1,
+    wh_faults: list[tuple[str, int]] = (),  # type: ignore[assignment]
+    merge_between_runs: bool = False,
+    publish_retry_s: float = 60.0,
 ) -> tuple[MemoryRegistry, MemoryWarehouse]:
+    """``wh_faults``: ("lost", _) a MOVE lands and its reply is lost, ("cut", k) a MOVE
+    moves k parts of its partition and the server goes away, in this order."""
     reg, wh = MemoryRegistry(), MemoryWarehouse()
+    for kind, k in wh_faults:
+        if kind == "lost":
+            wh.lose_reply("move_partition")
+        else:
+            wh.cut_next_move(k)
     faults = Faults(crashes)
     spark_done = -1  # Spark's checkpoint commit log: last batch whose commit returned
-    for _run in range(len(crashes) + 2):
-        tx = Transactor(reg, wh, JOB, fault=faults)
+    for _run in range(len(crashes) + len(wh_faults) + 2):
+        tx = Transactor(
+            reg, wh, JOB, fault=faults, publish_retry_s=publish_retry_s, sleep=lambda _s: None
+        )
         try:
             epoch = tx.begin("driver")
             for b in range(spark_done + 1, len(batches)):
-                parts = stage_batch(wh, epoch.number, b, batches[b], spark_parts, failed_attempts)
+                parts = stage_batch(
+                    wh, epoch.number, b, batches[b], spark_parts, failed_attempts, blocks
+                )
                 tx.commit_batch(epoch, batch_xid(b), b, TARGET, parts)
                 spark_done = b
             return reg, wh
-        except Crash:
+        except (Crash, UnavailableError, RetryableConflict):
+            if merge_between_runs and TARGET in wh.tables:
+                for pid in sorted({p.partition_id for p in wh.tables[TARGET].parts}):
+                    wh.merge(TARGET, pid)  # ClickHouse's own merges; parts get new UUIDs
             continue
     raise AssertionError("job did not finish")
 
@@ -129,6 +156,78 @@ def test_every_produced_row_is_published_exactly_once_whatever_the_crashes(
     assert all(r.state is XidState.COMMITTED for r in records)
     assert sorted(r.batch for r in records) == list(range(len(numbered)))
     assert reg.ledger(JOB).rows == len(produced)
+
+
+wh_fault_plans = st.lists(
+    st.tuples(st.sampled_from(["lost", "cut"]), st.integers(1, 3)), max_size=3
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    row_batches,
+    crash_plans,
+    wh_fault_plans,
+    st.integers(1, 3),
+    st.integers(1, 4),
+    st.booleans(),
+    st.sampled_from([0.0, 60.0]),
+)
+def test_lost_replies_cut_moves_and_target_merges_never_duplicate_or_lose_a_row(
+    batches: list[list[str]],
+    crashes: list[tuple[str, int]],
+    wh_faults: list[tuple[str, int]],
+    spark_parts: int,
+    blocks: int,
+    merges: bool,
+    retry_s: float,
+) -> None:
+    """The UUID evidence path: a MOVE whose reply was lost, a MOVE cut between parts by
+    a server crash, crashes between MOVE and the COMMITTED record, and the target merging
+    the moved parts (new UUIDs; the old ones outdated) before the next attempt looks."""
+    numbered = number(batches)
+    reg, wh = run_job(
+        numbered,
+        crashes,
+        spark_parts,
+        0,
+        blocks=blocks,
+        wh_faults=wh_faults,
+        merge_between_runs=merges,
+        publish_retry_s=retry_s,
+    )
+    produced = sorted(rid for b in numbered for rid, _ in b)
+    assert wh.target_ids(TARGET) == produced
+    records = reg.list(JOB)
+    assert all(r.state is XidState.COMMITTED for r in records)
+    assert reg.ledger(JOB)["rows"] == len(produced)
+
+
+def test_a_cut_move_is_finished_from_the_uuids_already_in_the_target() -> None:
+    reg, wh = MemoryRegistry(), MemoryWarehouse()
+    tx = Transactor(reg, wh, JOB, sleep=lambda _s: None)
+    epoch = tx.begin()
+    parts = stage_batch(wh, epoch.number, 0, [(i, "a") for i in range(6)], 1, 0, blocks=3)
+    wh.cut_next_move(2)
+    assert tx.commit_batch(epoch, "b0", 0, TARGET, parts).action == "committed"
+    assert wh.target_ids(TARGET) == list(range(6))
+    assert reg.get(JOB, "b0").extra.get("cut")  # the repair was recorded
+
+
+def test_a_move_whose_reply_was_lost_and_whose_parts_were_merged_is_not_moved_again() -> None:
+    reg, wh = MemoryRegistry(), MemoryWarehouse()
+    tx = Transactor(reg, wh, JOB, publish_retry_s=0.0, sleep=lambda _s: None)
+    epoch = tx.begin()
+    first = stage_batch(wh, epoch.number, 0, [(1, "a"), (2, "a")], 1, 0)
+    tx.commit_batch(epoch, "b0", 0, TARGET, first)
+    parts = stage_batch(wh, epoch.number, 1, [(3, "a"), (4, "a")], 1, 0)
+    wh.lose_reply("move_partition")
+    with pytest.raises(UnavailableError):
+        tx.commit_batch(epoch, "b1", 1, TARGET, parts)
+    wh.merge(TARGET, "a")  # the moved part now lives on only as an outdated part
+    Transactor(reg, wh, JOB).begin()  # recovery rolls b1 forward from the UUID evidence
+    assert wh.target_ids(TARGET) == [1, 2, 3, 4]
+    assert reg.get(JOB, "b1").state is XidState.COMMITTED
 
 
 @settings(max_examples=100, deadline=None)

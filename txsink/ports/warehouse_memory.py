@@ -14,7 +14,8 @@ no I/O. It models what the protocol's evidence relies on, with ClickHouse's sema
   ``published_uuids``) until :meth:`MemoryWarehouse.cleanup`;
 - fault hooks for tests: :meth:`~MemoryWarehouse.fail_next` (refused before anything
   happens), :meth:`~MemoryWarehouse.lose_reply` (it landed, the reply was lost),
-  :meth:`~MemoryWarehouse.cut_next_move` (a server crash cut a MOVE between parts) and
+  :meth:`~MemoryWarehouse.cut_next_move` (a server crash cut a MOVE between parts: some
+  are in the target and still in staging) and
   ``running`` (``settle`` sees a statement still running that many times).
 
 Rows are whatever the test stores: row ids given to :meth:`~MemoryWarehouse.stage`, or
@@ -25,6 +26,7 @@ as an Arrow record batch, or a list of dicts).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -122,12 +124,15 @@ class MemoryWarehouse:
         """Create target ``db.table`` (what the real tests do with CREATE TABLE)."""
         self.tables[target] = MemoryTable(partition_by, dedup_window=dedup_window)
 
-    def stage(self, table: str, rows: Mapping[str, Sequence[Any]]) -> None:
-        """(Re)create staging ``table`` holding one part per partition: ``{pid: rows}``
-        (what an executor's staging insert leaves)."""
-        self.staging[table] = MemoryTable(
-            parts=[self._part(pid, tuple(r)) for pid, r in rows.items() if len(r)]
-        )
+    def stage(self, table: str, rows: Mapping[str, Sequence[Any]], parts: int = 1) -> None:
+        """(Re)create staging ``table`` holding ``{pid: rows}`` in up to ``parts`` parts
+        per partition (what an executor's staging inserts leave: one part per block)."""
+        made: list[Part] = []
+        for pid, ids in rows.items():
+            n = max(1, min(parts, len(ids)))
+            cuts = [len(ids) * i // n for i in range(n + 1)]
+            made += [self._part(pid, tuple(ids[a:b])) for a, b in itertools.pairwise(cuts) if b > a]
+        self.staging[table] = MemoryTable(parts=made)
 
     def target_ids(self, target: str) -> list[Any]:
         """Every row the target holds (sorted): what the exactly-once checks compare."""
@@ -160,8 +165,9 @@ class MemoryWarehouse:
         self._faults += [_Fault(method, "lost", err) for _ in range(times)]
 
     def cut_next_move(self, parts: int = 1) -> None:
-        """The next MOVE of a partition moves only its first ``parts`` parts, then the
-        server crashes (the reply is lost)."""
+        """A server crash cuts the next MOVE of a partition: its first ``parts`` parts are
+        in the target already and still in staging (ClickHouse removes moved parts from
+        the source only when the whole MOVE commits); the reply is lost."""
         err = UnavailableError("MOVE PARTITION: server went away (injected cut)")
         self._faults.append(_Fault("move_partition", "cut", err, parts))
 
@@ -356,9 +362,13 @@ class MemoryWarehouse:
             src = self._staged(staging)
             dest = self._dest(target)
             mine = [p for p in src.parts if p.partition_id == partition_id]
-            moved = mine if cut is None else mine[:cut]
-            src.parts = [p for p in src.parts if p not in moved]
-            dest.parts.extend(moved)  # a moved part keeps its UUID
+            if cut is not None:
+                # ClickHouse renames a MOVE's parts into the target one by one and removes
+                # them from the source only at the end: a crash leaves some in both
+                dest.parts.extend(mine[:cut])
+                return
+            src.parts = [p for p in src.parts if p.partition_id != partition_id]
+            dest.parts.extend(mine)  # a moved part keeps its UUID
             self.moves += 1
 
         self._call("move_partition", act, cuttable=True)
