@@ -36,6 +36,7 @@ from txsink.ports.warehouse import (
     ClusterReplica,
     InsertStats,
     TargetInfo,
+    Warehouse,
     WarehouseCapabilities,
 )
 from txsink.protocol.ids import shard_of
@@ -381,3 +382,8 @@ class ShardedWarehouse:
         raise self.capabilities.missing(
             "clusters", f"reading cluster {cluster}", "a sharded job names its shards"
         )
+
+
+def _conforms(one: ClickHouseWarehouse, sharded: ShardedWarehouse) -> list[Warehouse]:
+    """mypy checks here that both ClickHouse adapters implement the whole port."""
+    return [one, sharded]

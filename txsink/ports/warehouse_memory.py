@@ -40,6 +40,7 @@ from txsink.ports.warehouse import (
     InsertStats,
     StagingView,
     TargetInfo,
+    Warehouse,
     WarehouseCapabilities,
 )
 from txsink.protocol.ids import parse_staging
@@ -517,3 +518,8 @@ def _blocks(batches: Iterable[Any], block_rows: int) -> Iterable[list[Any]]:
                 pending = []
     if pending:
         yield pending
+
+
+def _conforms(twin: MemoryWarehouse) -> Warehouse:
+    """mypy checks here that the twin implements the whole port."""
+    return twin
