@@ -17,6 +17,7 @@ that the lacking warehouse refuses it with
 
 from __future__ import annotations
 
+import time
 from typing import Protocol
 
 import pyarrow as pa
@@ -237,8 +238,9 @@ class WarehouseContract:
         assert harness.wh.published_uuids(target, every) == frozenset(every)
         assert harness.wh.staging_view([claimed]) == {claimed: {JAN: 3, FEB: 2}}  # a copy
         if harness.wh.capabilities.query_log:
-            assert harness.wh.attach_logged(target, "txsink contract b1", 0.0)
-            assert not harness.wh.attach_logged(target, "txsink contract b2", 0.0)
+            since = time.time() - 60  # the prepare's time: the log is searched from the day before
+            assert harness.wh.attach_logged(target, "txsink contract b1", since)
+            assert not harness.wh.attach_logged(target, "txsink contract b2", since)
 
     # ------------------------------------------------------------------ other capabilities
 
