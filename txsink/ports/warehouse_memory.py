@@ -30,10 +30,11 @@ import itertools
 import re
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from txsink.errors import ConfigError, RetryableConflict, TxSinkError, UnavailableError
+from txsink.ports.memory_tables import MemoryTable, Part, cut_blocks, partition_of
 from txsink.ports.warehouse import (
     BlockSettings,
     ClusterReplica,
@@ -50,39 +51,6 @@ T = TypeVar("T")
 UNKNOWN_TABLE = 60  # ClickHouse's code, which the real adapter keeps on its ConfigError
 _PARTITION_ID_RE = re.compile(r"^[A-Za-z0-9_\-]+$")
 _ROW_BYTES = 8  # the size the twin reports per row (status, staging_sizes)
-
-
-@dataclass(frozen=True)
-class Part:
-    """One data part: immutable, like ClickHouse's."""
-
-    partition_id: str
-    rows: tuple[Any, ...]
-    uuid: str
-
-    @property
-    def count(self) -> int:
-        return len(self.rows)
-
-
-@dataclass
-class MemoryTable:
-    """One table: active parts, outdated parts (replaced by a merge, not cleaned up yet),
-    the column its partition id is read from ("" for one partition ``all``), and the
-    insert dedup tokens it has seen (``dedup_window`` 0: none kept)."""
-
-    partition_by: str = ""
-    parts: list[Part] = field(default_factory=list)
-    outdated: list[Part] = field(default_factory=list)
-    dedup_window: int = 0
-    tokens: set[tuple[str, str]] = field(default_factory=set)
-
-    def rows(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for p in self.parts:
-            if p.count:
-                out[p.partition_id] = out.get(p.partition_id, 0) + p.count
-        return out
 
 
 @dataclass
@@ -338,12 +306,12 @@ class MemoryWarehouse:
         def act() -> InsertStats:
             t = self._table(table) if direct else self._staged(table)
             rows = blocks = 0
-            for block in _blocks(batches, block_rows):
+            for block in cut_blocks(batches, block_rows):
                 extra = settings(blocks) if callable(settings) else settings
                 token = str((extra or {}).get("insert_deduplication_token", ""))
                 by_pid: dict[str, list[Any]] = {}
                 for row in block:
-                    by_pid.setdefault(_partition_of(row, t.partition_by), []).append(row)
+                    by_pid.setdefault(partition_of(row, t.partition_by), []).append(row)
                 for pid, part_rows in by_pid.items():
                     if direct and token and t.dedup_window > 0:
                         if (token, pid) in t.tokens:
@@ -498,26 +466,6 @@ class MemoryWarehouse:
     def _need_batch(self, what: str) -> None:
         if not self.capabilities.batch_visibility:
             raise self.capabilities.missing("batch_visibility", what, "use visibility=partition")
-
-
-def _partition_of(row: Any, column: str) -> str:
-    if not column:
-        return "all"
-    return str(row[column])
-
-
-def _blocks(batches: Iterable[Any], block_rows: int) -> Iterable[list[Any]]:
-    """Rows cut into blocks of ``block_rows`` (by row count only, like dedup mode's)."""
-    pending: list[Any] = []
-    for batch in batches:
-        rows = batch.to_pylist() if hasattr(batch, "to_pylist") else list(batch)
-        for row in rows:
-            pending.append(row)
-            if len(pending) == block_rows:
-                yield pending
-                pending = []
-    if pending:
-        yield pending
 
 
 def _conforms(twin: MemoryWarehouse) -> Warehouse:
