@@ -200,7 +200,7 @@ def test_lost_replies_cut_moves_and_target_merges_never_duplicate_or_lose_a_row(
     assert wh.target_ids(TARGET) == produced
     records = reg.list(JOB)
     assert all(r.state is XidState.COMMITTED for r in records)
-    assert reg.ledger(JOB)["rows"] == len(produced)
+    assert reg.ledger(JOB).rows == len(produced)
 
 
 def test_a_cut_move_is_finished_from_the_uuids_already_in_the_target() -> None:
@@ -211,7 +211,8 @@ def test_a_cut_move_is_finished_from_the_uuids_already_in_the_target() -> None:
     wh.cut_next_move(2)
     assert tx.commit_batch(epoch, "b0", 0, TARGET, parts).action == "committed"
     assert wh.target_ids(TARGET) == list(range(6))
-    assert reg.get(JOB, "b0").extra.get("cut")  # the repair was recorded
+    record = reg.get(JOB, "b0")
+    assert record is not None and record.cuts  # the repair was recorded
 
 
 def test_a_move_whose_reply_was_lost_and_whose_parts_were_merged_is_not_moved_again() -> None:
