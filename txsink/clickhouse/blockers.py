@@ -99,7 +99,7 @@ def dedup_blockers(
     deduplicates blocks by token within a window of at least ``min_window`` inserts.
     ``view_tables`` are the tables the target's materialized views store into: txsink
     sends ``deduplicate_blocks_in_dependent_materialized_views=1`` with every block, but
-    ClickHouse (checked on 26.9) deduplicates a view's block only in a view table that
+    ClickHouse (26.9, docs/reliability.md) deduplicates a view's block only in a view table that
     has a dedup window itself; with none, a replayed block is dropped from the target and
     counted again in the view. A Distributed target is not blocked: deduplication
     happens in the shards' local tables, which must have the window set (txsink cannot

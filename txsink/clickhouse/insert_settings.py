@@ -40,7 +40,7 @@ DEDUP_INSERT_SETTINGS: dict[str, Any] = {
     "deduplicate_insert": "enable",
     "async_insert": 0,
     # without it a replayed block is dropped from the target but its materialized
-    # views receive it again (checked on chdb 26.9: tests/integration/test_dedup_mode.py)
+    # views receive it again (tests/integration/test_dedup_mode.py checks it)
     "deduplicate_blocks_in_dependent_materialized_views": 1,
     # Distributed targets: insert synchronously into the shards, whose local tables
     # deduplicate; harmless for other engines (alias of distributed_foreground_insert)

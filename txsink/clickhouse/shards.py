@@ -1,6 +1,6 @@
 """A table on several ClickHouse shards, behind the one :class:`~.warehouse.Warehouse`.
 
-One xid spans every shard (issue 11). Nothing above this module knows about shards: the
+One xid spans every shard. Nothing above this module knows about shards: the
 protocol works on staging tables, and every staging table of a sharded job carries its
 shard in its name (``..._t<task attempt id>_s<k>``, :mod:`txsink.protocol.ids`), so
 :class:`ShardedWarehouse` sends each operation on a staging table to the server that

@@ -157,8 +157,8 @@ class Stager(Observer):
 
         A TTL inherited from the target would delete old rows (late or backfilled data)
         in a TTL merge before publish; a column TTL would reset their values. Removing
-        both from staging does not stop MOVE PARTITION into the target (checked on
-        26.9), which applies its own TTL after the move. The settings normally came
+        both from staging does not stop MOVE PARTITION into the target (ClickHouse 26.9;
+        docs/reliability.md), which applies its own TTL after the move. The settings normally came
         with the CREATE; they are added here if the server did not keep them. Everything
         here is table metadata, so it survives a server restart.
         """

@@ -14,7 +14,7 @@ The heartbeat is stale, and the writer presumed dead, once it is older than::
 - ``STALE_FLOOR`` = 30 s: below that, a short GC pause, a slow MOVE or clock skew between
   the writer's host and the operator's would make a live writer read dead;
 - ``STALE_CAP`` = 600 s: a slow job (or a batch job with ``txn_version``) never blocks
-  ``txsink recover`` for longer than the old fixed default did.
+  ``txsink recover`` for more than ten minutes, however slow its cadence.
 
 A job with fewer than two commits has no cadence: it gets the cap. An explicit
 ``stale_after`` (``--stale-after``) always wins. The owner ``txsink-recover@...`` (the mark
