@@ -21,7 +21,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any, assert_never
 
 import tenacity
@@ -98,7 +98,7 @@ class StepRunner:
         finally:
             sequence.close()
 
-    def drive(self, sequence: Any) -> Any:
+    def drive(self, sequence: Generator[steps.Step, Any, Any]) -> Any:
         """Drive a sequence of observations only (no epoch, no waits); its return value."""
         reply: Any = None
         while True:
@@ -153,11 +153,6 @@ class StepRunner:
                     "published on %s evidence (docs/operations.md#evidence-of-publish)",
                     self.job, step.xid, step.partition_id, step.staging, step.kind,
                 )  # fmt: skip
-        elif isinstance(
-            step, (ops.Publish, ops.DropStaging, ops.AttachAll, ops.Alarm, ops.Reobserve)
-        ):
-            # the sequence turns these into MovePartitions / DropTables / Attach / Stop
-            raise TypeError(f"a publish sequence never yields a bare {type(step).__name__}")
         else:
             return self.observe(step)
         return None
@@ -182,7 +177,9 @@ class StepRunner:
             return {t: name for (x, t), name in self.claims.items() if x == step.xid}
         if isinstance(step, steps.Stop):
             raise _FAILURES[step.failure](f"job {self.job}: {step.message}")
-        raise TypeError(f"{type(step).__name__} is not an observation")
+        # bare Publish / DropStaging / AttachAll / Alarm never reach a runner: the
+        # sequence turns them into MovePartitions / DropTables / Attach / Stop
+        raise TypeError(f"{type(step).__name__} is not a step a runner carries out")
 
     def write(
         self, epoch: Epoch, record: XidRecord, op: ops.RecordCut | ops.RecordCommitted

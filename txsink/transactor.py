@@ -1,9 +1,12 @@
-"""The driver-side transaction runner: observes, asks :mod:`txsink.protocol.plans`, acts.
+"""The driver-side transaction runner: prepare, publish, record, recover for one job.
 
-One :class:`Transactor` serves one job. It owns the order of the protocol steps and the
-fault points between them; the decisions themselves are pure functions, and the stores
-sit behind :class:`txsink.keeper.registry.Registry` and
-:class:`txsink.clickhouse.warehouse.Warehouse`.
+One :class:`Transactor` serves one job. The decisions are pure: whether to prepare, roll
+forward, skip or refuse (:mod:`txsink.protocol.plans`), and the whole publish, which is a
+protocol sequence (:mod:`txsink.protocol.sequence`) yielding what to observe and what to
+do next; :class:`txsink.publisher.StepRunner` carries each step out against
+:class:`txsink.keeper.registry.Registry` and :class:`txsink.clickhouse.warehouse.Warehouse`
+and sends the result back. This module keeps the order of prepare and publish, the
+retries around a publish (tenacity), roll-back, recovery and pruning.
 
 Invariants:
 - the xid record in Keeper is created PREPARED (the commit point) only after every task
@@ -105,7 +108,6 @@ class Transactor:
         self.warehouse = warehouse
         self.job = job
         self.retention = retention
-        self.publish_retry_s = publish_retry_s
         self._namespace = ""
         # carries out every publish step; owns the clock, fault hook and sleep (the
         # properties below), so one set on this Transactor later reaches it too
@@ -363,10 +365,6 @@ class Transactor:
         a finisher claimed it with if one did (:func:`sequence.batch_tables`)."""
         tables: dict[str, str] = self.runner.drive(sequence.batch_tables(record, self.prefix))
         return tables
-
-    def attach_tag(self, record: XidRecord, target: str) -> str:
-        """The ``log_comment`` of the ATTACH that publishes ``record`` into ``target``."""
-        return sequence.attach_tag(self.prefix, record, target)
 
     def _refuse_dedup_leftovers(self, xid: str) -> None:
         """An attach prepare of an xid that has dedup state: some of its rows were
