@@ -1,9 +1,12 @@
-"""The driver-side transaction runner: observes, asks :mod:`txsink.protocol.plans`, acts.
+"""The driver-side transaction runner: prepare, publish, record, recover for one job.
 
-One :class:`Transactor` serves one job. It owns the order of the protocol steps and the
-fault points between them; the decisions themselves are pure functions, and the stores
-sit behind :class:`txsink.keeper.registry.Registry` and
-:class:`txsink.clickhouse.warehouse.Warehouse`.
+One :class:`Transactor` serves one job. The decisions are pure: whether to prepare, roll
+forward, skip or refuse (:mod:`txsink.protocol.plans`), and the whole publish, which is a
+protocol sequence (:mod:`txsink.protocol.sequence`) yielding what to observe and what to
+do next; :class:`txsink.publisher.StepRunner` carries each step out against
+:class:`txsink.keeper.registry.Registry` and :class:`txsink.clickhouse.warehouse.Warehouse`
+and sends the result back. This module keeps the order of prepare and publish, the
+retries around a publish (tenacity), roll-back, recovery and pruning.
 
 Invariants:
 - the xid record in Keeper is created PREPARED (the commit point) only after every task
@@ -23,15 +26,15 @@ Invariants:
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import socket
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+import tenacity
 
 from txsink.errors import (
     CommitOutcomeUnknown,
@@ -42,26 +45,18 @@ from txsink.errors import (
     UnavailableError,
 )
 from txsink.faults import fault_point
-from txsink.keeper.registry import Registry, XidExists, superseded
+from txsink.keeper.registry import Registry, XidExists
 from txsink.ports.warehouse import Warehouse
-from txsink.protocol import plans, visibility
+from txsink.protocol import plans, sequence
 from txsink.protocol.codec import JobMeta
 from txsink.protocol.dedup import xid_key as dedup_xid_key
 from txsink.protocol.ids import (
-    batch_claim_name,
-    batch_staging_name,
     parse_staging,
     staging_prefix,
 )
-from txsink.protocol.states import (
-    Cut,
-    Epoch,
-    Mode,
-    StagedPart,
-    Visibility,
-    XidRecord,
-    XidState,
-)
+from txsink.protocol.states import Epoch, Mode, StagedPart, Visibility, XidRecord, XidState
+from txsink.protocol.steps import PublishBounds
+from txsink.publisher import StepRunner
 
 log = logging.getLogger(__name__)
 
@@ -95,47 +90,6 @@ def default_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-@dataclass(frozen=True)
-class _Moves:
-    """Consecutive :class:`plans.Publish` steps of one staging table into one target: one
-    ``ALTER TABLE staging MOVE PARTITION ..., MOVE PARTITION ...`` round trip. Each
-    command stays atomic per (staging table, partition), as one by one; a failure part-way
-    leaves moved and unmoved partitions, which a resumed publish tells apart as always."""
-
-    staging: str
-    target: str
-    partition_ids: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class _Drops:
-    """Consecutive :class:`plans.DropStaging` steps: one ``DROP TABLE a, b, ...``."""
-
-    tables: tuple[str, ...]
-
-
-def _grouped(ops: Sequence[Any]) -> list[Any]:
-    """``ops`` with runs of moves out of one staging table, and runs of drops, merged
-    into one call each (the warehouse cuts a long one into statements the server
-    parses); the order of everything else is kept."""
-    out: list[Any] = []
-    for op in ops:
-        last = out[-1] if out else None
-        if isinstance(op, plans.Publish):
-            if isinstance(last, _Moves) and (last.staging, last.target) == (op.staging, op.target):
-                out[-1] = replace(last, partition_ids=(*last.partition_ids, op.partition_id))
-            else:
-                out.append(_Moves(op.staging, op.target, (op.partition_id,)))
-        elif isinstance(op, plans.DropStaging):
-            if isinstance(last, _Drops):
-                out[-1] = _Drops((*last.tables, op.table))
-            else:
-                out.append(_Drops((op.table,)))
-        else:
-            out.append(op)
-    return out
-
-
 class Transactor:
     """Runs prepare / publish / record / recover for one job."""
 
@@ -155,13 +109,43 @@ class Transactor:
         self.warehouse = warehouse
         self.job = job
         self.retention = retention
-        self.clock = clock
-        self.fault = fault
-        self.publish_retry_s = publish_retry_s
-        self.sleep = sleep
         self._namespace = ""
-        # (xid, target) -> the name this runner renamed that batch staging table to
-        self._claims: dict[tuple[str, str], str] = {}
+        # carries out every publish step; owns the clock, fault hook and sleep (the
+        # properties below), so one set on this Transactor later reaches it too
+        self.runner = StepRunner(
+            registry,
+            warehouse,
+            job,
+            lambda: self.prefix,
+            bounds=PublishBounds(retry_s=publish_retry_s),
+            clock=clock,
+            fault=fault,
+            sleep=sleep,
+        )
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        return self.runner.clock
+
+    @clock.setter
+    def clock(self, clock: Callable[[], float]) -> None:
+        self.runner.clock = clock
+
+    @property
+    def fault(self) -> Callable[[str], None]:
+        return self.runner.fault
+
+    @fault.setter
+    def fault(self, fault: Callable[[str], None]) -> None:
+        self.runner.fault = fault
+
+    @property
+    def sleep(self) -> Callable[[float], None]:
+        return self.runner.sleep
+
+    @sleep.setter
+    def sleep(self, sleep: Callable[[float], None]) -> None:
+        self.runner.sleep = sleep
 
     @property
     def namespace(self) -> str:
@@ -298,50 +282,60 @@ class Transactor:
         )
 
     def publish(self, epoch: Epoch, record: XidRecord, *, resumed: bool = True) -> XidRecord:
-        """:meth:`finish`, re-observed after ClickHouse failures whose outcome is unknown.
+        """Finish ``record`` (:func:`sequence.finish`), re-observed after ClickHouse
+        failures whose outcome is unknown.
 
         A MOVE (or ATTACH) whose reply was lost may have landed, may still be running on
         the server, or may have been cut by a server crash; repeating it blindly could
         publish rows twice. So a resumed publish (the record existed before: an earlier
         attempt, a crashed writer, a superseded one may have a statement in flight) and
-        every re-run after such a failure first waits until the server answers and no
-        statement on this xid's staging is running (:meth:`Warehouse.settle`), checks
-        that this writer still holds the job, re-reads the record, and only then runs
-        the whole plan again as a resumed one (part UUIDs decide what landed). Busy
-        answers (nothing happened) are re-planned the same way. If the server is not
-        seen quiet within ``publish_retry_s`` seconds, the last error is raised and
-        nothing more is sent: the xid stays as it is and the next commit or ``txsink
-        recover`` finishes it."""
-        deadline = time.monotonic() + self.publish_retry_s
-        pause = 0.2
+        every re-run after such a failure is a fresh :func:`sequence.publish_attempt`: it
+        waits until the server answers and no statement on this xid's staging is
+        running, checks that this writer still holds the job, re-reads the record, and
+        only then plans the whole publish again as a resumed one (part UUIDs decide what
+        landed). Busy answers (nothing happened) are re-planned the same way, with a
+        doubling pause (tenacity). If the server is not seen quiet within
+        ``publish_retry_s`` seconds, the last error is raised and nothing more is sent:
+        the xid stays as it is and the next commit or ``txsink recover`` finishes it."""
+        bounds = self.runner.bounds
+        deadline = time.monotonic() + bounds.retry_s
         failure: TxSinkError | None = None
-        while True:
-            try:  # every way out of here asks Keeper whether the xid is COMMITTED already
-                if resumed and not self._settle(epoch, record, deadline):
-                    raise failure or UnavailableError(
-                        f"job {self.job}: xid {record.xid}: statements on its staging are "
-                        f"still running on ClickHouse after {self.publish_retry_s:g}s; "
-                        f"nothing was published again. `txsink recover --job {self.job}` "
-                        f"finishes it"
-                    )
-                if failure is not None:
-                    self._check_fence(epoch)  # a writer that lost the job must not go on
-                    record = self.registry.get(self.job, record.xid) or record
-                return self.finish(epoch, record, resumed=resumed)
+
+        def attempt() -> XidRecord:
+            nonlocal failure, resumed
+            steps = sequence.publish_attempt(
+                record, self.prefix, bounds, resumed=resumed, after_failure=failure is not None
+            )
+            try:
+                return self.runner.run(epoch, steps, deadline=deadline, failure=failure)
             except (UnavailableError, RetryableConflict) as exc:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return self._committed_anyway(record, exc)
-                log.warning(
-                    "job %s: xid %s: publishing failed with an unknown outcome (%s); "
-                    "re-observing before going on",
-                    self.job, record.xid, exc,
-                )  # fmt: skip
                 failure, resumed = exc, True
-                self.sleep(min(pause, left))
-                pause = min(pause * 2, 5.0)
-            except TxSinkError as exc:
-                return self._committed_anyway(record, exc)
+                raise
+
+        def pause(state: tenacity.RetryCallState) -> float:
+            doubling: float = bounds.pause_s * 2.0 ** (state.attempt_number - 1)
+            return min(doubling, bounds.max_pause_s, max(0.0, deadline - time.monotonic()))
+
+        def warn(_state: tenacity.RetryCallState) -> None:
+            log.warning(
+                "job %s: xid %s: publishing failed with an unknown outcome (%s); "
+                "re-observing before going on",
+                self.job, record.xid, failure,
+            )  # fmt: skip
+
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type((UnavailableError, RetryableConflict)),
+            stop=lambda _state: time.monotonic() >= deadline,
+            wait=pause,
+            sleep=self.sleep,
+            before_sleep=warn,
+            reraise=True,
+        )
+        try:  # every way out of here asks Keeper whether the xid is COMMITTED already
+            done: XidRecord = retrying(attempt)
+        except TxSinkError as exc:
+            return self._committed_anyway(record, exc)
+        return done
 
     def _committed_anyway(self, record: XidRecord, exc: TxSinkError) -> XidRecord:
         """The record, if Keeper says the publish that failed with ``exc`` had already
@@ -362,231 +356,18 @@ class Transactor:
         )  # fmt: skip
         return now
 
-    def _settle(self, epoch: Epoch, record: XidRecord, deadline: float) -> bool:
-        """Whether ClickHouse answered, before ``deadline``, with no statement running on
-        the staging of ``record`` (every staging name of an xid starts with one prefix).
-        Heartbeats while it waits, so the writer does not read as dead."""
-        common = f"{self.prefix}__{record.xid}__"
-        odd = sorted({t for t in record.staging_tables if not t.startswith(common)})
-        needles = [common, *odd] if len(odd) < 100 else [common, f"{self.prefix}__"]
-        beat = 0.0
-        while True:
-            try:
-                if self.warehouse.settle(needles):
-                    return True
-                log.info("job %s: xid %s: a statement on its staging still runs", self.job,
-                         record.xid)  # fmt: skip
-            except TxSinkError as exc:  # not answering yet (or not letting us look)
-                log.info("job %s: ClickHouse not settled yet: %s", self.job, exc)
-            if time.monotonic() >= deadline:
-                return False
-            if time.monotonic() - beat > 5.0:
-                beat = time.monotonic()
-                with contextlib.suppress(TxSinkError):
-                    self.registry.heartbeat(epoch, {"state": "publishing", "xid": record.xid})
-            self.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
-
     def finish(self, epoch: Epoch, record: XidRecord, *, resumed: bool = True) -> XidRecord:
-        """Run the publish plan of a PREPARED (or COMMITTED) record to its end.
-
-        ``resumed``: the record existed before this attempt (a MOVE may have run), so the
-        target is searched for the part UUIDs of fully staged partitions too."""
-        if visibility.is_batch(record):
-            return self._finish_batch(epoch, record)
-        view = self.warehouse.staging_view(record.staging_tables) if record.manifest else {}
-        part_rows: dict[str, int] = {}
-        staged = self._staged_uuids(record, view, part_rows) if resumed else {}
-        found: frozenset[str] = frozenset()
-        by_target = plans.evidence_by_target(record, view, resumed=resumed, staged=staged)
-        for table, wanted in by_target.items():
-            found |= self.warehouse.published_uuids(table, wanted)
-        ops = plans.plan_publish(record, view, found, staged, part_rows)
-        hint = "Nothing was published for it automatically; see docs/operations.md#lost-staging"
-        return self._execute(epoch, record, ops, hint)
-
-    def _execute(
-        self, epoch: Epoch, record: XidRecord, ops: Sequence[Any], alarm_hint: str
-    ) -> XidRecord:
-        """Carry out a publish plan (:func:`plans.plan_publish` or
-        :func:`visibility.plan_batch_publish`) in order, with the fault points between
-        its steps; an Alarm stops it before anything else runs."""
-        moved = 0
-        for op in _grouped(ops):
-            if isinstance(op, _Moves):
-                self.warehouse.move_partitions(op.staging, op.partition_ids, op.target)
-                moved += 1
-                if moved == 1:
-                    self.fault("driver.mid_commit")
-                continue
-            if isinstance(op, _Drops):
-                self.warehouse.drop_stagings(op.tables)
-                continue
-            if isinstance(op, plans.RecordCut):
-                log.warning(
-                    "job %s: xid %s: a server crash cut the MOVE of partition %s of %s between "
-                    "parts; %d of them are in the target already: recording them, dropping "
-                    "them from staging, moving the rest",
-                    self.job, record.xid, op.partition_id, op.staging, len(op.cut),
-                )  # fmt: skip
-                # amend merges it into the record's cuts of other partitions
-                record = self.registry.amend(
-                    epoch, record, [Cut(op.staging, op.partition_id, op.cut)]
-                )
-                continue
-            if isinstance(op, plans.DropParts):
-                self.warehouse.drop_parts(op.staging, op.partition_id, op.evidence)
-                continue
-            if isinstance(op, plans.Evidence) and op.kind not in ("uuid", "cut"):
-                log.warning(
-                    "job %s: xid %s: partition %s of %s has no rows left; counted as "
-                    "published on %s evidence (docs/operations.md#evidence-of-publish)",
-                    self.job, record.xid, op.partition_id, op.staging, op.kind,
-                )  # fmt: skip
-            if isinstance(op, plans.Alarm):
-                raise RecoveryAlarm(f"job {self.job}: {op.reason}. {alarm_hint}")
-            if isinstance(op, (plans.Publish, visibility.Consolidate)):
-                if isinstance(op, plans.Publish):
-                    self.warehouse.move_partition(op.staging, op.partition_id, op.target)
-                else:
-                    self.warehouse.consolidate(op.staging, op.partition_id, op.batch_staging)
-                moved += 1
-                if moved == 1:
-                    self.fault("driver.mid_commit")
-            elif isinstance(op, visibility.CreateBatchStaging):
-                self.warehouse.create_batch_staging(op.table, op.like, op.target)
-            elif isinstance(op, visibility.ClaimBatch):
-                self._check_fence(epoch)  # a superseded finisher takes nothing from the live one
-                claimed = batch_claim_name(op.batch_staging, uuid.uuid4().hex)
-                self.warehouse.claim_staging(op.batch_staging, claimed)
-                self._claims[(record.xid, op.target)] = claimed
-                # a statement another finisher sent before the rename may still run
-                if not self._settle(epoch, record, time.monotonic() + self.publish_retry_s):
-                    raise UnavailableError(
-                        f"job {self.job}: xid {record.xid}: statements on its staging still "
-                        f"run after {self.publish_retry_s:g}s; nothing was attached"
-                    )
-            elif isinstance(op, visibility.AttachAll):
-                # a claim serves one ATTACH: one whose outcome is unknown (a lost reply, a
-                # request still queued on the server) is never followed by a second from
-                # the same name; the next round renames again, which makes it fail
-                self._claims.pop((record.xid, op.target), None)
-                self.fault("driver.before_attach")
-                tag = self.attach_tag(record, op.target)
-                self.warehouse.attach_all(op.batch_staging, op.target, tag)
-                self.fault("driver.after_attach")
-            elif isinstance(op, plans.RecordCommitted):
-                self.fault("driver.after_commit")
-                record = self._record_committed(epoch, record)
-                self.fault("driver.after_record")
-            elif isinstance(op, plans.DropStaging):
-                self.warehouse.drop_staging(op.table)
-        return record
+        """Run the publish plan of a PREPARED (or COMMITTED) record to its end, once
+        (:func:`sequence.finish`; :meth:`publish` re-observes after failures)."""
+        steps = sequence.finish(record, self.prefix, self.runner.bounds, resumed=resumed)
+        deadline = time.monotonic() + self.runner.bounds.retry_s
+        return self.runner.run(epoch, steps, deadline=deadline)
 
     def batch_tables(self, record: XidRecord) -> dict[str, str]:
         """Target -> batch staging table of a ``visibility=batch`` record, under the name
-        a finisher claimed it with if one did (:class:`visibility.ClaimBatch`)."""
-        listed = self.warehouse.list_staging(f"{self.prefix}__{record.xid}")
-        out: dict[str, str] = {}
-        for target in visibility.by_target(record):
-            base = batch_staging_name(self.prefix, record.xid, target)
-            names = [t for t in listed if t == base or t.startswith(f"{base}_c")]
-            if len(names) > 1:
-                # a finisher's late CREATE IF NOT EXISTS after another claimed the full one
-                # makes an empty twin (nothing can be moved into it: every task partition
-                # is consolidated before a claim); it is dropped with the xid's staging
-                sizes = self.warehouse.staging_view(names)
-                full = [n for n in names if any((sizes.get(n) or {}).values())]
-                if len(full) > 1:
-                    raise RecoveryAlarm(
-                        f"job {self.job}: xid {record.xid} (visibility=batch) has several "
-                        f"batch staging tables with rows for {target}: {full}; nothing was "
-                        f"attached. Inspect them (docs/modes.md#visibility), then `txsink "
-                        f"recover --job {self.job}`"
-                    )
-                names = full or names
-            out[target] = names[0] if names else base
-        return out
-
-    def attach_tag(self, record: XidRecord, target: str) -> str:
-        """The ``log_comment`` of the ATTACH that publishes ``record`` into ``target``: the
-        same for every finisher of this prepare (its ``created_at`` tells it from an xid
-        of the same name in a job deleted and created again), so any finisher finds any
-        other's in the query log."""
-        return f"txsink attach {self.prefix} {record.xid} {record.created_at:.6f} {target}"
-
-    def _finish_batch(self, epoch: Epoch, record: XidRecord) -> XidRecord:
-        """:meth:`finish` of a ``visibility=batch`` record: consolidate every task's staging
-        of each table into its batch staging, then one ATTACH PARTITION ALL per table
-        (:func:`visibility.plan_batch_publish`, re-planned from a fresh look after the
-        consolidation)."""
-        for _ in range(8):
-            batch_tables = self.batch_tables(record)
-            view = self.warehouse.staging_view([*record.staging_tables, *batch_tables.values()])
-            part_rows: dict[str, int] = {}
-            staged = self._staged_uuids(record, view, part_rows)
-            batch_uuids: dict[str, tuple[str, ...]] = {}
-            for table in batch_tables.values():
-                if view.get(table) is not None and record.state is XidState.PREPARED:
-                    parts = self.warehouse.staged_partitions(table, every_part=True).values()
-                    batch_uuids[table] = tuple(u for _, uuids in parts for u in uuids)
-            wanted = visibility.batch_evidence_wanted(record, batch_tables, batch_uuids)
-            published = {t: self.warehouse.published_uuids(t, u) for t, u in wanted.items()}
-            claimed = {
-                t for t, name in batch_tables.items() if self._claims.get((record.xid, t)) == name
-            }
-            # the query log is read while this finisher holds the claim (nobody can attach
-            # meanwhile), or when no batch staging shows at all and every task partition
-            # of the table is empty (nothing else can prove such a batch published)
-            missing = {
-                t
-                for t, parts in visibility.by_target(record).items()
-                if view.get(batch_tables[t]) is None
-                and not any((view.get(p.table) or {}).get(p.partition_id) for p in parts)
-            }
-            logged = {
-                t
-                for t in sorted(claimed | missing)
-                if record.state is XidState.PREPARED
-                and self.warehouse.attach_logged(t, self.attach_tag(record, t), record.created_at)
-            }
-            ops = visibility.plan_batch_publish(
-                record, batch_tables, view, staged, batch_uuids, published, claimed, logged,
-                part_rows,
-            )  # fmt: skip
-            record = self._execute(epoch, record, ops, "See docs/modes.md#visibility")
-            if not ops or not isinstance(ops[-1], visibility.Reobserve):
-                return record
-        if missing - logged and len(ops) == 1:  # looked again and again: not a rename
-            raise RecoveryAlarm(
-                f"job {self.job}: xid {record.xid} (visibility=batch): its task staging is "
-                f"empty, its batch staging for {sorted(missing - logged)} is missing under "
-                f"every name, and system.query_log shows no ATTACH of it: nothing proves "
-                f"it was published, nothing was guessed. See docs/operations.md#lost-staging"
-            )
-        raise RetryableConflict(  # re-observed by publish() until publish_retry_s
-            f"job {self.job}: xid {record.xid} (visibility=batch): its staging kept changing "
-            f"(another finisher at work?); see docs/modes.md#visibility"
-        )
-
-    def _staged_uuids(
-        self,
-        record: XidRecord,
-        view: plans.StagingView,
-        part_rows: dict[str, int] | None = None,
-    ) -> dict[tuple[str, str], tuple[str, ...]]:
-        """UUIDs of every part of each manifest partition still staged (a resumed publish:
-        an earlier MOVE may have been cut between parts by a server crash); each part's
-        rows are added to ``part_rows`` (what a repair of a cut MOVE records)."""
-        if record.mode is Mode.DEDUP or record.state is not XidState.PREPARED:
-            return {}
-        tables = {p.table for p in record.manifest if (view.get(p.table) or {}).get(p.partition_id)}
-        out: dict[tuple[str, str], tuple[str, ...]] = {}
-        for table in sorted(tables):
-            for pid, parts in self.warehouse.staged_part_rows(table).items():
-                out[(table, pid)] = tuple(parts)
-                if part_rows is not None:
-                    part_rows.update(parts)
-        return out
+        a finisher claimed it with if one did (:func:`sequence.batch_tables`)."""
+        tables: dict[str, str] = self.runner.drive(sequence.batch_tables(record, self.prefix))
+        return tables
 
     def _refuse_dedup_leftovers(self, xid: str) -> None:
         """An attach prepare of an xid that has dedup state: some of its rows were
@@ -601,13 +382,8 @@ class Transactor:
             )
 
     def _check_fence(self, epoch: Epoch) -> None:
-        """FencedError unless ``epoch`` still holds the job. Synced: a server that lags
-        the leader would show a superseded writer its own epoch, and the check guards
-        ClickHouse statements (MOVEs) that no Keeper write fences."""
-        self.registry.sync(self.job)
-        current = self.registry.current_epoch(self.job)
-        if current is None or current.token != epoch.token:
-            raise superseded(epoch, current)
+        """FencedError unless ``epoch`` still holds the job (synced)."""
+        self.runner.check_fence(epoch)
 
     def roll_back(self, xid: str, tables: Sequence[str]) -> list[str]:
         """Drop staging ``tables`` of ``xid`` that no record can ever need; returns them.
@@ -648,20 +424,6 @@ class Transactor:
         for xid, group in by_xid.items():
             dropped += self.roll_back(xid, group)
         return dropped
-
-    def _record_committed(self, epoch: Epoch, record: XidRecord) -> XidRecord:
-        try:
-            return self.registry.commit(epoch, record, self.clock())
-        except RetryableConflict:
-            now = self.registry.get(self.job, record.xid)
-            if now is not None and now.state is XidState.COMMITTED:
-                return now  # another runner (recovery) finished it: same outcome
-            raise
-        except UnavailableError as exc:
-            raise CommitOutcomeUnknown(
-                f"job {self.job}: xid {record.xid} is published but recording COMMITTED failed "
-                f"({exc}); `txsink recover --job {self.job}` will record it"
-            ) from exc
 
     def _after_commit(self, epoch: Epoch, record: XidRecord) -> None:
         if record.mode is Mode.DEDUP:

@@ -4,6 +4,7 @@ the column catch-up planner for a target altered while a batch was staged."""
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from txsink.clickhouse.compat import ColumnInfo, TargetInfo, plan_column_catch_up
 from txsink.protocol import plans
@@ -58,13 +59,19 @@ def test_short_uuids_keep_the_largest_parts_and_skip_nil_uuids() -> None:
     assert "0" * UUID_PREFIX_CHARS not in ids
 
 
+def evidence_wanted(record: XidRecord, view: plans.StagingView, **kw: Any) -> tuple[str, ...]:
+    """Every UUID :func:`plans.evidence_by_target` asks for, in one tuple."""
+    wanted = plans.evidence_by_target(record, view, **kw)
+    return tuple(dict.fromkeys(u for uuids in wanted.values() for u in uuids))
+
+
 # ------------------------------------------------------------------ plan_publish
 
 
 def test_an_empty_staging_partition_whose_uuid_is_in_the_target_counts_as_published() -> None:
     rec = record(StagedPart("s1", "p1", 5, uuids=(U1, U2)), StagedPart("s1", "p2", 3, uuids=(U3,)))
     view = {"s1": {"p2": 3}}
-    assert plans.evidence_wanted(rec, view, resumed=False) == (U1, U2)
+    assert evidence_wanted(rec, view, resumed=False) == (U1, U2)
     ops = plans.plan_publish(rec, view, frozenset({U2}))
     assert kinds(ops) == ["uuid", "Publish", "RecordCommitted", "DropStaging"]
 
@@ -77,7 +84,7 @@ def test_uuids_gone_from_the_target_fall_back_to_protected_staging_evidence() ->
 
 def test_a_record_from_before_uuids_keeps_the_old_rule_and_says_so() -> None:
     rec = record(StagedPart("s1", "p1", 5), StagedPart("s1", "p2", 3))
-    assert plans.evidence_wanted(rec, {"s1": {"p2": 3}}) == ()
+    assert evidence_wanted(rec, {"s1": {"p2": 3}}) == ()
     ops = plans.plan_publish(rec, {"s1": {"p2": 3}})
     assert kinds(ops) == ["legacy", "Publish", "RecordCommitted", "DropStaging"]
 
@@ -96,9 +103,9 @@ def test_a_partial_partition_is_an_alarm_whatever_the_uuids_say() -> None:
 
 def test_no_lookup_is_wanted_for_committed_dedup_or_missing_staging() -> None:
     part = StagedPart("s1", "p1", 5, uuids=(U1,))
-    assert plans.evidence_wanted(record(part), {"s1": None}) == ()
+    assert evidence_wanted(record(part), {"s1": None}) == ()
     done = XidRecord("j", "b1", 1, XidState.COMMITTED, 1, Mode.ATTACH, "db.t", (part,))
-    assert plans.evidence_wanted(done, {"s1": {}}) == ()
+    assert evidence_wanted(done, {"s1": {}}) == ()
 
 
 # ------------------------------------------------------------------ column catch-up
@@ -148,8 +155,8 @@ def test_a_partition_both_staged_and_in_the_target_is_not_moved_twice() -> None:
     rec = record(StagedPart("s1", "p1", 5, uuids=(U1,)), StagedPart("s1", "p2", 3, uuids=(U2,)))
     view = {"s1": {"p1": 5, "p2": 3}}
     staged = {("s1", "p1"): (U1,), ("s1", "p2"): (U2,)}  # every part staging holds now
-    assert plans.evidence_wanted(rec, view, resumed=False) == ()
-    assert plans.evidence_wanted(rec, view, staged=staged) == (U1, U2)
+    assert evidence_wanted(rec, view, resumed=False) == ()
+    assert evidence_wanted(rec, view, staged=staged) == (U1, U2)
     ops = plans.plan_publish(rec, view, frozenset({U1}), staged)
     assert kinds(ops) == ["uuid", "Publish", "RecordCommitted", "DropStaging"]
     assert [o.partition_id for o in ops if isinstance(o, plans.Publish)] == ["p2"]
@@ -165,7 +172,7 @@ def test_a_move_cut_between_parts_is_repaired_without_publishing_a_part_twice() 
     view = {"s1": {"p1": 10}}
     staged = {("s1", "p1"): (U1, small)}
     rows = {U1: 7, small: 3}
-    assert plans.evidence_wanted(rec, view, staged=staged) == (U1, small)
+    assert evidence_wanted(rec, view, staged=staged) == (U1, small)
     ops = plans.plan_publish(rec, view, frozenset({small}), staged, rows)
     assert kinds(ops) == ["RecordCut", "DropParts", "Publish", "RecordCommitted", "DropStaging"]
     assert ops[0].cut == {small: 3}  # type: ignore[union-attr]

@@ -196,3 +196,16 @@ def test_a_publish_that_fails_before_committed_still_raises() -> None:
     with pytest.raises(TxSinkError, match="code 62"):
         tx.commit_batch(epoch, "b0", 0, TARGET, parts, streaming=True)
     assert reg.get(JOB, "b0").state is XidState.PREPARED
+
+
+def test_busy_answers_are_waited_out_with_a_doubling_pause() -> None:
+    """The backoff between attempts (tenacity, PublishBounds) doubles from pause_s."""
+    wh = LossyWarehouse(busy=3)
+    reg = MemoryRegistry()
+    pauses: list[float] = []
+    tx = Transactor(reg, wh, JOB, sleep=pauses.append)
+    epoch = tx.begin("run-1")
+    parts = stage_batch(wh, epoch.number, 0, [(1, "a"), (2, "b")], 1, 0)
+    assert tx.commit_batch(epoch, "b0", 0, TARGET, parts, streaming=True).action == "committed"
+    assert pauses == [0.2, 0.4, 0.8]
+    assert wh.target_ids(TARGET) == [1, 2]

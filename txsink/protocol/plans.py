@@ -1,320 +1,57 @@
-"""Pure decisions: given what Keeper and ClickHouse show, which operations to run.
+"""Pure decisions of a job's transactions: given what Keeper and ClickHouse show, what to do.
 
-The driver observes, calls one of these functions, and executes the returned operations
-in order (:mod:`txsink.transactor`). Re-observing after a crash and planning again is
-what makes every step idempotent: an operation that already landed is simply not
-planned a second time.
+This module owns the batch decision (:func:`decide_batch`: prepare, roll forward, skip
+or refuse), roll-back ownership (:func:`droppable`), recovery (:func:`plan_recovery`) and
+pruning (:func:`plan_prune`). The publish plan itself lives in
+:mod:`txsink.protocol.planner` and its operations in :mod:`txsink.protocol.ops`; both are
+re-exported here, the names callers have always used.
+
+Re-observing after a crash and planning again is what makes every step idempotent: an
+operation that already landed is simply not planned a second time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 from txsink.protocol.ids import parse_staging, staging_prefix
-from txsink.protocol.states import Mode, StagedPart, XidRecord, XidState
-
-# What the driver sees of one staging table: rows per partition id, or None if missing.
-StagingView = Mapping[str, Mapping[str, int] | None]
-
-
-@dataclass(frozen=True)
-class Prepare:
-    record: XidRecord
-
-
-@dataclass(frozen=True)
-class Publish:
-    """Move one partition of one staging table into the target."""
-
-    xid: str
-    staging: str
-    partition_id: str
-    target: str
-    rows: int
-
-
-@dataclass(frozen=True)
-class RecordCommitted:
-    xid: str
-
-
-@dataclass(frozen=True)
-class DropStaging:
-    table: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class Alarm:
-    xid: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class Evidence:
-    """Nothing to run: why a staged partition with no rows left counts as published
-    (``kind``: ``uuid`` | ``protected`` | ``legacy``, see :func:`plan_publish`)."""
-
-    xid: str
-    staging: str
-    partition_id: str
-    kind: str
-    rows: int
-
-
-@dataclass(frozen=True)
-class RecordCut:
-    """Write into the PREPARED record (fenced) which parts of one staging partition a
-    cut MOVE left in the target, with their rows: ``cut`` (evidence id -> rows), every
-    such part known so far. Written before they are dropped from staging, so the record
-    still accounts for them once staging no longer shows them and the target has merged
-    them away."""
-
-    xid: str
-    staging: str
-    partition_id: str
-    cut: Mapping[str, int]
-
-
-@dataclass(frozen=True)
-class DropParts:
-    """Drop from one staging partition the parts ``evidence`` (evidence ids) that are in
-    the target already (recorded by :class:`RecordCut`), so the MOVE of the rest cannot
-    publish them twice."""
-
-    xid: str
-    staging: str
-    partition_id: str
-    evidence: tuple[str, ...]
-
-
-Operation = (
-    Prepare | Publish | RecordCommitted | DropStaging | Alarm | Evidence | RecordCut | DropParts
+from txsink.protocol.ops import (
+    Alarm,
+    DropParts,
+    DropStaging,
+    Evidence,
+    Operation,
+    Publish,
+    RecordCommitted,
+    RecordCut,
+    StagedUuids,
+    StagingView,
 )
+from txsink.protocol.planner import evidence_by_target, plan_publish, repair_cut
+from txsink.protocol.states import XidRecord, XidState
 
-
-# Every part UUID of a fully staged manifest partition, as a resumed publish sees staging
-# now: (staging table, partition id) -> evidence ids of all its parts.
-StagedUuids = Mapping[tuple[str, str], tuple[str, ...]]
-
-
-def evidence_by_target(
-    record: XidRecord,
-    view: StagingView,
-    *,
-    resumed: bool = True,
-    staged: StagedUuids | None = None,
-) -> dict[str, tuple[str, ...]]:
-    """Part UUIDs worth looking up before :func:`plan_publish`, per target table (each
-    entry's own target: a multi-table xid looks each table's evidence up in that table).
-
-    Those of manifest partitions whose staging table exists but holds no rows of them any
-    more, and, when ``resumed`` (the record was PREPARED before this attempt: a MOVE may
-    have run), also those still staged in full: a server crash inside MOVE PARTITION can
-    leave the rows in both tables (the destination commits first). For those, ``staged``
-    (every current part's UUID) is what is looked up, not the manifest's few."""
-    if record.mode is Mode.DEDUP or record.state is not XidState.PREPARED:
-        return {}
-    out: dict[str, list[str]] = {}
-    for part in record.manifest:
-        have = view.get(part.table)
-        if have is None:
-            continue
-        if not have.get(part.partition_id, 0):
-            out.setdefault(record.part_target(part), []).extend(part.uuids)
-        elif resumed:
-            current = (staged or {}).get((part.table, part.partition_id), part.uuids)
-            out.setdefault(record.part_target(part), []).extend(current)
-    return {t: tuple(dict.fromkeys(u)) for t, u in out.items() if u}
-
-
-def evidence_wanted(
-    record: XidRecord,
-    view: StagingView,
-    *,
-    resumed: bool = True,
-    staged: StagedUuids | None = None,
-) -> tuple[str, ...]:
-    """Every UUID of :func:`evidence_by_target`, in one tuple."""
-    wanted = evidence_by_target(record, view, resumed=resumed, staged=staged)
-    return tuple(dict.fromkeys(u for uuids in wanted.values() for u in uuids))
-
-
-def plan_publish(
-    record: XidRecord,
-    view: StagingView,
-    published: AbstractSet[str] | None = None,
-    staged: StagedUuids | None = None,
-    part_rows: Mapping[str, int] | None = None,
-) -> list[Operation]:
-    """Operations that finish ``record`` given the staging tables as they are now.
-
-    A manifest partition whose staging rows equal the manifest's count is published,
-    unless its parts are already in the target. ``staged`` (given when the publish
-    resumes an earlier attempt) holds the UUIDs of *every* part the partition's staging
-    holds now: all of them in the target (``published``) means a server crash inside an
-    earlier MOVE left the source behind after the destination committed, and moving
-    again would duplicate it (Evidence ``uuid``; the staging copy is dropped with the
-    table); none of them means the MOVE did not happen; some but not all is a MOVE the
-    crash cut between parts (ClickHouse renames parts one by one): an Alarm, never a
-    guess in either direction, but a repair (:func:`_repair_cut`: the parts found in
-    the target are recorded, dropped from staging, and the rest moved; ``part_rows``
-    gives each staged part's rows). MOVE PARTITION is atomic per (staging table,
-    partition), so one with no rows left
-    was published before a crash, *given evidence*:
-
-    - ``uuid``: one of the part UUIDs recorded for it is among ``published`` (the
-      evidence ids :func:`evidence_wanted` asked for that the target's ``system.parts``,
-      active or outdated, still shows);
-    - ``protected``: UUIDs were recorded but the target no longer shows them (a merge or
-      TTL merge in the target replaced the moved parts and the old ones were cleaned
-      up). Staging that records UUIDs was created without TTL, with merges disabled by
-      table settings and inserts without deduplication, so nothing txsink or ClickHouse
-      does on its own empties its partition except the MOVE. The remaining window
-      (docs/operations.md#evidence-of-publish): an operator dropping a staging
-      partition, or the server detaching staged parts as broken after a crash;
-    - ``legacy``: a record written before evidence was recorded (no part has UUIDs):
-      the old rule, "0 rows left" means moved.
-
-    An empty partition without UUIDs in a record whose other partitions have some is
-    not guessed at, nor is anything else (a staging table missing while PREPARED, a
-    partial count, rows the manifest does not list): the plan is a single Alarm.
-
-    Several tables in one xid: every entry is published into its own target
-    (:meth:`XidRecord.part_target`), in manifest order; the record turns COMMITTED only
-    after every entry of every table is published or shown to be.
-    """
-    if record.mode is Mode.DEDUP:
-        # Dedup mode inserted straight into the target; finishing is only the record.
-        return [] if record.state is XidState.COMMITTED else [RecordCommitted(record.xid)]
-    if record.state is XidState.COMMITTED:
-        return [
-            DropStaging(t, "published; xid committed")
-            for t in record.staging_tables
-            if view.get(t) is not None
-        ]
-    ops: list[Operation] = []
-    listed: dict[str, set[str]] = {}
-    legacy = not any(p.uuids for p in record.manifest)
-    found = published or frozenset()
-    for part in record.manifest:
-        listed.setdefault(part.table, set()).add(part.partition_id)
-        have = view.get(part.table)
-        if have is None:
-            return [
-                Alarm(
-                    record.xid,
-                    f"staging table {part.table} of PREPARED xid {record.xid} is missing; "
-                    f"its {part.rows} rows of partition {part.partition_id} cannot be published",
-                )
-            ]
-        rows = have.get(part.partition_id, 0)
-        landed = any(u in found for u in part.uuids)
-        current = (staged or {}).get((part.table, part.partition_id), ())
-        there = [u for u in current if u in found]
-        cut = record.cut(part.table, part.partition_id)
-        if rows and (cut or (rows == part.rows and there and len(there) < len(current))):
-            repair = repair_cut(record, part, rows, current, found, part_rows or {})
-            if isinstance(repair, Alarm):
-                return [repair]
-            ops.extend(repair)
-            continue
-        if rows == part.rows and current and there:
-            ops.append(Evidence(record.xid, part.table, part.partition_id, "uuid", part.rows))
-        elif rows == part.rows:
-            target = record.part_target(part)
-            ops.append(Publish(record.xid, part.table, part.partition_id, target, rows))
-        elif rows != 0:
-            return [
-                Alarm(
-                    record.xid,
-                    f"staging table {part.table} holds {rows} rows of partition "
-                    f"{part.partition_id}, the manifest of xid {record.xid} says {part.rows}",
-                )
-            ]
-        elif part.uuids:
-            kind = "uuid" if landed else "protected"
-            ops.append(Evidence(record.xid, part.table, part.partition_id, kind, part.rows))
-        elif legacy:
-            ops.append(Evidence(record.xid, part.table, part.partition_id, "legacy", part.rows))
-        else:
-            return [
-                Alarm(
-                    record.xid,
-                    f"staging table {part.table} holds no rows of partition "
-                    f"{part.partition_id} and the manifest of xid {record.xid} has no part "
-                    f"UUIDs for it: nothing shows its {part.rows} rows were published",
-                )
-            ]
-    for table, pids in listed.items():
-        extra = {p: n for p, n in (view.get(table) or {}).items() if p not in pids and n}
-        if extra:
-            return [
-                Alarm(
-                    record.xid,
-                    f"staging table {table} holds partitions {sorted(extra)} that the "
-                    f"manifest of xid {record.xid} does not list",
-                )
-            ]
-    ops.append(RecordCommitted(record.xid))
-    ops.extend(DropStaging(t, f"published by xid {record.xid}") for t in listed)
-    return ops
-
-
-def repair_cut(
-    record: XidRecord,
-    part: StagedPart,
-    rows: int,
-    current: tuple[str, ...],
-    found: AbstractSet[str],
-    part_rows: Mapping[str, int],
-) -> list[Operation] | Alarm:
-    """Finish a staging partition whose MOVE a server crash cut between parts.
-
-    ClickHouse renames a MOVE's parts into the target one by one and removes them from
-    the source afterwards, so a crash can leave some parts in both tables. Proof that a
-    staged part is in the target: its UUID there (``found``), or the record's cut facts
-    (written by an earlier repair, before it dropped anything: they survive the target's
-    merges). The repair records new facts (fenced), drops the proven parts from staging,
-    and moves the rest; every step re-plans to the same end after a crash. The counts must
-    add up: rows still staged plus rows of cut parts no longer staged equal the manifest's;
-    anything else is an Alarm."""
-    where = f"partition {part.partition_id} of staging table {part.table}"
-    cut = record.cut(part.table, part.partition_id)
-    new = {u: part_rows[u] for u in current if u in found and u not in cut and u in part_rows}
-    if any(u in found and u not in cut and u not in part_rows for u in current):
-        return Alarm(
-            record.xid,
-            f"{where} is partly in {record.part_target(part)} already: a ClickHouse server "
-            f"crash cut a MOVE between parts, and the rows of those parts could not be "
-            f"read. `txsink recover --job {record.job}` retries; see "
-            f"docs/operations.md#evidence-of-publish",
-        )
-    facts = {**cut, **new}
-    proven = tuple(u for u in current if u in facts)
-    gone = sum(n for u, n in facts.items() if u not in current)
-    if rows + gone != part.rows:
-        return Alarm(
-            record.xid,
-            f"{where} holds {rows} rows and {gone} rows of its parts are recorded as in "
-            f"{record.part_target(part)} already, the manifest of xid {record.xid} says "
-            f"{part.rows}: inspect with `txsink status --job {record.job}` "
-            f"(docs/operations.md#evidence-of-publish)",
-        )
-    ops: list[Operation] = []
-    if new:
-        ops.append(RecordCut(record.xid, part.table, part.partition_id, facts))
-    if proven:
-        ops.append(DropParts(record.xid, part.table, part.partition_id, proven))
-    left = rows - sum(facts[u] for u in proven)
-    if left > 0:
-        target = record.part_target(part)
-        ops.append(Publish(record.xid, part.table, part.partition_id, target, left))
-    else:
-        ops.append(Evidence(record.xid, part.table, part.partition_id, "cut", part.rows))
-    return ops
+__all__ = [
+    "Alarm",
+    "BatchDecision",
+    "DropParts",
+    "DropStaging",
+    "Evidence",
+    "Operation",
+    "Publish",
+    "RecordCommitted",
+    "RecordCut",
+    "RecoveryPlan",
+    "StagedUuids",
+    "StagingView",
+    "decide_batch",
+    "droppable",
+    "evidence_by_target",
+    "plan_prune",
+    "plan_publish",
+    "plan_recovery",
+    "repair_cut",
+]
 
 
 @dataclass(frozen=True)
@@ -437,11 +174,6 @@ class RecoveryPlan:
     roll_forward: tuple[XidRecord, ...] = ()
     roll_back: tuple[str, ...] = ()
     drop_committed: tuple[str, ...] = ()
-    notes: tuple[str, ...] = field(default_factory=tuple)
-
-    @property
-    def empty(self) -> bool:
-        return not (self.roll_forward or self.roll_back or self.drop_committed)
 
 
 def plan_recovery(

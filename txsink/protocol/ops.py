@@ -1,0 +1,153 @@
+"""The operations a publish plan is made of: what the runner acts on, in order.
+
+This module owns only the vocabulary, shared by :mod:`txsink.protocol.planner` (which
+decides them), :mod:`txsink.protocol.sequence` (which yields them) and the runner
+(:mod:`txsink.transactor`, which carries them out). Every operation is a frozen value:
+planning the same observations twice yields equal operations, which is what lets a test
+compare two plans, or a crashed plan with its re-run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+# What the driver sees of one staging table: rows per partition id, or None if missing.
+StagingView = Mapping[str, Mapping[str, int] | None]
+
+# Every part UUID of a fully staged manifest partition, as a resumed publish sees staging
+# now: (staging table, partition id) -> evidence ids of all its parts.
+StagedUuids = Mapping[tuple[str, str], tuple[str, ...]]
+
+
+@dataclass(frozen=True)
+class Publish:
+    """Move one partition of one staging table into the target."""
+
+    xid: str
+    staging: str
+    partition_id: str
+    target: str
+    rows: int
+
+
+@dataclass(frozen=True)
+class RecordCommitted:
+    xid: str
+
+
+@dataclass(frozen=True)
+class DropStaging:
+    table: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Alarm:
+    xid: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Nothing to run: why a staged partition with no rows left counts as published
+    (``kind``: ``uuid`` | ``protected`` | ``legacy`` | ``cut`` | ``logged``, see
+    :func:`txsink.protocol.planner.plan_publish`)."""
+
+    xid: str
+    staging: str
+    partition_id: str
+    kind: str
+    rows: int
+
+
+@dataclass(frozen=True)
+class RecordCut:
+    """Write into the PREPARED record (fenced) which parts of one staging partition a
+    cut MOVE left in the target, with their rows: ``cut`` (evidence id -> rows), every
+    such part known so far. Written before they are dropped from staging, so the record
+    still accounts for them once staging no longer shows them and the target has merged
+    them away."""
+
+    xid: str
+    staging: str
+    partition_id: str
+    cut: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class DropParts:
+    """Drop from one staging partition the parts ``evidence`` (evidence ids) that are in
+    the target already (recorded by :class:`RecordCut`), so the MOVE of the rest cannot
+    publish them twice."""
+
+    xid: str
+    staging: str
+    partition_id: str
+    evidence: tuple[str, ...]
+
+
+# -- visibility=batch only (see txsink.protocol.visibility) ---------------------------
+
+
+@dataclass(frozen=True)
+class CreateBatchStaging:
+    table: str
+    target: str
+    like: str  # a task staging table of the same target to copy the structure from
+
+
+@dataclass(frozen=True)
+class Consolidate:
+    """Move one task staging partition into the batch staging table (invisible)."""
+
+    xid: str
+    staging: str
+    partition_id: str
+    batch_staging: str
+    rows: int
+
+
+@dataclass(frozen=True)
+class AttachAll:
+    """``ALTER TABLE target ATTACH PARTITION ALL FROM batch_staging``: the publish."""
+
+    xid: str
+    batch_staging: str
+    target: str
+    rows: int
+
+
+@dataclass(frozen=True)
+class ClaimBatch:
+    """``RENAME TABLE batch_staging TO`` a name of this finisher's own (then re-observe,
+    once no statement on the xid's staging runs): the exclusive step before an ATTACH.
+    ATTACH copies, so two finishers must never both reach it: a finisher attaches only
+    from the name it renamed the table to, and only after it looked for evidence while
+    holding it. A claim taken from another finisher makes that one's ATTACH fail (no such
+    table); one already running is waited out before the evidence is read."""
+
+    xid: str
+    batch_staging: str
+    target: str
+
+
+@dataclass(frozen=True)
+class Reobserve:
+    """Stop here, look at staging again and plan afresh (after consolidation)."""
+
+
+Operation = (
+    Publish
+    | RecordCommitted
+    | DropStaging
+    | Alarm
+    | Evidence
+    | RecordCut
+    | DropParts
+    | CreateBatchStaging
+    | Consolidate
+    | ClaimBatch
+    | AttachAll
+    | Reobserve
+)

@@ -1,0 +1,312 @@
+"""The publish of one xid as a protocol sequence: generators that yield what to observe
+and what to do next (:mod:`txsink.protocol.steps`) and receive each observation's result
+through ``send()``; the generator's return value is the record as it ends.
+
+This module owns the *order* of a publish: which observations a plan needs, the order
+its operations run in, where a claim is fenced and waited out, where a crash is worth
+testing (:class:`~txsink.protocol.steps.FaultPoint`), when to look again and when to
+give up. The runner (:class:`txsink.publisher.StepRunner`) owns every effect: it carries
+each step out against Keeper and ClickHouse, sleeps, retries (tenacity) and raises. The
+split is tenacity's own, ``iter()`` decides and ``__call__`` acts: everything here is
+pure, never sleeps and reads no clock.
+
+Invariants:
+- a sequence is restartable from scratch: a runner that loses a step's reply (or
+  crashes after any step) abandons the generator and later starts a fresh one on what
+  the stores show then; re-observing is what keeps every step idempotent;
+- nothing is moved or attached unless the observations that decided it were made by
+  this same generator (no reply is carried over from another sequence);
+- an Alarm of a plan becomes a :class:`~txsink.protocol.steps.Stop` before anything of
+  that plan runs; a :class:`~txsink.protocol.ops.ClaimBatch` is preceded by
+  :class:`~txsink.protocol.steps.CheckFence` (a superseded finisher takes nothing from
+  the live one) and followed by :class:`~txsink.protocol.steps.Settle` (a statement
+  another finisher sent before the rename is waited out before evidence is read).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Sequence
+from dataclasses import replace
+from typing import Any
+
+from txsink.protocol.ids import batch_staging_name
+from txsink.protocol.ops import (
+    Alarm,
+    AttachAll,
+    ClaimBatch,
+    Consolidate,
+    DropStaging,
+    Operation,
+    Publish,
+    RecordCommitted,
+    RecordCut,
+    Reobserve,
+    StagedUuids,
+    StagingView,
+)
+from txsink.protocol.planner import (
+    batch_evidence_wanted,
+    by_target,
+    evidence_by_target,
+    plan_batch_publish,
+    plan_publish,
+)
+from txsink.protocol.states import Mode, XidRecord, XidState
+from txsink.protocol.steps import (
+    Attach,
+    CheckFence,
+    DropTables,
+    Failure,
+    FaultPoint,
+    HeldClaims,
+    ListStaging,
+    MovePartitions,
+    ObserveAttachLog,
+    ObserveBatchParts,
+    ObservePartRows,
+    ObservePublished,
+    ObserveStaging,
+    PublishBounds,
+    ReadRecord,
+    Run,
+    Settle,
+    Step,
+    Stop,
+    Write,
+)
+from txsink.protocol.visibility import is_batch
+
+PARTITION_HINT = "Nothing was published for it automatically; see docs/operations.md#lost-staging"
+BATCH_HINT = "See docs/modes.md#visibility"
+
+
+def settle_needles(prefix: str, record: XidRecord) -> tuple[str, ...]:
+    """Name fragments of every staging table of ``record`` (every staging name of an
+    xid starts with one prefix; odd ones, e.g. renamed by hand, are listed unless there
+    are so many that the job's whole prefix is cheaper)."""
+    common = f"{prefix}__{record.xid}__"
+    odd = sorted({t for t in record.staging_tables if not t.startswith(common)})
+    return (common, *odd) if len(odd) < 100 else (common, f"{prefix}__")
+
+
+def attach_tag(prefix: str, record: XidRecord, target: str) -> str:
+    """The ``log_comment`` of the ATTACH that publishes ``record`` into ``target``: the
+    same for every finisher of this prepare (its ``created_at`` tells it from an xid of
+    the same name in a job deleted and created again), so any finisher finds any
+    other's in the query log."""
+    return f"txsink attach {prefix} {record.xid} {record.created_at:.6f} {target}"
+
+
+def publish_attempt(
+    record: XidRecord,
+    prefix: str,
+    bounds: PublishBounds,
+    *,
+    resumed: bool,
+    after_failure: bool,
+) -> Run:
+    """One attempt of a publish. ``resumed`` (the record existed before: an earlier
+    attempt, a crashed or superseded writer may have a statement in flight): first wait
+    until no statement on the xid's staging runs. ``after_failure``: an earlier attempt
+    of this publish failed with an unknown outcome; check the fence and re-read the
+    record before planning again."""
+    if resumed:
+        quiet = yield Settle(record.xid, settle_needles(prefix, record))
+        if not quiet:
+            yield Stop(
+                Failure.NOT_QUIET,
+                f"xid {record.xid}: statements on its staging are still running on "
+                f"ClickHouse after {bounds.retry_s:g}s; nothing was published again. "
+                f"`txsink recover --job {record.job}` finishes it",
+            )
+    if after_failure:
+        yield CheckFence()  # a writer that lost the job must not go on
+        record = (yield ReadRecord(record.xid)) or record
+    return (yield from finish(record, prefix, bounds, resumed=resumed))
+
+
+def finish(record: XidRecord, prefix: str, bounds: PublishBounds, *, resumed: bool = True) -> Run:
+    """Run the publish plan of a PREPARED (or COMMITTED) record to its end.
+
+    ``resumed``: the record existed before this attempt (a MOVE may have run), so the
+    target is searched for the part UUIDs of fully staged partitions too."""
+    if is_batch(record):
+        return (yield from finish_batch(record, prefix, bounds))
+    view: StagingView = (yield ObserveStaging(record.staging_tables)) if record.manifest else {}
+    part_rows: dict[str, int] = {}
+    staged = (yield from staged_uuids(record, view, part_rows)) if resumed else {}
+    found: frozenset[str] = frozenset()
+    by_table = evidence_by_target(record, view, resumed=resumed, staged=staged)
+    for table, wanted in by_table.items():
+        found |= yield ObservePublished(table, wanted)
+    ops = plan_publish(record, view, found, staged, part_rows)
+    return (yield from carry_out(record, prefix, bounds, ops, PARTITION_HINT))
+
+
+def finish_batch(record: XidRecord, prefix: str, bounds: PublishBounds) -> Run:
+    """:func:`finish` of a ``visibility=batch`` record: consolidate every task's staging
+    of each table into its batch staging, claim it, then one ATTACH PARTITION ALL per
+    table (:func:`~txsink.protocol.planner.plan_batch_publish`, re-planned from a fresh
+    look after each round that ends in Reobserve, up to ``bounds.batch_rounds``)."""
+    ops: list[Operation] = []
+    missing: set[str] = set()
+    logged: set[str] = set()
+    for _ in range(bounds.batch_rounds):
+        tables = yield from batch_tables(record, prefix)
+        view: StagingView = yield ObserveStaging((*record.staging_tables, *tables.values()))
+        part_rows: dict[str, int] = {}
+        staged = yield from staged_uuids(record, view, part_rows)
+        batch_uuids: dict[str, tuple[str, ...]] = {}
+        for table in tables.values():
+            if view.get(table) is not None and record.state is XidState.PREPARED:
+                batch_uuids[table] = yield ObserveBatchParts(table)
+        published: dict[str, frozenset[str]] = {}
+        for target, uuids in batch_evidence_wanted(record, tables, batch_uuids).items():
+            published[target] = yield ObservePublished(target, uuids)
+        held: dict[str, str] = yield HeldClaims(record.xid)
+        claimed = {t for t, name in tables.items() if held.get(t) == name}
+        # the query log is read while this finisher holds the claim (nobody can attach
+        # meanwhile), or when no batch staging shows at all and every task partition
+        # of the table is empty (nothing else can prove such a batch published)
+        missing = {
+            t
+            for t, parts in by_target(record).items()
+            if view.get(tables[t]) is None
+            and not any((view.get(p.table) or {}).get(p.partition_id) for p in parts)
+        }
+        logged = set()
+        for target in sorted(claimed | missing):
+            if record.state is not XidState.PREPARED:
+                continue
+            tag = attach_tag(prefix, record, target)
+            if (yield ObserveAttachLog(target, tag, record.created_at)):
+                logged.add(target)
+        ops = plan_batch_publish(
+            record, tables, view, staged, batch_uuids, published, claimed, logged, part_rows
+        )
+        record = yield from carry_out(record, prefix, bounds, ops, BATCH_HINT)
+        if not ops or not isinstance(ops[-1], Reobserve):
+            return record
+    if missing - logged and len(ops) == 1:  # looked again and again: not a rename
+        yield Stop(
+            Failure.ALARM,
+            f"xid {record.xid} (visibility=batch): its task staging is empty, its batch "
+            f"staging for {sorted(missing - logged)} is missing under every name, and "
+            f"system.query_log shows no ATTACH of it: nothing proves it was published, "
+            f"nothing was guessed. See docs/operations.md#lost-staging",
+        )
+    yield Stop(  # re-observed by the runner's retries until PublishBounds.retry_s
+        Failure.CONFLICT,
+        f"xid {record.xid} (visibility=batch): its staging kept changing (another "
+        f"finisher at work?); see docs/modes.md#visibility",
+    )
+    raise AssertionError("the runner never resumes a sequence after Stop")
+
+
+def batch_tables(record: XidRecord, prefix: str) -> Generator[Step, Any, dict[str, str]]:
+    """Target -> batch staging table of a ``visibility=batch`` record, under the name a
+    finisher claimed it with if one did (:class:`~txsink.protocol.ops.ClaimBatch`)."""
+    listed: list[str] = yield ListStaging(f"{prefix}__{record.xid}")
+    out: dict[str, str] = {}
+    for target in by_target(record):
+        base = batch_staging_name(prefix, record.xid, target)
+        names = [t for t in listed if t == base or t.startswith(f"{base}_c")]
+        if len(names) > 1:
+            # a finisher's late CREATE IF NOT EXISTS after another claimed the full one
+            # makes an empty twin (nothing can be moved into it: every task partition
+            # is consolidated before a claim); it is dropped with the xid's staging
+            sizes: StagingView = yield ObserveStaging(tuple(names))
+            full = [n for n in names if any((sizes.get(n) or {}).values())]
+            if len(full) > 1:
+                yield Stop(
+                    Failure.ALARM,
+                    f"xid {record.xid} (visibility=batch) has several batch staging "
+                    f"tables with rows for {target}: {full}; nothing was attached. Inspect "
+                    f"them (docs/modes.md#visibility), then `txsink recover --job "
+                    f"{record.job}`",
+                )
+            names = full or names
+        out[target] = names[0] if names else base
+    return out
+
+
+def staged_uuids(
+    record: XidRecord, view: StagingView, part_rows: dict[str, int]
+) -> Generator[Step, Any, StagedUuids]:
+    """UUIDs of every part of each manifest partition still staged (a resumed publish:
+    an earlier MOVE may have been cut between parts by a server crash); each part's
+    rows are added to ``part_rows`` (what a repair of a cut MOVE records)."""
+    if record.mode is Mode.DEDUP or record.state is not XidState.PREPARED:
+        return {}
+    tables = {p.table for p in record.manifest if (view.get(p.table) or {}).get(p.partition_id)}
+    out: dict[tuple[str, str], tuple[str, ...]] = {}
+    for table in sorted(tables):
+        rows: dict[str, dict[str, int]] = yield ObservePartRows(table)
+        for pid, parts in rows.items():
+            out[(table, pid)] = tuple(parts)
+            part_rows.update(parts)
+    return out
+
+
+def grouped(ops: Sequence[Operation]) -> list[Operation | MovePartitions | DropTables]:
+    """``ops`` with runs of moves out of one staging table into one target, and runs of
+    drops, merged into one step each (the warehouse cuts a long one into statements the
+    server parses); the order of everything else is kept."""
+    out: list[Operation | MovePartitions | DropTables] = []
+    for op in ops:
+        last = out[-1] if out else None
+        if isinstance(op, Publish):
+            if isinstance(last, MovePartitions) and (last.staging, last.target) == (
+                op.staging,
+                op.target,
+            ):
+                out[-1] = replace(last, partition_ids=(*last.partition_ids, op.partition_id))
+            else:
+                out.append(MovePartitions(op.staging, op.target, (op.partition_id,)))
+        elif isinstance(op, DropStaging):
+            if isinstance(last, DropTables):
+                out[-1] = DropTables((*last.tables, op.table))
+            else:
+                out.append(DropTables((op.table,)))
+        else:
+            out.append(op)
+    return out
+
+
+def carry_out(
+    record: XidRecord, prefix: str, bounds: PublishBounds, ops: Sequence[Operation], hint: str
+) -> Run:
+    """Yield the steps of a publish plan in order, with its fault points and the claim's
+    fence and wait; returns the record as the plan's Keeper writes left it."""
+    moved = False
+    for op in grouped(ops):
+        if isinstance(op, Alarm):
+            yield Stop(Failure.ALARM, f"{op.reason}. {hint}")
+        elif isinstance(op, Reobserve):
+            continue
+        elif isinstance(op, ClaimBatch):
+            yield CheckFence()
+            yield op  # the runner renames the table to a name of its own and holds it
+            quiet = yield Settle(record.xid, settle_needles(prefix, record), fresh=True)
+            if not quiet:
+                yield Stop(
+                    Failure.UNAVAILABLE,
+                    f"xid {record.xid}: statements on its staging still run after "
+                    f"{bounds.retry_s:g}s; nothing was attached",
+                )
+        elif isinstance(op, AttachAll):
+            yield FaultPoint("driver.before_attach")
+            yield Attach(op.xid, op.batch_staging, op.target, attach_tag(prefix, record, op.target))
+            yield FaultPoint("driver.after_attach")
+        elif isinstance(op, RecordCommitted):
+            yield FaultPoint("driver.after_commit")
+            record = yield Write(record, op)
+            yield FaultPoint("driver.after_record")
+        elif isinstance(op, RecordCut):
+            record = yield Write(record, op)
+        else:
+            yield op
+            if isinstance(op, (MovePartitions, Consolidate)) and not moved:
+                moved = True
+                yield FaultPoint("driver.mid_commit")
+    return record

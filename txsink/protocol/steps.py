@@ -1,0 +1,207 @@
+"""The steps a publish sequence yields (:mod:`txsink.protocol.sequence`): observations,
+whose results the runner sends back, and actions, which it carries out.
+
+This module owns only this vocabulary and the bounds of the loops (:class:`PublishBounds`).
+The plan's own operations (:mod:`txsink.protocol.ops`) are steps too; the ones here add
+what a plan needs around them: what to look at, one round trip for a run of moves or
+drops, the Keeper writes with the record they apply to, the fault points, the end.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any
+
+from txsink.protocol.ops import Operation, RecordCommitted, RecordCut
+from txsink.protocol.states import XidRecord
+
+
+@dataclass(frozen=True)
+class PublishBounds:
+    """How long and how often a publish looks again: protocol parameters, carried out
+    by the runner. ``retry_s``: how long a publish re-observes after failures whose
+    outcome is unknown, and how long it waits for the server to be quiet; ``pause_s`` /
+    ``max_pause_s``: the backoff between attempts (doubling); ``settle_pause_s``: between
+    two looks for statements still running; ``heartbeat_s``: how often a waiting writer
+    shows it is alive; ``batch_rounds``: how many consolidate / claim / attach rounds a
+    ``visibility=batch`` finish plans before it calls the staging unstable."""
+
+    retry_s: float = 60.0
+    pause_s: float = 0.2
+    max_pause_s: float = 5.0
+    settle_pause_s: float = 0.5
+    heartbeat_s: float = 5.0
+    batch_rounds: int = 8
+
+
+# -- observations (the runner sends back the result) -----------------------------------
+
+
+@dataclass(frozen=True)
+class ListStaging:
+    """-> ``list[str]``: staging tables whose name starts with ``prefix``."""
+
+    prefix: str
+
+
+@dataclass(frozen=True)
+class ObserveStaging:
+    """-> :data:`StagingView`: rows per partition of each table (None: missing)."""
+
+    tables: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ObservePartRows:
+    """-> ``{partition id: {evidence id: rows}}`` of every part ``table`` holds."""
+
+    table: str
+
+
+@dataclass(frozen=True)
+class ObserveBatchParts:
+    """-> ``tuple[str, ...]``: evidence ids of every part of batch staging ``table``."""
+
+    table: str
+
+
+@dataclass(frozen=True)
+class ObservePublished:
+    """-> ``frozenset[str]``: which of ``uuids`` the parts of ``target`` show."""
+
+    target: str
+    uuids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ObserveAttachLog:
+    """-> ``bool``: ``system.query_log`` shows a finished ATTACH into ``target`` with
+    ``log_comment`` ``tag``, since ``since`` (the record's ``created_at``)."""
+
+    target: str
+    tag: str
+    since: float
+
+
+@dataclass(frozen=True)
+class HeldClaims:
+    """-> ``{target: name}``: batch staging tables of ``xid`` this runner renamed to its
+    own name (:class:`~txsink.protocol.ops.ClaimBatch`) and has not attached from yet."""
+
+    xid: str
+
+
+@dataclass(frozen=True)
+class Settle:
+    """-> ``bool``: ClickHouse answered, with no statement running on a table whose name
+    contains one of ``needles``, within the publish's time (``fresh``: a full
+    :attr:`PublishBounds.retry_s` from now)."""
+
+    xid: str
+    needles: tuple[str, ...]
+    fresh: bool = False
+
+
+@dataclass(frozen=True)
+class CheckFence:
+    """-> None: raises (FencedError) unless this writer's epoch still holds the job."""
+
+
+@dataclass(frozen=True)
+class ReadRecord:
+    """-> ``XidRecord | None``: the xid's record as Keeper has it now."""
+
+    xid: str
+
+
+# -- actions ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MovePartitions:
+    """Consecutive :class:`~txsink.protocol.ops.Publish` steps of one staging table into
+    one target: one ``ALTER TABLE staging MOVE PARTITION ..., MOVE PARTITION ...`` round
+    trip. Each command stays atomic per (staging table, partition); a failure part-way
+    leaves moved and unmoved partitions, which a resumed publish tells apart as always."""
+
+    staging: str
+    target: str
+    partition_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DropTables:
+    """Consecutive :class:`~txsink.protocol.ops.DropStaging` steps: one ``DROP TABLE``."""
+
+    tables: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Attach:
+    """:class:`~txsink.protocol.ops.AttachAll` with the ``log_comment`` every finisher of
+    this prepare gives it (:func:`attach_tag`). The runner forgets its claim first: a
+    claim serves one ATTACH, never a second one from the same name."""
+
+    xid: str
+    batch_staging: str
+    target: str
+    tag: str
+
+
+@dataclass(frozen=True)
+class Write:
+    """-> ``XidRecord``: a fenced Keeper write of ``op`` onto ``record`` (its version is
+    the compare-and-set): the cut facts of a repair, or COMMITTED."""
+
+    record: XidRecord
+    op: RecordCut | RecordCommitted
+
+
+@dataclass(frozen=True)
+class FaultPoint:
+    """A point where a crash is tested (:mod:`txsink.faults`); nothing to carry out."""
+
+    name: str
+
+
+class Failure(enum.Enum):
+    """How a :class:`Stop` ends the publish (the runner maps each to an error)."""
+
+    ALARM = "alarm"  # needs an operator: RecoveryAlarm
+    UNAVAILABLE = "unavailable"  # ClickHouse not seen quiet: UnavailableError
+    NOT_QUIET = "not_quiet"  # as UNAVAILABLE, but the failure that made us look wins
+    CONFLICT = "conflict"  # look again later: RetryableConflict
+
+
+@dataclass(frozen=True)
+class Stop:
+    """End the publish with ``failure``; the runner raises, the generator never resumes."""
+
+    failure: Failure
+    message: str
+
+
+Step = (
+    ListStaging
+    | ObserveStaging
+    | ObservePartRows
+    | ObserveBatchParts
+    | ObservePublished
+    | ObserveAttachLog
+    | HeldClaims
+    | Settle
+    | CheckFence
+    | ReadRecord
+    | MovePartitions
+    | DropTables
+    | Attach
+    | Write
+    | FaultPoint
+    | Stop
+    | Operation
+)
+
+# A publish sequence: yields steps, receives their results, returns the final record.
+Run = Generator[Step, Any, XidRecord]
