@@ -150,3 +150,13 @@ def test_environment_fallbacks_are_the_registry_ones(monkeypatch: pytest.MonkeyP
     assert (cfg.url, cfg.keeper, cfg.user, cfg.job) == ("http://env:1", "envk:2", "default", "j")
     sharded = WriterConfig.from_options({"table": "db.t", "job": "j", "shards": "http://s:3"})
     assert sharded.url == "http://s:3"  # the first shard comes before $TXSINK_URL
+
+
+def test_docs_options_md_is_what_the_generator_makes_of_it() -> None:
+    from txsink.options_doc import main, render
+
+    path = Path(__file__).parents[2] / "docs" / "options.md"
+    text = path.read_text()
+    assert "<!-- BEGIN GENERATED: options" in text and "<!-- BEGIN GENERATED: cli-flags" in text
+    assert render(text) == text, "stale: run python -m txsink.options_doc docs/options.md"
+    assert main(["--check", str(path)]) == 0

@@ -54,7 +54,7 @@ CLI_DEFAULTS: dict[str, str | None] = {
     "staging_database": None,
 }
 #: what the help says about a default the registry does not know.
-_DEFAULT_HELP = {
+DEFAULT_HELP = {
     "url": f"$TXSINK_URL, else the embedded stack {DEFAULT_URL}",
     "keeper": f"$TXSINK_KEEPER, else the embedded stack {DEFAULT_KEEPER}",
     "user": "the url's userinfo, $TXSINK_USER, else 'default'",
@@ -94,7 +94,7 @@ def flag_default(name: str) -> str | None:
 
 def flag_help(name: str) -> str:
     opt = OPTIONS[name]
-    default = _DEFAULT_HELP.get(name) or (repr(opt.default) if opt.default else "none")
+    default = DEFAULT_HELP.get(name) or (repr(opt.default) if opt.default else "none")
     return f"{opt.doc} (option {name}; default: {default})"
 
 
