@@ -20,7 +20,7 @@ from txsink.errors import ConfigError
 from txsink.names import split_table
 from txsink.options import OPTIONS, SECRET_OPTIONS, SPARK_OWNED, Option
 
-__all__ = ["OPTIONS", "WriterConfig", "parse_shards"]
+__all__ = ["OPTIONS", "WriterConfig"]
 
 
 @dataclass(frozen=True, repr=False)
@@ -136,13 +136,6 @@ class WriterConfig:
                 value = ",".join(value)
             out[f.name] = str(value)
         return out
-
-
-def parse_shards(raw: str) -> tuple[str, ...]:
-    """``http://h1:8123,http://h2:8123`` -> the URLs (no userinfo: credentials go in
-    user/password and apply to every shard); ConfigError naming a bad one."""
-    result: tuple[str, ...] = OPTIONS["shards"].parse(raw)
-    return result
 
 
 def _required_doc(opt: Option) -> str:

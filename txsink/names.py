@@ -4,14 +4,15 @@ Owns what a ``db.table`` string and a ClickHouse URL may look like, for every ca
 writer options, the ClickHouse client, the Spark layer, the CLI). Invariants:
 
 - :func:`split_table` accepts exactly two dot-separated parts, each a plain identifier
-  (``[A-Za-z_][A-Za-z0-9_]*``) or backquoted (``\\``` `` or doubled ``````` escape a
-  backquote inside); anything else is a :class:`ConfigError` naming the option;
+  (``[A-Za-z_][A-Za-z0-9_]*``) or backquoted (inside backquotes, a backslash or a
+  doubled backquote escapes a backquote; dots and spaces are plain characters); anything
+  else is a :class:`ConfigError` naming the option;
 - :func:`parse_url` accepts ``http(s)://[userinfo@]host[:port][/]`` (and ``chdb:...``
   only where the caller allows it); the :class:`Endpoint` it returns never holds the
   userinfo, and no error text shows it;
 - identifiers reaching SQL pass :func:`quote_ident`.
 
-Pure: imports nothing beyond the standard library and :mod:`txsink.errors`.
+Pure: the standard library, :mod:`txsink.errors` and :mod:`txsink.credentials` (masking).
 """
 
 from __future__ import annotations

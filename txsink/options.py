@@ -79,19 +79,6 @@ class Option:
         """The CLI spelling: ``--keeper-root`` for ``keeper_root``."""
         return "--" + self.name.replace("_", "-")
 
-    @property
-    def accepts(self) -> str:
-        """What the option accepts, for error messages and docs."""
-        if self.kind is Kind.CHOICE:
-            return " | ".join(self.choices)
-        if self.kind is Kind.INT:
-            return f"integer >= {self.minimum}"
-        if self.kind is Kind.SECONDS:
-            return f"seconds {'>=' if self.zero_ok else '>'} 0"
-        if self.kind is Kind.BOOL:
-            return "true | false"
-        return str(self.kind.value)
-
     def parse(self, raw: str) -> Any:
         """The typed value of ``raw``; ConfigError naming this option otherwise."""
         text = self.normalize(raw) if self.normalize else raw

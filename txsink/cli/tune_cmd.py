@@ -15,13 +15,14 @@ from txsink.clickhouse.warehouse import ClickHouseWarehouse
 from txsink.errors import ConfigError
 from txsink.ops import status as st
 from txsink.ops import tune as tn
+from txsink.options import OPTIONS
 
 
 def run_tune(args: argparse.Namespace, out: Output) -> int:
     if args.sample_seconds and not args.job:
         raise ConfigError("--sample-seconds measures a job's rate from its ledger: add --job J")
     with open_stores(args) as stores:
-        shards = [u for u in (args.shards or "").split(",") if u]
+        shards = list(OPTIONS["shards"].parse(args.shards or ""))  # validated like the option
         if not shards and args.job:
             meta = stores.registry.job_meta(args.job)
             shards = list(meta.shards) if meta else []
