@@ -9,16 +9,22 @@ Every test has its own Keeper root and databases. The CLI runs in-process throug
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import importlib.util
 import json
 import os
+import socket
+import ssl
 import subprocess
 import sys
+import threading
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pyarrow as pa
 import pytest
@@ -535,3 +541,112 @@ def test_tune_measures_a_real_table_and_leaves_nothing_behind(
         assert code == 2 and "needs matplotlib" in err
     else:
         assert code == 0 and png.stat().st_size > 1000
+
+
+# --------------------------------------------------------------------------- TLS flags
+
+
+def make_cert(where: Path, name: str) -> tuple[Path, Path, Path]:
+    """A throwaway CA and a server certificate it signed for 127.0.0.1: (ca, cert, key)."""
+    where.mkdir(parents=True, exist_ok=True)
+    ca, ca_key = where / f"{name}-ca.pem", where / f"{name}-ca.key"
+    cert, key, csr = where / f"{name}.pem", where / f"{name}.key", where / f"{name}.csr"
+    ext = where / f"{name}.ext"
+    ext.write_text(
+        "subjectAltName=IP:127.0.0.1\nauthorityKeyIdentifier=keyid\nbasicConstraints=CA:FALSE\n"
+        "keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n"
+    )
+    for argv in (
+        ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", ca_key, "-out", ca,
+         "-days", "1", "-subj", f"/CN=txsink test CA {name}"],
+        ["req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", csr,
+         "-subj", "/CN=127.0.0.1"],
+        ["x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial",
+         "-out", cert, "-days", "1", "-extfile", ext],
+    ):  # fmt: skip
+        subprocess.run(["openssl", *map(str, argv)], check=True, capture_output=True)
+    return ca, cert, key
+
+
+class TlsProxy:
+    """An https endpoint in front of the stack's http one: TLS ends here, bytes go on."""
+
+    def __init__(self, upstream: str, cert: Path, key: Path) -> None:
+        up = urlsplit(upstream)
+        self._up = (up.hostname or "127.0.0.1", up.port or 8123)
+        self._ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self._ctx.load_cert_chain(cert, key)
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"https://127.0.0.1:{self._sock.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                raw, _ = self._sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(raw,), daemon=True).start()
+
+    def _serve(self, raw: Any) -> None:
+        try:
+            tls = self._ctx.wrap_socket(raw, server_side=True)
+        except OSError:  # the client refused our certificate: that is the test
+            raw.close()
+            return
+        up = socket.create_connection(self._up)
+        threading.Thread(target=self._pump, args=(up, tls), daemon=True).start()
+        self._pump(tls, up)
+
+    @staticmethod
+    def _pump(src: Any, dst: Any) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.close()
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+def test_tls_flags_reach_the_clickhouse_client_of_a_command(
+    env: Env, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """`--ca-cert` and `--no-verify` reach the client a command opens: against an https
+    endpoint whose certificate is signed by a CA of our own, the default (system CAs) and
+    another CA fail clearly, naming the certificate check; the right CA and --no-verify
+    pass."""
+    handle = env.open()
+    commit(handle, begin(handle, "run-A"), 0)
+    ca, cert, key = make_cert(tmp_path, "good")
+    other_ca, _, _ = make_cert(tmp_path, "other")
+    proxy = TlsProxy(env.stack.url, cert, key)
+    flags = [
+        "--url", proxy.url, "--keeper", env.stack.keeper, "--keeper-root", env.root,
+        "--staging-database", env.staging, "--connect-timeout", "5", "--json",
+    ]  # fmt: skip
+
+    def status(*extra: str) -> tuple[int, Any]:
+        capsys.readouterr()
+        code = main(["status", *flags, *extra])
+        return code, json.loads(capsys.readouterr().out)
+
+    try:
+        for extra in ([], ["--ca-cert", str(other_ca)]):
+            code, doc = status(*extra)
+            assert code == 2, doc
+            assert "certificate verify failed" in doc["error"].lower(), doc
+            assert proxy.url in doc["error"]
+        for extra in (["--ca-cert", str(ca)], ["--no-verify"]):
+            with warnings.catch_warnings():  # urllib3 warns about --no-verify, as it should
+                warnings.simplefilter("ignore")
+                code, doc = status(*extra)
+            assert code == 0, doc
+            assert [j["job"] for j in doc["jobs"]] == [env.job]
+    finally:
+        proxy.close()

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from pathlib import Path
 
 import pytest
 
+from txsink.clickhouse.client import ConnectSettings
 from txsink.config import OPTIONS, WriterConfig
 from txsink.errors import ConfigError
+from txsink.options import Kind
 
 BASE = {"url": "http://h:8123", "table": "db.t", "keeper": "k:2181", "job": "j1"}
 
@@ -58,3 +62,101 @@ def test_spark_owned_options_are_ignored_and_unknown_ones_refused() -> None:
     WriterConfig.from_options({**BASE, "checkpointLocation": "/c", "path": "p"})
     with pytest.raises(ConfigError, match="unknown option"):
         WriterConfig.from_options({**BASE, "blocksize": "1"})
+
+
+_TYPES = {
+    Kind.INT: int,
+    Kind.SECONDS: float,
+    Kind.BOOL: bool,
+    Kind.LIST: tuple[str, ...],
+    Kind.URLS: tuple[str, ...],
+}
+
+
+def test_the_registry_and_the_config_fields_name_the_same_options_with_the_same_types() -> None:
+    hints = typing.get_type_hints(WriterConfig)
+    assert set(hints) == set(OPTIONS)
+    for name, opt in OPTIONS.items():
+        want = _TYPES.get(opt.kind, str)
+        assert hints[name] == (want | None if opt.optional else want), name
+
+
+def test_every_default_parses_and_field_defaults_agree_with_the_registry() -> None:
+    cfg = WriterConfig.from_options(BASE)
+    for name, opt in OPTIONS.items():
+        if opt.default is not None and name not in BASE:
+            assert getattr(cfg, name) == opt.parse(opt.default), name
+    for f in dataclasses.fields(WriterConfig):
+        if f.default is not dataclasses.MISSING:
+            assert f.default == OPTIONS[f.name].parse(OPTIONS[f.name].default or ""), f.name
+
+
+def test_defaults_are_unchanged() -> None:
+    """Option names and defaults are a contract (renames are another issue's)."""
+    assert {n: o.default for n, o in OPTIONS.items()} == {
+        "url": None, "user": "default", "password": "", "table": None, "keeper": None,
+        "job": None, "mode": "auto", "visibility": "partition",
+        "staging_database": "txsink_staging", "keeper_root": "/txsink", "keeper_auth": "",
+        "keeper_timeout": "15", "keeper_retry_s": "30", "block_rows": "1000000",
+        "block_bytes": "268435456", "compress": "lz4", "connect_timeout": "10",
+        "send_receive_timeout": "300", "verify": "true", "ca_cert": "",
+        "retry_attempts": "5", "retry_max_wait": "30", "publish_retry_s": "60",
+        "txn_version": "", "retention": "1000", "dedup_order_by": "",
+        "dedup_min_window": "100", "skip_committed_replays": "true", "metrics_textfile": "",
+        "shards": "", "shard_by": "", "shard_http_port": "", "run_id": "",
+        "micro_batch": "false",
+    }  # fmt: skip
+    assert [n for n, o in OPTIONS.items() if o.internal] == ["run_id", "micro_batch"]
+
+
+def test_internal_options_are_still_accepted() -> None:
+    cfg = WriterConfig.from_options({**BASE, "run_id": "r1", "micro_batch": "true"})
+    assert (cfg.run_id, cfg.micro_batch) == ("r1", True)
+
+
+def test_client_connect_settings_default_to_the_option_defaults() -> None:
+    cfg = WriterConfig.from_options(BASE)
+    assert ConnectSettings() == ConnectSettings(
+        cfg.verify, cfg.ca_cert, cfg.connect_timeout, cfg.send_receive_timeout
+    )
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "accepted"),
+    [
+        ("visibility", "rows", "partition, batch"),
+        ("compress", "snappy", "lz4, zstd, gzip, none"),
+        ("keeper_auth", "nocolon", "user:password"),
+        ("publish_retry_s", "-1", ">= 0"),
+        ("block_bytes", "10", ">= 1024"),
+        ("txn_version", "x", "integer"),
+        ("shard_http_port", "0", ">= 1"),
+    ],
+)
+def test_a_bad_value_error_names_the_key_and_what_it_accepts(
+    key: str, value: str, accepted: str
+) -> None:
+    with pytest.raises(ConfigError, match=f"'{key}'") as info:
+        WriterConfig.from_options({**BASE, key: value})
+    assert accepted in str(info.value)
+
+
+def test_environment_fallbacks_are_the_registry_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TXSINK_URL", "http://env:1")
+    monkeypatch.setenv("TXSINK_KEEPER", "envk:2")
+    monkeypatch.setenv("TXSINK_USER", "not-for-writers")  # the CLI's variable only
+    monkeypatch.setenv("TXSINK_JOB", "not-for-writers")
+    cfg = WriterConfig.from_options({"table": "db.t", "job": "j", "url": ""})
+    assert (cfg.url, cfg.keeper, cfg.user, cfg.job) == ("http://env:1", "envk:2", "default", "j")
+    sharded = WriterConfig.from_options({"table": "db.t", "job": "j", "shards": "http://s:3"})
+    assert sharded.url == "http://s:3"  # the first shard comes before $TXSINK_URL
+
+
+def test_docs_options_md_is_what_the_generator_makes_of_it() -> None:
+    from txsink.options_doc import main, render
+
+    path = Path(__file__).parents[2] / "docs" / "options.md"
+    text = path.read_text()
+    assert "<!-- BEGIN GENERATED: options" in text and "<!-- BEGIN GENERATED: cli-flags" in text
+    assert render(text) == text, "stale: run python -m txsink.options_doc docs/options.md"
+    assert main(["--check", str(path)]) == 0

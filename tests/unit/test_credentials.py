@@ -257,12 +257,12 @@ def test_cli_error_output_holds_no_secret(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Defence in depth: whatever error text reaches the CLI seam is masked there too."""
-    from txsink.ops import status
+    from txsink.keeper import kazoo_registry
 
     def leaky(*a: Any, **k: Any) -> Any:
         raise TxSinkError(f"adapter forgot to mask {SECRET} and w:{KEEPER_SECRET}")
 
-    monkeypatch.setattr(status, "open_stores", leaky)
+    monkeypatch.setattr(kazoo_registry, "KazooRegistry", leaky)
     monkeypatch.setenv("TXSINK_PASSWORD", SECRET)
     monkeypatch.setenv("TXSINK_KEEPER_AUTH", f"w:{KEEPER_SECRET}")
     for extra in (["--json"], []):

@@ -10,108 +10,20 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
-import os
 import sys
-from dataclasses import dataclass
 
+from txsink.cli.common import add_common, resolve_credentials  # re-exported
 from txsink.cli.output import Output
-from txsink.credentials import merge_url_credentials, read_secret_file, scrub, secrets_of
-from txsink.errors import ConfigError, TxSinkError
+from txsink.credentials import scrub
+from txsink.errors import TxSinkError
 
-DEFAULT_URL = "http://127.0.0.1:18123"
-DEFAULT_KEEPER = "127.0.0.1:12181"
+__all__ = ["add_common", "build_parser", "main", "resolve_credentials"]
 COMMAND_MODULES = (
     "txsink.cli.embedded_cmd",
     "txsink.cli.ops_cmd",
     "txsink.cli.demo_cmd",
     "txsink.cli.mode_cmd",
 )
-
-
-def add_common(parser: argparse.ArgumentParser, *, job: bool = True) -> None:
-    """Flags shared by the commands that talk to a deployment."""
-    parser.add_argument(
-        "--url",
-        default=os.environ.get("TXSINK_URL", DEFAULT_URL),
-        help="ClickHouse HTTP URL (default: the embedded stack, or $TXSINK_URL)",
-    )
-    parser.add_argument(
-        "--user",
-        default=None,
-        help="ClickHouse user (default: the url's userinfo, $TXSINK_USER, else 'default')",
-    )
-    secret = parser.add_mutually_exclusive_group()
-    secret.add_argument(
-        "--password-file",
-        metavar="PATH",
-        default=None,
-        help="read the ClickHouse password from the first line of PATH",
-    )
-    secret.add_argument(
-        "--password",
-        default=None,
-        help="ClickHouse password; VISIBLE to every local user in `ps`: prefer "
-        "$TXSINK_PASSWORD or --password-file",
-    )
-    parser.add_argument(
-        "--keeper-auth-file",
-        metavar="PATH",
-        default=None,
-        help="Keeper digest credentials user:password from the first line of PATH "
-        "(default: $TXSINK_KEEPER_AUTH; needed to change a job written with keeper_auth)",
-    )
-    parser.add_argument(
-        "--keeper",
-        default=os.environ.get("TXSINK_KEEPER", DEFAULT_KEEPER),
-        help="Keeper host:port[,host:port][/chroot] (default: embedded, or $TXSINK_KEEPER)",
-    )
-    if job:
-        parser.add_argument(
-            "--job",
-            default=os.environ.get("TXSINK_JOB"),
-            help="the writer's job name (default: all jobs where that makes sense)",
-        )
-
-
-@dataclass(frozen=True, repr=False)
-class Credentials:
-    """What the common flags resolved to (see :func:`resolve_credentials`)."""
-
-    url: str
-    user: str
-    password: str
-    keeper_auth: str | None
-
-    def __repr__(self) -> str:
-        return f"Credentials(url={self.url!r}, user={self.user!r}, password=***)"
-
-
-def resolve_credentials(args: argparse.Namespace) -> Credentials:
-    """The ClickHouse URL/user/password and Keeper auth of a command.
-
-    Password: ``--password`` or ``--password-file`` (one or the other), else
-    ``$TXSINK_PASSWORD``, else the url's userinfo; user: ``--user``, else
-    ``$TXSINK_USER``, else the url's userinfo, else ``default``. A user or password given
-    both in the url and another way must agree (ConfigError otherwise). Keeper auth:
-    ``--keeper-auth-file``, else ``$TXSINK_KEEPER_AUTH``, else none.
-    """
-    password = args.password
-    if args.password_file is not None:
-        password = read_secret_file(args.password_file, flag="--password-file")
-    if password is None:
-        password = os.environ.get("TXSINK_PASSWORD")
-    user = args.user if args.user is not None else os.environ.get("TXSINK_USER")
-    creds = merge_url_credentials(args.url, user, password, where="flag/variable")
-    keeper_auth = os.environ.get("TXSINK_KEEPER_AUTH") or None
-    if args.keeper_auth_file is not None:
-        keeper_auth = read_secret_file(args.keeper_auth_file, flag="--keeper-auth-file")
-    if keeper_auth is not None and ":" not in keeper_auth:
-        raise ConfigError(
-            "Keeper auth (--keeper-auth-file / $TXSINK_KEEPER_AUTH) must be user:password"
-        )
-    # main() masks these in any error text it prints (defence in depth; adapters mask too)
-    args.secrets = secrets_of(creds.password, keeper_auth)
-    return Credentials(creds.url, creds.user or "default", creds.password or "", keeper_auth)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from txsink.cli.ops_cmd import _common, _stores
+from txsink.cli.common import open_stores
+from txsink.cli.ops_cmd import _common
 from txsink.cli.output import Output
 from txsink.errors import ConfigError
 from txsink.ops import status as st
@@ -34,7 +35,7 @@ def register(subparsers: Any) -> None:
 
 
 def run_mode(args: argparse.Namespace, out: Output) -> int:
-    with _stores(args) as stores:
+    with open_stores(args) as stores:
         jobs = st.resolve_jobs(stores.registry, args.job, args.keeper_root)
         if args.new_mode is None:
             metas = {j: stores.registry.job_meta(j) for j in jobs}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import sys
 from collections.abc import Mapping, Sequence
@@ -48,3 +49,15 @@ def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
     head = "  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True))
     lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
     return "\n".join([head, *lines])
+
+
+def when(ts: float | None) -> str:
+    """A Unix time as UTC text ("-" for none)."""
+    if ts is None:
+        return "-"
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def age(seconds: float | None) -> str:
+    """An age in seconds as "12.3s ago" ("never" for none)."""
+    return "never" if seconds is None else f"{seconds:.1f}s ago"

@@ -31,7 +31,6 @@ import logging
 import time
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import urlparse
 
 from pyspark.sql.types import StructType
 
@@ -51,6 +50,7 @@ from txsink.clickhouse.compat import (
 )
 from txsink.config import WriterConfig
 from txsink.errors import ConfigError, SchemaMismatch, UnavailableError
+from txsink.names import parse_url
 from txsink.protocol.codec import JobMeta, as_job_meta
 from txsink.protocol.visibility import batch_refusal
 from txsink.spark.dedup_write import view_tables
@@ -335,8 +335,8 @@ def over_cluster(
         return no_cluster(str(exc))
     target = dataclasses.replace(target, cluster=warehouse.expand_macros(target.cluster))
     replicas = warehouse.cluster_replicas(target.cluster)
-    url = urlparse(config.url)
-    port = config.shard_http_port or url.port or (8443 if url.scheme == "https" else 8123)
+    url = parse_url(config.url)
+    port = config.shard_http_port or url.port
     try:
         urls = cluster_urls(target, replicas, url.scheme, port)
     except ConfigError as exc:

@@ -1,0 +1,123 @@
+"""The CLI's common flags are made from the options registry and reach the clients it opens."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import pytest
+
+from txsink.cli import common
+from txsink.cli.main import main
+from txsink.options import OPTIONS
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    common.add_common(parser)
+    return parser.parse_args(argv)
+
+
+def test_every_common_flag_is_a_registered_option_with_its_default() -> None:
+    args = parse([])
+    for name in common.COMMON_FLAGS:
+        assert name in OPTIONS
+        opt = OPTIONS[name]
+        if name in common.CLI_DEFAULTS or opt.env:
+            continue
+        assert getattr(args, name) == opt.parse(opt.default or ""), name
+    assert (args.url, args.keeper) == (common.DEFAULT_URL, common.DEFAULT_KEEPER)
+    assert (args.verify, args.ca_cert, args.keeper_root) == (True, "", "/txsink")
+
+
+def test_flag_defaults_follow_the_option_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TXSINK_URL", "http://env:1")
+    monkeypatch.setenv("TXSINK_KEEPER", "envk:2")
+    monkeypatch.setenv("TXSINK_JOB", "j9")
+    monkeypatch.setenv("TXSINK_PASSWORD", "not-a-default")  # a secret: resolved later
+    args = parse([])
+    assert (args.url, args.keeper, args.job, args.password) == (
+        "http://env:1",
+        "envk:2",
+        "j9",
+        None,
+    )
+
+
+def test_a_bad_numeric_flag_is_a_usage_error_naming_the_option(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        parse(["--connect-timeout", "soon"])
+    assert info.value.code == 2
+    assert "connect_timeout" in capsys.readouterr().err
+    assert parse(["--keeper-retry-s", "0"]).keeper_retry_s == 0.0
+
+
+def test_keeper_auth_may_be_given_inline_and_must_be_user_password() -> None:
+    assert common.resolve_credentials(parse(["--keeper-auth", "u:pw"])).keeper_auth == "u:pw"
+    with pytest.raises(SystemExit):
+        parse(["--keeper-auth", "u:pw", "--keeper-auth-file", "/x"])
+
+
+class FakeRegistry:
+    def __init__(self, *a: Any, **k: Any) -> None:
+        FakeRegistry.opened = (a, k)
+
+    opened: tuple[Any, ...] = ()
+
+    def close(self) -> None:
+        pass
+
+
+def test_tls_and_timeout_flags_reach_the_clickhouse_and_keeper_clients(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What the https test does against a real TLS endpoint (tests/integration/
+    test_ops_cli.py), here without one: the flags arrive in clickhouse-connect's call."""
+    import clickhouse_connect
+
+    from txsink.keeper import kazoo_registry
+
+    seen: dict[str, Any] = {}
+
+    def get_client(**kwargs: Any) -> Any:
+        seen.update(kwargs)
+        raise OSError("stop here")
+
+    monkeypatch.setattr(kazoo_registry, "KazooRegistry", FakeRegistry)
+    monkeypatch.setattr(clickhouse_connect, "get_client", get_client)
+    code = main(
+        [
+            "status",
+            "--url",
+            "https://ch.example:9440",
+            "--ca-cert",
+            "/etc/ca.pem",
+            "--no-verify",
+            "--connect-timeout",
+            "3",
+            "--send-receive-timeout",
+            "7.5",
+            "--keeper-timeout",
+            "4",
+            "--keeper-retry-s",
+            "0",
+            "--keeper-root",
+            "/other/",
+        ]
+    )
+    assert code == 2 and "stop here" in capsys.readouterr().err
+    assert (seen["host"], seen["port"], seen["secure"], seen["interface"]) == (
+        "ch.example",
+        9440,
+        True,
+        "https",
+    )
+    assert (seen["verify"], seen["ca_cert"]) == (False, "/etc/ca.pem")
+    assert (seen["connect_timeout"], seen["send_receive_timeout"]) == (3.0, 7.5)
+    args, kwargs = FakeRegistry.opened
+    assert args == ("127.0.0.1:12181", "/other")
+    assert (kwargs["timeout"], kwargs["retry_s"]) == (4.0, 0.0)
+    main(["status", "--url", "https://ch.example"])
+    assert (seen["verify"], seen["ca_cert"], seen["port"]) == (True, None, 8443)

@@ -1,0 +1,208 @@
+"""The flags every command that talks to a deployment shares, made from the options registry.
+
+Owns which writer options are CLI flags (:data:`COMMON_FLAGS`), where the CLI's default
+differs from the writer's (:data:`CLI_DEFAULTS`: the embedded stack instead of
+*required*, "every job" instead of one), how credentials are resolved
+(:func:`resolve_credentials`) and how a command opens its stores with the flags' TLS
+and timeout settings (:func:`open_stores`). Type, default, environment variable and
+help of each flag come from :data:`txsink.options.OPTIONS`, so a flag and its option
+cannot drift apart. Secrets never need the command line: ``--password-file`` and
+``--keeper-auth-file`` read them from a file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from txsink.clickhouse.client import ConnectSettings
+from txsink.credentials import merge_url_credentials, read_secret_file, secrets_of
+from txsink.errors import ConfigError, TxSinkError
+from txsink.options import OPTIONS, Kind, Option
+
+DEFAULT_URL = "http://127.0.0.1:18123"
+DEFAULT_KEEPER = "127.0.0.1:12181"
+
+#: the writer options that are common flags, in the order ``--help`` lists them.
+COMMON_FLAGS = (
+    "url",
+    "user",
+    "password",
+    "keeper",
+    "keeper_root",
+    "keeper_auth",
+    "job",
+    "staging_database",
+    "verify",
+    "ca_cert",
+    "connect_timeout",
+    "send_receive_timeout",
+    "keeper_timeout",
+    "keeper_retry_s",
+)
+#: where the CLI's default is not the writer's; None: resolved later (see the help).
+CLI_DEFAULTS: dict[str, str | None] = {
+    "url": DEFAULT_URL,
+    "keeper": DEFAULT_KEEPER,
+    "user": None,
+    "password": None,
+    "keeper_auth": None,
+    "job": None,
+    "staging_database": None,
+}
+#: what the help says about a default the registry does not know.
+DEFAULT_HELP = {
+    "url": f"$TXSINK_URL, else the embedded stack {DEFAULT_URL}",
+    "keeper": f"$TXSINK_KEEPER, else the embedded stack {DEFAULT_KEEPER}",
+    "user": "the url's userinfo, $TXSINK_USER, else 'default'",
+    "password": "$TXSINK_PASSWORD, else the url's userinfo; VISIBLE to every local user in "
+    "`ps`: prefer $TXSINK_PASSWORD or --password-file",
+    "keeper_auth": "$TXSINK_KEEPER_AUTH, else none (open ACL); VISIBLE in `ps`: prefer "
+    "$TXSINK_KEEPER_AUTH or --keeper-auth-file; needed to change a job written with "
+    "keeper_auth",
+    "job": "$TXSINK_JOB, else every job where that makes sense",
+    "staging_database": "the job's own, else txsink_staging",
+}
+# Secrets with a file alternative: flag -> the flag reading it from a file.
+_SECRET_FILES = {"password": "--password-file", "keeper_auth": "--keeper-auth-file"}
+
+
+def _typed(opt: Option) -> Callable[[str], Any]:
+    """An argparse ``type`` that parses with the registry (its errors become usage errors)."""
+
+    def parse(raw: str) -> Any:
+        try:
+            return opt.parse(raw)
+        except TxSinkError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = opt.kind.value  # argparse names the type in its messages
+    return parse
+
+
+def flag_default(name: str) -> str | None:
+    """The text default of a common flag: its variable if set, else the CLI's default,
+    else the writer's."""
+    opt = OPTIONS[name]
+    if opt.env and not opt.secret and os.environ.get(opt.env):
+        return os.environ[opt.env]
+    return CLI_DEFAULTS.get(name, opt.default)
+
+
+def flag_help(name: str) -> str:
+    opt = OPTIONS[name]
+    default = DEFAULT_HELP.get(name) or (repr(opt.default) if opt.default else "none")
+    return f"{opt.doc} (option {name}; default: {default})"
+
+
+def add_common(parser: argparse.ArgumentParser, *, job: bool = True) -> None:
+    """Add the common flags (``--job`` only with ``job``) to a command's parser."""
+    for name in COMMON_FLAGS:
+        if name == "job" and not job:
+            continue
+        opt = OPTIONS[name]
+        kwargs: dict[str, Any] = {"default": flag_default(name), "help": flag_help(name)}
+        if name in _SECRET_FILES:
+            group = parser.add_mutually_exclusive_group()
+            group.add_argument(
+                _SECRET_FILES[name],
+                metavar="PATH",
+                default=None,
+                help=f"read the {name.replace('_', ' ')} from the first line of PATH",
+            )
+            group.add_argument(opt.flag, **kwargs)
+        elif opt.kind is Kind.BOOL:
+            default = opt.parse(opt.default or "")
+            parser.add_argument(
+                opt.flag, action=argparse.BooleanOptionalAction, default=default, help=opt.doc
+            )
+        else:
+            if opt.kind in (Kind.INT, Kind.SECONDS):
+                kwargs["type"] = _typed(opt)
+            if name == "ca_cert":
+                kwargs["metavar"] = "PATH"
+            parser.add_argument(opt.flag, **kwargs)
+
+
+@dataclass(frozen=True, repr=False)
+class Credentials:
+    """What the common flags resolved to (see :func:`resolve_credentials`)."""
+
+    url: str
+    user: str
+    password: str
+    keeper_auth: str | None
+
+    def __repr__(self) -> str:
+        return f"Credentials(url={self.url!r}, user={self.user!r}, password=***)"
+
+
+def resolve_credentials(args: argparse.Namespace) -> Credentials:
+    """The ClickHouse URL/user/password and Keeper auth of a command.
+
+    Password: ``--password`` or ``--password-file`` (one or the other), else
+    ``$TXSINK_PASSWORD``, else the url's userinfo; user: ``--user``, else
+    ``$TXSINK_USER``, else the url's userinfo, else ``default``. A user or password given
+    both in the url and another way must agree (ConfigError otherwise). Keeper auth:
+    ``--keeper-auth`` or ``--keeper-auth-file``, else ``$TXSINK_KEEPER_AUTH``, else none.
+    """
+    password = args.password
+    if args.password_file is not None:
+        password = read_secret_file(args.password_file, flag="--password-file")
+    if password is None:
+        password = os.environ.get("TXSINK_PASSWORD")
+    user = args.user if args.user is not None else os.environ.get("TXSINK_USER")
+    creds = merge_url_credentials(args.url, user, password, where="flag/variable")
+    keeper_auth = getattr(args, "keeper_auth", None) or os.environ.get("TXSINK_KEEPER_AUTH")
+    if args.keeper_auth_file is not None:
+        keeper_auth = read_secret_file(args.keeper_auth_file, flag="--keeper-auth-file")
+    if keeper_auth is not None and ":" not in keeper_auth:
+        raise ConfigError(
+            "Keeper auth (--keeper-auth, --keeper-auth-file, $TXSINK_KEEPER_AUTH) must be "
+            "user:password"
+        )
+    # main() masks these in any error text it prints (defence in depth; adapters mask too)
+    args.secrets = secrets_of(creds.password, keeper_auth)
+    return Credentials(creds.url, creds.user or "default", creds.password or "", keeper_auth)
+
+
+def connect_settings(args: argparse.Namespace) -> ConnectSettings:
+    """The TLS and timeout flags of a command, for every ClickHouse client it opens."""
+    return ConnectSettings(
+        verify=args.verify,
+        ca_cert=args.ca_cert or "",
+        connect_timeout=args.connect_timeout,
+        send_receive_timeout=args.send_receive_timeout,
+    )
+
+
+def open_stores(args: argparse.Namespace) -> Any:
+    """Connect to Keeper and ClickHouse as the common flags say (both fail fast with a
+    named error): :class:`txsink.ops.stores.Stores`, shards reached with the same
+    credentials and TLS settings."""
+    from txsink.keeper.kazoo_registry import KazooRegistry
+    from txsink.ops.stores import Stores
+
+    creds = resolve_credentials(args)
+    tls = connect_settings(args)
+    registry = KazooRegistry(
+        args.keeper,
+        "/" + args.keeper_root.strip("/"),
+        auth=creds.keeper_auth,
+        timeout=args.keeper_timeout,
+        retry_s=args.keeper_retry_s,
+    )
+    try:
+        client = tls.connect(creds.url, creds.user, creds.password)
+    except BaseException:
+        registry.close()
+        raise
+    return Stores(
+        registry,
+        client,
+        args.staging_database,
+        connect_shard=lambda u: tls.connect(u, creds.user, creds.password),
+    )

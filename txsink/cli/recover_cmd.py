@@ -1,0 +1,172 @@
+"""``txsink recover``: show each job's recovery plan, confirm, carry it out, render the outcome.
+
+Exit statuses: 0 clean afterwards (or nothing to do, or ``--dry-run``); 3 refused (a live
+writer holds the job and no ``--force``, or no confirmation); 4 alarms remain. The plan
+and its execution are :mod:`txsink.ops`'; this module asks and renders.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from txsink.cli.common import open_stores
+from txsink.cli.output import Output, age
+from txsink.ops import recovery as rc
+from txsink.ops import status as st
+
+EXIT_REFUSED = 3
+EXIT_ALARMS = 4
+
+
+def _render_plan(v: rc.RecoveryPlanView, staging_db: str) -> list[str]:
+    holder = (
+        f"writer epoch {v.epoch} held by {v.owner}, heartbeat {age(v.heartbeat_age)}"
+        f"{' (LIVE)' if v.live else ''}"
+        if v.epoch is not None
+        else "no writer epoch yet"
+    )
+    lines = [f"job {v.job}: {holder}"]
+    p = v.plan
+    lines += [
+        f"  plan: roll forward  {x} (PREPARED, {v.roll_forward_rows.get(x, 0)} rows)"
+        for x in p.rolled_forward
+    ]
+    lines += [
+        f"  plan: roll back     {staging_db}.{t} (staged, no PREPARED xid references it)"
+        for t in p.rolled_back
+    ]
+    lines += [
+        f"  plan: drop leftover {staging_db}.{t} (its xid is COMMITTED)"
+        for t in p.dropped_leftovers
+    ]
+    lines += [f"  expected alarm: {a}" for a in v.expected_alarms]
+    if v.empty:
+        lines.append("  nothing to do")
+    return lines
+
+
+def run_recover(args: argparse.Namespace, out: Output) -> int:
+    lines: list[str] = []
+    entries: dict[str, dict[str, Any]] = {}
+    code = 0
+    with open_stores(args) as stores:
+        jobs = st.resolve_jobs(stores.registry, args.job, args.keeper_root)
+        views = [rc.plan_job_recovery(stores, j, stale_after=args.stale_after) for j in jobs]
+        for v in views:
+            db = stores.warehouse(stores.registry.job_meta(v.job)).staging_db
+            lines += _render_plan(v, db)
+            entries[v.job] = {
+                "job": v.job,
+                "plan": v.to_json(),
+                "refused": None,
+                "outcome": None,
+                "report": v.plan.to_json(),
+            }
+        if not jobs:
+            lines.append(f"no jobs under Keeper root {args.keeper_root}")
+        todo = [v for v in views if not v.empty]
+        if args.dry_run:
+            for v in todo:
+                if v.live:
+                    lines.append(
+                        f"note: job {v.job} has a live writer ({v.owner}); recover would refuse "
+                        "without --force"
+                    )
+            lines.append("dry run: nothing was changed")
+            out.emit(
+                {"dry_run": True, "jobs": list(entries.values()), "clean": not todo},
+                "\n".join(lines),
+            )
+            return 0
+        allowed = []
+        for v in todo:
+            if v.live and not args.force:
+                why = (
+                    f"refusing to recover job {v.job}: writer {v.owner} (epoch {v.epoch}) "
+                    f"heartbeat {v.heartbeat_age:.1f}s ago is fresher than "
+                    + (
+                        f"--stale-after {v.stale_after_s:g}s"
+                        if args.stale_after is not None
+                        else f"its stale threshold {v.stale_after_s:g}s (commit cadence "
+                        + (f"{v.cadence_s:g}s" if v.cadence_s is not None else "unknown")
+                        + ")"
+                    )
+                    + ", so it may be mid-batch. Stop that query (or wait "
+                    "until its heartbeat is stale), or re-run with --force to fence it"
+                )
+                entries[v.job]["refused"] = why
+                lines.append(why)
+                code = EXIT_REFUSED
+            else:
+                allowed.append(v)
+        if allowed and not args.yes:
+            refusal = _confirm(args, out, allowed, lines)
+            if refusal:
+                for v in allowed:
+                    entries[v.job]["refused"] = refusal
+                lines.append(refusal)
+                out.emit(
+                    {"dry_run": False, "jobs": list(entries.values()), "clean": False},
+                    "\n".join(lines),
+                )
+                return EXIT_REFUSED
+        for v in allowed:
+            outcome = rc.carry_out_recovery(stores, v.job, stale_after=args.stale_after)
+            db = stores.warehouse(stores.registry.job_meta(v.job)).staging_db
+            lines += _render_outcome(outcome, db)
+            entries[v.job].update(outcome=outcome.to_json(), report=outcome.report.to_json())
+            if not outcome.clean:
+                code = EXIT_ALARMS
+    clean = code == 0
+    out.emit({"dry_run": False, "jobs": list(entries.values()), "clean": clean}, "\n".join(lines))
+    return code
+
+
+def _confirm(
+    args: argparse.Namespace, out: Output, allowed: list[rc.RecoveryPlanView], lines: list[str]
+) -> str | None:
+    """None when the operator confirmed; else why nothing will be done."""
+    if out.json_mode:
+        return "refusing to change anything: --json needs --yes (or --dry-run); nothing changed"
+    if not sys.stdin.isatty():
+        return (
+            "refusing to change anything: stdin is not a terminal, so the plan cannot be "
+            "confirmed; re-run with --yes to carry it out (or --dry-run to only show it)"
+        )
+    out.emit(None, "\n".join(lines))
+    lines.clear()
+    names = ", ".join(v.job for v in allowed)
+    out.progress(
+        f"Carry out this plan for {names}? Each job gets a new writer epoch, which fences "
+        "its current writer. [y/N] "
+    )
+    answer = sys.stdin.readline().strip().lower()
+    return None if answer in ("y", "yes") else "not confirmed; nothing was changed"
+
+
+def _render_outcome(o: rc.RecoveryOutcome, staging_db: str) -> list[str]:
+    r = o.report
+    lines = [
+        f"job {o.job}: took writer epoch {o.epoch} as {o.owner}; this fences "
+        + (
+            f"{o.fenced_owner} (epoch {o.fenced_epoch}): its next commit fails with FencedError, "
+            "restart that query to resume the job"
+            if o.fenced_owner
+            else "no earlier writer"
+        )
+    ]
+    stuck = set(o.remaining.plan.rolled_forward)
+    lines += [f"  rolled forward  {x}" for x in r.rolled_forward if x not in stuck]
+    lines += [f"  rolled back     {staging_db}.{t}" for t in r.rolled_back]
+    lines += [f"  dropped         {staging_db}.{t}" for t in r.dropped_leftovers]
+    if r.pruned:
+        lines.append(f"  pruned {len(r.pruned)} old COMMITTED record(s)")
+    lines += [f"  ALARM: {a}" for a in r.alarms]
+    lines.append(
+        f"job {o.job}: clean"
+        if o.clean
+        else f"job {o.job}: ALARMS REMAIN ({len(r.alarms)}); see docs/operations.md#lost-staging"
+    )
+    return lines

@@ -1,0 +1,68 @@
+"""How often and how long the ClickHouse client retries classified transient errors.
+
+Only errors :func:`txsink.clickhouse.error_map.classify` calls transient are retried;
+an ambiguous one (the request may have landed) only for operations the caller declares
+idempotent. The sleep is injectable, so tests never wait.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import tenacity
+
+from txsink.clickhouse.error_map import Transience, classify, short_text
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+DEFAULT_RETRY_ATTEMPTS = 5
+DEFAULT_RETRY_MAX_WAIT = 10.0
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often and how long to retry classified transient errors.
+
+    ``sleep`` is injectable (tests pass a recorder); ``attempts`` counts the first try.
+    """
+
+    attempts: int = DEFAULT_RETRY_ATTEMPTS
+    max_wait: float = DEFAULT_RETRY_MAX_WAIT
+    initial_wait: float = 0.2
+    sleep: Callable[[float], None] = time.sleep
+
+    def run(
+        self, fn: Callable[[], T], *, idempotent: bool, what: str, secrets: tuple[str, ...] = ()
+    ) -> T:
+        """Call ``fn``, retrying classified transient errors (raw, unmapped) per policy."""
+
+        def retryable(exc: BaseException) -> bool:
+            kind = classify(exc)
+            return kind is Transience.REJECTED or (kind is Transience.AMBIGUOUS and idempotent)
+
+        def before_sleep(state: tenacity.RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            log.warning(
+                "retrying %s after attempt %d/%d: %s",
+                what,
+                state.attempt_number,
+                self.attempts,
+                short_text(exc, secrets=secrets) if exc else "?",
+            )
+
+        retrying = tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(self.attempts),
+            wait=tenacity.wait_exponential_jitter(
+                multiplier=self.initial_wait, max=self.max_wait, jitter=self.initial_wait
+            ),
+            retry=tenacity.retry_if_exception(retryable),
+            sleep=self.sleep,
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+        return retrying(fn)

@@ -1,0 +1,103 @@
+"""docs/options.md's tables, rendered from the options registry.
+
+Owns the generated parts of docs/options.md: the writer options table and the CLI's
+common flags table, each between a pair of ``<!-- BEGIN GENERATED: ... -->`` /
+``<!-- END GENERATED: ... -->`` markers. Everything outside the markers is prose kept as
+it is. A unit test fails when the file is not what :func:`render` makes of it.
+
+Regenerate with ``python -m txsink.options_doc docs/options.md`` (``--check`` only
+compares, exit 1 when stale).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+from txsink.cli.common import COMMON_FLAGS, DEFAULT_HELP
+from txsink.options import OPTIONS, Kind, Option
+
+_BLOCK_RE = re.compile(
+    r"(<!-- BEGIN GENERATED: (?P<name>[a-z-]+)[^>]*-->\n)(?P<body>.*?)(<!-- END GENERATED: "
+    r"(?P=name) -->)",
+    re.DOTALL,
+)
+
+
+def _cell(text: str) -> str:
+    """Markdown table cell text: a ``|`` would end the cell."""
+    return text.replace("|", "\\|")
+
+
+def _default(opt: Option) -> str:
+    if opt.required:
+        return "*required*"
+    return f"`{opt.default}`" if opt.default else "(empty)"
+
+
+def _meaning(opt: Option) -> str:
+    parts = []
+    if opt.internal:
+        parts.append("internal:")
+    if opt.kind is Kind.CHOICE:
+        parts.append(f"{' | '.join(opt.choices)}:")
+    parts.append(opt.doc)
+    return " ".join(parts)
+
+
+def options_table() -> str:
+    """Every writer option: name, default, variable, meaning."""
+    lines = ["| option | default | env | meaning |", "|---|---|---|---|"]
+    for opt in OPTIONS.values():
+        env = f"`${opt.env}`" if opt.env and opt.env_in_writer else ""
+        lines.append(f"| `{opt.name}` | {_cell(_default(opt))} | {env} | {_cell(_meaning(opt))} |")
+    return "\n".join(lines)
+
+
+def flags_table() -> str:
+    """The CLI's common flags: flag, option, default (with its variable)."""
+    lines = ["| flag | option | default |", "|---|---|---|"]
+    for name in COMMON_FLAGS:
+        opt = OPTIONS[name]
+        flag = f"`{opt.flag}` / `--no-{name}`" if opt.kind is Kind.BOOL else f"`{opt.flag}`"
+        default = DEFAULT_HELP.get(name) or _default(opt)
+        lines.append(f"| {flag} | `{name}` | {_cell(default)} |")
+    return "\n".join(lines)
+
+
+TABLES = {"options": options_table, "cli-flags": flags_table}
+
+
+def render(text: str) -> str:
+    """``text`` with every generated block replaced by its current rendering."""
+
+    def block(m: re.Match[str]) -> str:
+        make = TABLES.get(m.group("name"))
+        if make is None:
+            raise ValueError(f"unknown generated block {m.group('name')!r}")
+        return f"{m.group(1)}{make()}\n{m.group(4)}"
+
+    return _BLOCK_RE.sub(block, text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m txsink.options_doc", description=__doc__)
+    parser.add_argument("path", nargs="?", default="docs/options.md")
+    parser.add_argument("--check", action="store_true", help="exit 1 if the file is stale")
+    args = parser.parse_args(argv)
+    path = Path(args.path)
+    text = path.read_text(encoding="utf-8")
+    fresh = render(text)
+    if args.check:
+        if fresh != text:
+            sys.stderr.write(f"{path} is stale: run python -m txsink.options_doc {path}\n")
+            return 1
+        return 0
+    path.write_text(fresh, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
