@@ -61,15 +61,14 @@ def test_other_points_do_not_fire() -> None:
     assert out.returncode == 0
 
 
+CALLED = r"""\b(?:fault|fault_point|FaultPoint)\(\s*["']([a-z_.]+)["']"""
+
+
 def test_every_fault_point_in_the_package_is_listed() -> None:
     """Chaos schedules draw from POINTS and FEATURE_POINTS: a point the code reaches but
     no list names is never crashed at (points are called, or yielded by the protocol's
     publish sequence as ``FaultPoint``)."""
     package = Path(txsink.__file__).parent
-    called = {
-        m.group(1)
-        for f in package.rglob("*.py")
-        for m in re.finditer(r"""\b(?:fault|fault_point|FaultPoint)\(\s*["']([a-z_.]+)["']""", f.read_text())
-    }
+    called = {m.group(1) for f in package.rglob("*.py") for m in re.finditer(CALLED, f.read_text())}
     assert called, "no fault point found: the pattern no longer matches the code"
     assert called == set(POINTS) | set(FEATURE_POINTS)
