@@ -129,15 +129,11 @@ def view_tables(warehouse: Any, info: TargetInfo) -> tuple[TargetInfo, ...]:
     out: list[TargetInfo] = []
     for view in info.dependent_views:
         vdb, vname = view.split(".", 1)
-        rows = warehouse.client.query_rows(
-            "SELECT create_table_query, toString(uuid) FROM system.tables "
-            "WHERE database = {db:String} AND name = {t:String}",
-            parameters={"db": vdb, "t": vname},
-            what=f"inspect materialized view {view}",
-        )
-        if not rows:
+        what = f"inspect materialized view {view}"
+        row = _system_table(warehouse, "create_table_query, toString(uuid)", vdb, vname, what)
+        if row is None:
             continue
-        create, uuid = str(rows[0][0]), str(rows[0][1])
+        create, uuid = str(row[0]), str(row[1])
         m = _TO_RE.search(create.split(" AS SELECT", 1)[0])
         if m:
             parts = [p.strip().strip("`") for p in m.group(1).split(".", 1)]
@@ -146,14 +142,21 @@ def view_tables(warehouse: Any, info: TargetInfo) -> tuple[TargetInfo, ...]:
             names = [f"{vdb}..inner_id.{uuid}", f"{vdb}..inner.{vname}"]
         for name in names:
             db, table = name.split(".", 1)
-            found = warehouse.client.query_rows(
-                "SELECT count() FROM system.tables "
-                "WHERE database = {db:String} AND name = {t:String}",
-                parameters={"db": db, "t": table},
-                what=f"find the table of materialized view {view}",
-            )
-            if found and int(found[0][0]):
+            what = f"find the table of materialized view {view}"
+            if _system_table(warehouse, "1", db, table, what) is not None:
                 quoted = f"{db}.`{table}`" if table.startswith(".") else name
                 out.append(warehouse.target_info(quoted))
                 break
     return tuple(out)
+
+
+def _system_table(warehouse: Any, columns: str, db: str, name: str, what: str) -> Any:
+    """``columns`` (a constant SQL list) of table ``db.name`` in system.tables; None if
+    there is no such table."""
+    rows = warehouse.client.query_rows(
+        f"SELECT {columns} FROM system.tables "
+        "WHERE database = {db:String} AND name = {t:String}",
+        parameters={"db": db, "t": name},
+        what=what,
+    )
+    return rows[0] if rows else None
