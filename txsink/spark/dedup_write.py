@@ -246,6 +246,9 @@ def write_dedup(plan: WritePlan, task: Task, batches: Iterator[Any]) -> TxCommit
     if cfg.dedup_order_by:
         rows = sorted_partition(plan, rows, task.partition)
     blocks = iter_blocks(rows, block_rows=cfg.block_rows, block_bytes=NO_BYTE_LIMIT)
+    # the first block before any borrowing: a bad partition (nulls, a missing sort column)
+    # fails here and leaves the pooled connections healthy and lendable
+    first = next(blocks, None)
     with contextlib.ExitStack() as stack:
         registry = stack.enter_context(borrowed_registry(cfg))
 
@@ -253,13 +256,14 @@ def write_dedup(plan: WritePlan, task: Task, batches: Iterator[Any]) -> TxCommit
             warehouse = stack.enter_context(borrowed_warehouse(cfg))
             return DedupTarget(warehouse, cfg.table)
 
-        message = _write(plan, task, blocks, registry, target)
+        message = _write(plan, task, first, blocks, registry, target)
     return message
 
 
 def _write(
     plan: WritePlan,
     task: Task,
+    first: pa.Table | None,
     blocks: Iterator[pa.Table],
     registry: Any,
     target: Callable[[], DedupTarget],
@@ -267,7 +271,6 @@ def _write(
     cfg = plan.config
     xid, batch, partition, attempt = task.xid, task.batch, task.partition, task.attempt
     key = dedup.partition_key(xid, partition)
-    first = next(blocks, None)
 
     def changed(stored: dedup.PartitionState | None, refusal: dedup.Refusal) -> ContentChanged:
         return content_changed(
