@@ -6,7 +6,7 @@ benchmarks/micro_batch.py).
    created with ``ClickHouseWarehouse.create_staging`` + ``insert_blocks`` outside the
    timing; the figure is ``CommitResult.seconds`` (prepare + publish + record) and the
    wall time of the call (plus heartbeat and, every 50 batches, the prune).
-2. ``txsink.spark.writer.commit_batch`` (what Spark's driver-side ``commit`` runs, minus
+2. ``txsink.committer.commit_batch`` (what Spark's driver-side ``commit`` runs, minus
    the Python worker start): borrows Keeper and ClickHouse connections (the pooled ones
    of this process after the first batch, as in Spark's reused Python workers), checks
    the run's epoch and the target's views, commits, sweeps stray staging.
@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from benchmarks.common import Bench, latency_summary
+from txsink import committer
 from txsink.config import WriterConfig
 from txsink.driver import open_job
 from txsink.protocol.ids import batch_xid, run_tag, staging_name
@@ -110,7 +111,7 @@ def driver_path(bench: Bench, partitions: int, batches: int) -> dict[str, Any]:
                 run_id, xid, b, tuple(parts), (parts[0].table,), rows=sum(p.rows for p in parts)
             )
             started = time.perf_counter()
-            writer.commit_batch(plan, [msg], b)
+            committer.commit_batch(plan, [msg], b)
             if b:
                 walls.append(time.perf_counter() - started)
     finally:

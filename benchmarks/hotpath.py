@@ -24,6 +24,7 @@ import pyarrow.dataset as pads
 from benchmarks.common import Bench, timed
 from benchmarks.sinks import BaselineWriter
 from benchmarks.throughput import create_target, truncate
+from txsink import committer
 from txsink.config import WriterConfig
 from txsink.protocol.ids import adhoc_xid
 from txsink.spark import writer as w
@@ -93,7 +94,7 @@ def fixed_cost_save(bench: Bench, table: str, small: list[Any]) -> None:
     for p in range(2):
         with task(p):
             msgs.append(w.write_partition(plan, iter(small)))
-    w.commit_batch(plan, msgs, None)
+    committer.commit_batch(plan, msgs, None)
 
 
 def profiled(fn: Any) -> tuple[float, str]:

@@ -152,7 +152,7 @@ def section_commit(r: dict[str, Any]) -> list[str]:
         "*Transactor*: "
         "`CommitResult.seconds` of `Transactor.commit_batch` (prepare + publish + record, incl. "
         "the staging drop); staging created outside the timing. *Driver commit*: "
-        "`txsink.spark.writer.commit_batch` as Spark's driver-side `commit` runs it (borrows "
+        "`txsink.committer.commit_batch` as Spark's driver-side `commit` runs it (borrows "
         "the process's pooled Keeper and ClickHouse connections, checks the run's epoch and "
         "the target's views, commits, sweeps strays), minus the Python worker start (Spark "
         "reuses it). Milliseconds.",

@@ -1,12 +1,7 @@
-"""Opening a job on the driver: clients from a config, and the writer epoch of a run.
+"""Opening a job: clients from a config, pooled per process, and the job's meta.
 
-A Spark streaming query runs its driver-side ``commit`` in a fresh Python worker for
-every micro-batch, so nothing survives in memory between batches. What identifies one
-query *run* is Spark's run id (the ``spark.jobGroup.id`` executors see, carried to the
-commit in the task messages). The first commit of a run takes a new writer epoch in
-Keeper, which fences every older run, and recovers the job; later commits of the same
-run find their run id as the epoch's owner and go straight on. A run that was once
-superseded can never take the job back (``runs/<run id>`` remembers it).
+Used on the driver (validation, the committer: :mod:`txsink.committer`, which also owns
+the writer epoch of a run) and on executors (the writers borrow pooled connections).
 """
 
 from __future__ import annotations
@@ -17,16 +12,14 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from txsink.config import WriterConfig
 from txsink.credentials import split_url
-from txsink.errors import ConfigError, FencedError
 from txsink.keeper.registry import Registry
-from txsink.protocol.codec import JobMeta, as_job_meta
-from txsink.protocol.states import Epoch
+from txsink.protocol.codec import JobMeta
 from txsink.transactor import Transactor
 
 log = logging.getLogger(__name__)
@@ -295,134 +288,3 @@ def job_meta(
         targets=dict(sorted((targets or {}).items())),
         shards=tuple(config.shards),
     )
-
-
-def primary_target(stored: JobMeta | Mapping[str, Any] | None, tables: Iterable[str]) -> str:
-    """The job's own table for a transaction writing ``tables``: the stored one, else
-    (first commit) the first of ``tables`` in sorted order. Records use it as their
-    ``target``, the ledger keys its partitions bare (:func:`ledger_key`)."""
-    meta = as_job_meta(stored)
-    if meta and meta.target:
-        return meta.target
-    return sorted(tables)[0]
-
-
-def check_tables(
-    job: str, stored: JobMeta | Mapping[str, Any] | None, tables: Iterable[str]
-) -> None:
-    """Refuse a transaction whose tables a job cannot take (pure).
-
-    A job keeps the set of tables of its first commit: its ledger, ``verify`` and the
-    pinned modes describe exactly those. A transaction may write any of them (tables it
-    skips get no rows in that xid); a table outside the set is refused, and so is a
-    transaction of several tables under a job that a single-table writer
-    (``format("clickhouse_tx")``, ``foreach_batch``) created."""
-    wanted = sorted(set(tables))
-    meta = as_job_meta(stored)
-    if not meta or meta.blank:
-        return
-    have = sorted(meta.targets) if meta.targets else [meta.target]
-    extra = [t for t in wanted if t not in have]
-    if extra:
-        raise ConfigError(
-            f"job {job} writes {', '.join(have)}; this transaction also writes "
-            f"{', '.join(extra)}. A job keeps the tables of its first commit (its ledger, "
-            f"verify and pinned modes describe exactly those). Nothing was written; write "
-            f"the new table set under a new job name"
-        )
-
-
-def identity_refusal(
-    job: str, stored: JobMeta | Mapping[str, Any], meta: JobMeta | Mapping[str, Any]
-) -> str | None:
-    """Why a writer whose job meta would be ``meta`` must not write job ``job`` as
-    ``stored`` (its Keeper meta) records it: another target table, or another shard list
-    (None when it may). Checked before any row is written (validation) and again at the
-    takeover of every run (:func:`check_job_identity`)."""
-    old, new = as_job_meta(stored) or JobMeta(), as_job_meta(meta) or JobMeta()
-    if old.target and old.target != new.target:
-        return (
-            f"job {job} writes to {old.target}, not {new.target}; a job keeps one "
-            f"target for its whole life: choose a new job name"
-        )
-    if not old.blank and old.shards != new.shards:
-        return (
-            f"job {job} writes the shards {list(old.shards) or [old.url]}, "
-            f"this writer names {list(new.shards) or [new.url]}. A job keeps its "
-            f"shard list, in order, for its whole life (staging tables and the records name "
-            f"shards by their place in it). Give the same shards option, or a new job name"
-        )
-    return None
-
-
-def check_job_identity(handle: JobHandle, meta: JobMeta) -> None:
-    """Refuse a writer that would reuse a job's xids for a different query or table.
-
-    Streaming xids are ``b<batchId>``: a new query (new checkpoint) writing under an old
-    job name restarts at batch 0 and would find those batches "already committed", i.e.
-    silently drop its data. The streaming query id (stable across restarts of one
-    checkpoint) recorded with the job catches that.
-    """
-    job = handle.config.job
-    stored = handle.registry.ensure_job(job, meta)
-    known = stored.targets
-    if len(known) > 1 and not meta.targets:
-        raise ConfigError(
-            f"job {job} commits several tables in one transaction ({', '.join(sorted(known))}); "
-            f"a single-table writer must not share its xids. Write with "
-            f"`txsink.transaction(...)`, or use a new job name"
-        )
-    if meta.targets:
-        check_tables(job, stored, meta.targets)
-    refusal = identity_refusal(job, stored, meta)
-    if refusal:
-        raise ConfigError(refusal)
-    old, new = stored.query_id, meta.query_id
-    if old and new and old != new and handle.registry.ledger(job).committed:
-        raise ConfigError(
-            f"job {job} was written by streaming query {old} and this is query {new} (a new "
-            f"checkpoint?). Its batch ids would collide with committed ones and be skipped as "
-            f"replays. Use a new job name, or keep the old checkpointLocation."
-        )
-
-
-def epoch_for_run(
-    handle: JobHandle,
-    run_id: str,
-    mode: str,
-    keep: Iterable[str] = (),
-    query_id: str = "",
-    targets: dict[str, str] | None = None,
-) -> Epoch:
-    """The epoch of ``run_id``: the current one if the run owns the job, else a takeover.
-
-    ``keep`` lists staging tables of the batch being committed: the takeover's recovery
-    must not roll them back.
-    """
-    registry, job = handle.registry, handle.config.job
-    # Synced: a new Python worker's session may sit on a server that has not seen this
-    # run take the job yet, and would make the run take it over again from itself.
-    registry.sync(job)
-    current = registry.current_epoch(job)
-    if current is not None and current.owner == run_id:
-        return current
-    if registry.get_blob(job, f"runs/{run_id}") is not None:
-        raise FencedError(
-            f"job {job}: run {run_id} was superseded by run {current.owner if current else '?'} "
-            f"(epoch {current.number if current else '?'}); this query must stop. Two queries "
-            f"must not write with the same job name."
-        )
-    meta = job_meta(handle.config, mode, query_id, targets)
-    check_job_identity(handle, meta)
-    registry.put_blob(job, f"runs/{run_id}", {"started_at": time.time()})
-    epoch = handle.transactor.begin(run_id, meta=meta, keep=set(keep))
-    if current is not None:
-        log.warning(
-            "job %s: run %s took over from %s (epoch %d -> %d)",
-            job,
-            run_id,
-            current.owner,
-            current.number,
-            epoch.number,
-        )
-    return epoch

@@ -19,6 +19,7 @@ import pytest
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from tests.integration.sparkjob import Job, assert_exact, new_job
+from txsink.clickhouse.dedup_insert import insert_settings
 from txsink.config import WriterConfig
 from txsink.driver import open_registry
 from txsink.errors import ConfigError, ContentChanged, DedupWindowExceeded
@@ -26,8 +27,8 @@ from txsink.faults import POINTS
 from txsink.protocol import dedup
 from txsink.protocol.states import Mode, XidState
 from txsink.spark import validate
-from txsink.spark.dedup_write import StateCell, insert_settings, write_partition_dedup
-from txsink.spark.writer import WritePlan
+from txsink.spark.dedup_write import StateCell, write_partition_dedup
+from txsink.spark.messages import WritePlan
 
 ORDERS = (
     "CREATE TABLE {table} (id Int64, event_time DateTime64(6, 'UTC'), day Date, "
@@ -267,7 +268,7 @@ def test_zookeeper_registry_deletes_the_dedup_state_of_one_xid(stack, zk):
 
 
 class _Ctx:
-    """The three TaskContext calls the dedup executor path makes."""
+    """The TaskContext calls the executor path makes."""
 
     def __init__(self, partition: int, attempt: int) -> None:
         self._p, self._a = partition, attempt
@@ -277,6 +278,9 @@ class _Ctx:
 
     def attemptNumber(self) -> int:
         return self._a
+
+    def taskAttemptId(self) -> int:
+        return 1000 * self._p + self._a
 
     def getLocalProperty(self, key: str) -> str | None:
         return None

@@ -461,9 +461,10 @@ def test_the_driver_refuses_to_prepare_staging_it_cannot_see_on_a_replicated_tar
     commit point, not by a MOVE that finds nothing after PREPARED."""
     from types import SimpleNamespace
 
+    from txsink.committer import check_staging_reachable
     from txsink.config import WriterConfig
     from txsink.errors import ConfigError
-    from txsink.spark.writer import TxCommitMessage, WritePlan, check_staging_reachable
+    from txsink.spark.messages import TxCommitMessage, WritePlan
 
     class Seen:
         def __init__(self, present: set[str]) -> None:

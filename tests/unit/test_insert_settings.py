@@ -22,8 +22,8 @@ from txsink.clickhouse.compat import (
     SettingValue,
     insert_settings_problems,
 )
+from txsink.clickhouse.dedup_insert import insert_settings
 from txsink.errors import ConfigError, RetryableConflict
-from txsink.spark.dedup_write import insert_settings
 
 PARTITIONS = (
     "Code: 252. DB::Exception: Too many partitions for single INSERT block (more than "

@@ -7,7 +7,6 @@ import json
 
 import pytest
 
-from txsink.driver import check_tables, primary_target
 from txsink.errors import ConfigError, RecoveryAlarm
 from txsink.keeper import ledger as lg
 from txsink.keeper.manifest_codec import (
@@ -21,6 +20,8 @@ from txsink.ports.warehouse_memory import MemoryWarehouse
 from txsink.protocol import plans
 from txsink.protocol.codec import decode_part, decode_record, encode_part, encode_record
 from txsink.protocol.ids import batch_xid, staging_name
+from txsink.protocol.job import JobFacts, tables_refusal
+from txsink.protocol.job import primary_target as primary
 from txsink.protocol.states import Mode, StagedPart, XidRecord, XidState
 from txsink.spark.validate import pinned_mode
 from txsink.transactor import Transactor
@@ -157,6 +158,16 @@ def test_a_single_table_ledger_is_unchanged():
 # ------------------------------------------------------------------------ job tables
 
 
+def check_tables(job: str, stored: dict | None, tables: list[str]) -> None:
+    refusal = tables_refusal(job, JobFacts.of(stored), tables)
+    if refusal:
+        raise ConfigError(refusal)
+
+
+def primary_target(stored: dict | None, tables: list[str]) -> str:
+    return primary(JobFacts.of(stored), tables)
+
+
 def test_a_job_keeps_its_tables_and_a_transaction_may_write_a_subset():
     stored = {"target": FACTS, "targets": {FACTS: "attach", DAILY: "attach"}}
     check_tables(JOB, stored, [DAILY])
@@ -259,7 +270,7 @@ def test_a_transaction_over_tables_on_different_servers_is_refused_before_stagin
     import txsink.spark.validate as validate_module
     from txsink.config import WriterConfig
     from txsink.spark import multi
-    from txsink.spark.writer import WritePlan
+    from txsink.spark.messages import WritePlan
 
     def fake_validate(config: WriterConfig, schema: object) -> WritePlan:
         if config.table == "shop.orders":  # Distributed: resolved onto its shards
@@ -274,7 +285,7 @@ def test_a_transaction_over_tables_on_different_servers_is_refused_before_stagin
     staged: list[str] = []
     monkeypatch.setattr(validate_module, "validate", fake_validate)
     monkeypatch.setattr(multi, "stage", lambda plan, df: staged.append(plan.config.table) or [])
-    monkeypatch.setattr(multi.w, "batch_mode", lambda plan, messages, xid: Mode.ATTACH)
+    monkeypatch.setattr(multi.committer, "batch_mode", lambda plan, messages, xid: Mode.ATTACH)
 
     class Df:
         schema = None

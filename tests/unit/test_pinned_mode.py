@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from tests.unit.test_compat import info
+from txsink.committer import batch_mode
 from txsink.config import WriterConfig
 from txsink.errors import ConfigError, FencedError
 from txsink.keeper.registry import MemoryRegistry
@@ -15,8 +16,8 @@ from txsink.ops.status import Stores
 from txsink.ports.warehouse_memory import MemoryWarehouse
 from txsink.protocol.ids import staging_name
 from txsink.protocol.states import StagedPart, XidRecord
-from txsink.spark.validate import pinned_mode, resolve_mode
-from txsink.spark.writer import TxCommitMessage, WritePlan, batch_mode
+from txsink.spark.messages import TxCommitMessage, WritePlan
+from txsink.spark.validate import choose_mode, pinned_mode
 from txsink.transactor import Transactor
 
 BASE = {"url": "http://h:8123", "keeper": "k:2181", "table": "db.t", "job": "j"}
@@ -34,19 +35,19 @@ def with_view() -> object:
 
 def test_auto_follows_the_pinned_mode_not_the_target_of_the_moment() -> None:
     plain = info(settings={"non_replicated_deduplication_window": "1000"})
-    assert resolve_mode(config(), plain, pinned="dedup") == "dedup"  # auto would say attach
-    assert resolve_mode(config(), plain, pinned=None) == "attach"
+    assert choose_mode(config(), plain, pinned="dedup") == "dedup"  # auto would say attach
+    assert choose_mode(config(), plain, pinned=None) == "attach"
 
 
 def test_a_view_on_a_target_pinned_to_attach_is_refused_with_the_mode_command() -> None:
     with pytest.raises(ConfigError, match=r"pinned to attach.*txsink mode --job j --set dedup"):
-        resolve_mode(config(), with_view(), pinned="attach")  # type: ignore[arg-type]
+        choose_mode(config(), with_view(), pinned="attach")  # type: ignore[arg-type]
 
 
 def test_an_explicit_mode_other_than_the_pinned_one_is_refused() -> None:
     plain = info(settings={"non_replicated_deduplication_window": "1000"})
     with pytest.raises(ConfigError, match="pinned to mode attach"):
-        resolve_mode(config("dedup"), plain, pinned="attach")
+        choose_mode(config("dedup"), plain, pinned="attach")
 
 
 def test_only_attach_and_dedup_pin_a_job() -> None:

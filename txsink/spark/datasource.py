@@ -1,8 +1,9 @@
 """The Spark Python data source ``clickhouse_tx`` (contract in docs/options.md).
 
 Thin by design: options are parsed into a :class:`txsink.config.WriterConfig`, the target
-is validated on the driver before any task runs (:mod:`txsink.spark.validate`), and the
-work is done by :mod:`txsink.spark.writer`.
+is validated on the driver before any task runs (:mod:`txsink.spark.validate`), the
+executors write (:mod:`txsink.spark.writer`) and the driver commits
+(:mod:`txsink.committer`).
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from txsink import committer
 from txsink.config import WriterConfig
 from txsink.errors import ConfigError
 from txsink.protocol.ids import adhoc_xid, batch_xid
-from txsink.spark import writer as w
+from txsink.spark.messages import WritePlan, reports
+from txsink.spark.writer import write_partition
 
 FORMAT = "clickhouse_tx"
 
@@ -68,30 +71,30 @@ class ClickHouseTxDataSource(DataSource):
 class ClickHouseTxBatchWriter(DataSourceArrowWriter):
     """One ``save()`` = one transaction (xid from ``txn_version`` when given)."""
 
-    def __init__(self, plan: w.WritePlan) -> None:
+    def __init__(self, plan: WritePlan) -> None:
         self.plan = plan
 
     def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
-        return w.write_partition(self.plan, iterator)
+        return write_partition(self.plan, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        w.commit_batch(self.plan, list(messages), self.plan.batch)
+        committer.commit_batch(self.plan, reports(messages), self.plan.batch)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        w.abort_batch(self.plan, list(messages), self.plan.batch)
+        committer.abort_batch(self.plan, reports(messages), self.plan.batch)
 
 
 class ClickHouseTxStreamWriter(DataSourceStreamArrowWriter):
     """One micro-batch = one transaction, xid ``b<batchId>``."""
 
-    def __init__(self, plan: w.WritePlan) -> None:
+    def __init__(self, plan: WritePlan) -> None:
         self.plan = plan
 
     def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
-        return w.write_partition(self.plan, iterator)
+        return write_partition(self.plan, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        w.commit_batch(self.plan, list(messages), batchId)
+        committer.commit_batch(self.plan, reports(messages), batchId)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        w.abort_batch(self.plan, list(messages), batchId)
+        committer.abort_batch(self.plan, reports(messages), batchId)

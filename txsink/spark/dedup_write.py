@@ -1,6 +1,10 @@
 """Dedup mode's executor path: deterministic blocks inserted straight into the target.
 
-Used where partitions cannot be moved (see docs/modes.md). One Spark task attempt:
+Used where partitions cannot be moved (see docs/modes.md). The attach writer's peer (the
+same :class:`~txsink.spark.task.PartitionWriter` shape); it decides with
+:mod:`txsink.protocol.dedup` and talks to ClickHouse only through
+:class:`~txsink.clickhouse.dedup_insert.DedupTarget` (no SQL here) and to Keeper through
+a pooled registry. One Spark task attempt:
 
 1. cuts its partition into deterministic blocks: rows in the order Spark delivers them
    (or sorted by ``dedup_order_by``), boundaries every ``block_rows`` rows. Byte limits
@@ -21,8 +25,9 @@ Used where partitions cannot be moved (see docs/modes.md). One Spark task attemp
 5. writes AFTER once every block is acknowledged and returns a commit message whose parts
    name the target, the Spark partition, rows, blocks and a digest of the partition.
 
-The driver then records the xid PREPARED and COMMITTED (:class:`txsink.transactor.Transactor`
-with ``Mode.DEDUP``) and deletes ``dedup/<xid>``.
+The driver's committer (:mod:`txsink.committer`) then records the xid PREPARED and
+COMMITTED (:class:`txsink.transactor.Transactor` with ``Mode.DEDUP``) and deletes
+``dedup/<xid>``.
 
 Memory: without ``dedup_order_by`` at most one block (plus the Spark batch being cut) is
 held, as in attach mode. With ``dedup_order_by`` the whole partition is materialised and
@@ -32,39 +37,29 @@ partitions small (more Spark partitions) when using it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import logging
-import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
 from pyarrow import ipc
 
-from txsink.clickhouse.client import split_table
-from txsink.clickhouse.compat import (
-    DEDUP_INSERT_SETTINGS,
-    WINDOW_SECONDS_KEY,
-    TargetInfo,
-    dedup_window,
-)
-from txsink.clickhouse.warehouse import iter_blocks, parse_settings_clause
-from txsink.driver import open_registry, open_warehouse
+from txsink.clickhouse.dedup_insert import NO_BYTE_LIMIT, DedupTarget
+from txsink.clickhouse.warehouse import iter_blocks
 from txsink.errors import ConfigError, ContentChanged, DedupWindowExceeded
 from txsink.faults import fault_point
 from txsink.keeper.registry import CREATE, BlobConflict
 from txsink.protocol import dedup
-from txsink.protocol.codec import decode_partition_state, encode_partition_state
-from txsink.protocol.ids import dedup_token
 from txsink.protocol.states import StagedPart
-from txsink.spark.writer import QUERY_ID_PROPERTY, TxCommitMessage, WritePlan, check_nulls
+from txsink.spark.messages import TxCommitMessage, WritePlan
+from txsink.spark.task import Task, checked
 
 log = logging.getLogger(__name__)
 
-# Effectively no byte limit: block boundaries depend on row counts only (see module doc).
-NO_BYTE_LIMIT = 1 << 62
 DIGEST_PREFIX = "b2:"  # the hash in use; a stored digest of another kind never matches
 
 
@@ -93,22 +88,6 @@ def fingerprint(index: int, block: pa.Table) -> dedup.BlockFingerprint:
     with ipc.new_stream(pa.PythonFile(_HashSink(digest), mode="w"), table.schema) as writer:
         writer.write_table(table)
     return dedup.BlockFingerprint(index, block.num_rows, DIGEST_PREFIX + digest.hexdigest())
-
-
-def insert_settings(job: str, xid: str, partition: int, index: int) -> dict[str, Any]:
-    """Per-block insert settings of dedup mode: the block's token and every setting the
-    guarantee relies on (:data:`~txsink.clickhouse.compat.DEDUP_INSERT_SETTINGS`; the
-    warehouse leaves out the 26.x spellings an older server does not know)."""
-    return {
-        "insert_deduplication_token": dedup_token(job, xid, partition, index),
-        **DEDUP_INSERT_SETTINGS,
-    }
-
-
-def checked(plan: WritePlan, batches: Iterator[Any]) -> Iterator[Any]:
-    for batch in batches:
-        check_nulls(plan, batch)
-        yield batch
 
 
 def sorted_partition(plan: WritePlan, batches: Iterator[Any], partition: int) -> Iterator[Any]:
@@ -175,8 +154,7 @@ class StateCell:
         if found is None:
             self.state, self.version = None, CREATE
         else:
-            where = f"jobs/{self.job}/{self.key}"
-            self.state, self.version = decode_partition_state(found[0], where), found[1]
+            self.state, self.version = dedup.PartitionState.from_json(found[0]), found[1]
 
     def propose(self, new: dedup.PartitionState) -> bool:
         """Write ``new`` if the rule allows it; False if another attempt wrote first (the
@@ -187,75 +165,12 @@ class StateCell:
         if verdict is dedup.WriteVerdict.REFUSE:
             raise self._refused(why)
         try:
-            node = encode_partition_state(new)
-            self.version = self.registry.cas_blob(self.job, self.key, node, self.version)
+            self.version = self.registry.cas_blob(self.job, self.key, new.to_json(), self.version)
         except BlobConflict:
             self.refresh()
             return False
         self.state = new
         return True
-
-
-_MARK_SQL = (
-    "SELECT t.engine, t.engine_full, p.mx, p.sm, toFloat64(now64(3)) FROM "
-    "(SELECT engine, engine_full FROM system.tables "
-    " WHERE database = {db:String} AND name = {t:String}) AS t CROSS JOIN "
-    "(SELECT max(m) AS mx, sum(m + 1) AS sm FROM (SELECT partition_id, "
-    " max(max_block_number) AS m FROM system.parts "
-    " WHERE database = {db:String} AND table = {t:String} GROUP BY partition_id)) AS p"
-)
-
-
-class WindowGuard:
-    """Observes the target's dedup window and block counter (one query per block).
-
-    The counter bounds the dedup entries added since a mark (see the window section of
-    :mod:`txsink.protocol.dedup`): the highest block number for non-replicated targets
-    (numbered per table), the sum over partitions of highest block number + 1 for
-    replicated ones (numbered per partition). Outdated parts still listed count too.
-    """
-
-    def __init__(self, warehouse: Any, table: str) -> None:
-        self.client = warehouse.client
-        self.table = table
-        self.db, self.name = split_table(table)
-        self._defaults: dict[str, str] | None = None
-
-    def observe(self) -> tuple[dedup.Mark, dedup.Window] | None:
-        """(counter and server time, window now); None where no window can be observed."""
-        rows = self.client.query_rows(
-            _MARK_SQL,
-            parameters={"db": self.db, "t": self.name},
-            what=f"read the block counter of {self.table}",
-            table=self.table,
-        )
-        if not rows:
-            raise ConfigError(f"table {self.table} disappeared during a dedup-mode write")
-        engine, engine_full, mx, sm, now = rows[0]
-        if self._defaults is None:
-            self._defaults = {
-                str(k): str(v)
-                for k, v in self.client.query_rows(
-                    "SELECT name, value FROM system.merge_tree_settings "
-                    "WHERE name IN {names:Array(String)}",
-                    parameters={"names": list(WINDOW_KEYS)},
-                    what="read merge_tree_settings defaults",
-                )
-            }
-        settings = {**self._defaults, **parse_settings_clause(str(engine_full))}
-        info = TargetInfo(self.db, self.name, str(engine), str(engine_full), settings=settings)
-        window = dedup_window(info)
-        if window is None:
-            return None
-        counter = int(sm) if info.is_replicated else int(mx)
-        return dedup.Mark(counter, float(now)), window
-
-
-WINDOW_KEYS = (
-    "non_replicated_deduplication_window",
-    "replicated_deduplication_window",
-    WINDOW_SECONDS_KEY,
-)
 
 
 def window_exceeded(
@@ -317,16 +232,45 @@ def write_partition_dedup(
     ctx: Any,
     started: float,
 ) -> TxCommitMessage:
-    """Executor: insert one Spark partition into the target as deterministic blocks."""
+    """:func:`write_dedup` for the task of TaskContext ``ctx`` (tests drive it so)."""
+    return write_dedup(plan, Task.of(ctx, run_id, xid, batch, started), batches)
+
+
+def write_dedup(plan: WritePlan, task: Task, batches: Iterator[Any]) -> TxCommitMessage:
+    """A :class:`~txsink.spark.task.PartitionWriter`: insert one Spark partition into the
+    target as deterministic blocks (pooled Keeper session and ClickHouse client)."""
+    from txsink.driver import borrowed_registry, borrowed_warehouse
+
     cfg = plan.config
-    partition, attempt = int(ctx.partitionId()), int(ctx.attemptNumber())
-    key = dedup.partition_key(xid, partition)
     rows: Iterator[Any] = checked(plan, batches)
     if cfg.dedup_order_by:
-        rows = sorted_partition(plan, rows, partition)
+        rows = sorted_partition(plan, rows, task.partition)
     blocks = iter_blocks(rows, block_rows=cfg.block_rows, block_bytes=NO_BYTE_LIMIT)
+    # the first block before any borrowing: a bad partition (nulls, a missing sort column)
+    # fails here and leaves the pooled connections healthy and lendable
     first = next(blocks, None)
-    registry = open_registry(cfg)
+    with contextlib.ExitStack() as stack:
+        registry = stack.enter_context(borrowed_registry(cfg))
+
+        def target() -> DedupTarget:  # borrowed only once a block is to be sent
+            warehouse = stack.enter_context(borrowed_warehouse(cfg))
+            return DedupTarget(warehouse, cfg.table)
+
+        message = _write(plan, task, first, blocks, registry, target)
+    return message
+
+
+def _write(
+    plan: WritePlan,
+    task: Task,
+    first: pa.Table | None,
+    blocks: Iterator[pa.Table],
+    registry: Any,
+    target: Callable[[], DedupTarget],
+) -> TxCommitMessage:
+    cfg = plan.config
+    xid, batch, partition, attempt = task.xid, task.batch, task.partition, task.attempt
+    key = dedup.partition_key(xid, partition)
 
     def changed(stored: dedup.PartitionState | None, refusal: dedup.Refusal) -> ContentChanged:
         return content_changed(
@@ -341,91 +285,79 @@ def write_partition_dedup(
             f"Spark retries the task, which decides against the record as it is now."
         )
 
-    try:
-        cell = StateCell(registry, cfg.job, key, refused_write)
-        initial = cell.state
-        if first is None:  # an empty partition inserts nothing and records nothing...
-            refusal = dedup.decide_end(initial, 0)  # ...unless an earlier attempt had rows
-            if refusal is not None:
-                raise changed(initial, refusal)
-            return TxCommitMessage(
-                run_id, xid, batch, seconds=time.time() - started, extra=_ident(ctx)
-            )
-        warehouse = open_warehouse(cfg)
-        guard = WindowGuard(warehouse, cfg.table)
-        track: dedup.Track | None = None  # this attempt's view of the window bookkeeping
-        prev_counter: int | None = None
-        done: list[dedup.BlockFingerprint] = []
-        inserted = skipped = total = 0
+    cell = StateCell(registry, cfg.job, key, refused_write)
+    initial = cell.state
+    if first is None:  # an empty partition inserts nothing and records nothing...
+        refusal = dedup.decide_end(initial, 0)  # ...unless an earlier attempt had rows
+        if refusal is not None:
+            raise changed(initial, refusal)
+        return task.message(plan)
+    guard: DedupTarget = target()
+    track: dedup.Track | None = None  # this attempt's view of the window bookkeeping
+    prev_counter: int | None = None
+    done: list[dedup.BlockFingerprint] = []
+    inserted = skipped = total = 0
 
-        def chained() -> Iterator[pa.Table]:
-            yield first
-            yield from blocks
+    def chained() -> Iterator[pa.Table]:
+        yield first
+        yield from blocks
 
-        for index, block in enumerate(chained()):
-            fp = fingerprint(index, block)
-            while True:
-                stored = cell.state
-                step = dedup.decide_block(stored, index, fp)
-                if step.action is dedup.BlockAction.REFUSE and step.refusal is not None:
-                    raise changed(stored, step.refusal)
-                if step.action is dedup.BlockAction.SKIP:
-                    break
-                resend = stored is not None and index < len(stored.blocks)
-                track = _merge(track, stored.track if stored else None)
-                observed = guard.observe()
-                if observed is not None:
-                    now, window = observed
-                    verdict: dedup.WindowRefusal | None = None
-                    if resend and stored is not None and stored.track is None:
-                        verdict = dedup.unmarked(stored)
-                    else:
-                        track, verdict = dedup.window_step(
-                            track, window, now, resend=resend, prev_counter=prev_counter
-                        )
-                    if verdict is not None:
-                        raise window_exceeded(
-                            plan, xid=xid, batch=batch, partition=partition, index=index,
-                            resend=resend, window=window, refusal=verdict,
-                        )  # fmt: skip
-                    prev_counter = now.counter
-                if not dedup.needs_before_record(stored, index):
-                    break
-                if cell.propose(dedup.before([*done, fp], attempt, time.time(), track)):
-                    break
-                # another attempt wrote first: its record must agree with what we sent
-                mismatch = dedup.check_prefix(cell.state, done)
-                if mismatch is not None:
-                    raise changed(cell.state, mismatch)
-            done.append(fp)
-            if step.action is dedup.BlockAction.INSERT:
-                warehouse.insert_blocks(
-                    cfg.table,
-                    block.to_batches(),
-                    block_rows=block.num_rows,
-                    block_bytes=NO_BYTE_LIMIT,
-                    settings=insert_settings(cfg.job, xid, partition, index),
-                )
-                inserted += 1
-            else:
-                skipped += 1
-            total += block.num_rows
-            if index == 0:
-                fault_point("executor.mid_write")
-            del block
+    for index, block in enumerate(chained()):
+        fp = fingerprint(index, block)
         while True:
-            refusal = dedup.decide_end(cell.state, len(done))
-            if refusal is not None:
-                raise changed(cell.state, refusal)
-            final_track = _merge(track, cell.state.track if cell.state else None)
-            if cell.propose(dedup.after(done, attempt, time.time(), final_track)):
+            stored = cell.state
+            step = dedup.decide_block(stored, index, fp)
+            if step.action is dedup.BlockAction.REFUSE and step.refusal is not None:
+                raise changed(stored, step.refusal)
+            if step.action is dedup.BlockAction.SKIP:
                 break
+            resend = stored is not None and index < len(stored.blocks)
+            track = _merge(track, stored.track if stored else None)
+            observed = guard.observe()
+            if observed is not None:
+                now, window = observed
+                verdict: dedup.WindowRefusal | None = None
+                if resend and stored is not None and stored.track is None:
+                    verdict = dedup.unmarked(stored)
+                else:
+                    track, verdict = dedup.window_step(
+                        track, window, now, resend=resend, prev_counter=prev_counter
+                    )
+                if verdict is not None:
+                    raise window_exceeded(
+                        plan, xid=xid, batch=batch, partition=partition, index=index,
+                        resend=resend, window=window, refusal=verdict,
+                    )  # fmt: skip
+                prev_counter = now.counter
+            if not dedup.needs_before_record(stored, index):
+                break
+            if cell.propose(dedup.before([*done, fp], attempt, time.time(), track)):
+                break
+            # another attempt wrote first: its record must agree with what we sent
             mismatch = dedup.check_prefix(cell.state, done)
             if mismatch is not None:
                 raise changed(cell.state, mismatch)
-        decision = dedup.summarize(initial, inserted, skipped, len(done))
-    finally:
-        registry.close()
+        done.append(fp)
+        if step.action is dedup.BlockAction.INSERT:
+            guard.insert(block, job=cfg.job, xid=xid, partition=partition, index=index)
+            inserted += 1
+        else:
+            skipped += 1
+        total += block.num_rows
+        if index == 0:
+            fault_point("executor.mid_write")
+        del block
+    while True:
+        refusal = dedup.decide_end(cell.state, len(done))
+        if refusal is not None:
+            raise changed(cell.state, refusal)
+        final_track = _merge(track, cell.state.track if cell.state else None)
+        if cell.propose(dedup.after(done, attempt, time.time(), final_track)):
+            break
+        mismatch = dedup.check_prefix(cell.state, done)
+        if mismatch is not None:
+            raise changed(cell.state, mismatch)
+    decision = dedup.summarize(initial, inserted, skipped, len(done))
     if decision is dedup.Decision.SAME:
         from txsink.metrics import count
 
@@ -437,20 +369,11 @@ def write_partition_dedup(
         )  # fmt: skip
     digest = hashlib.blake2b("".join(b.digest for b in done).encode(), digest_size=8)
     part = StagedPart(cfg.table, str(partition), total, len(done), digest.hexdigest())
-    return TxCommitMessage(
-        run_id,
-        xid,
-        batch,
-        (part,),
-        (),
+    return task.message(
+        plan,
+        parts=(part,),
         rows=total,
-        seconds=time.time() - started,
-        extra={
-            "decision": decision.value,
-            "inserted": inserted,
-            "skipped": skipped,
-            **_ident(ctx),
-        },
+        extra={"decision": decision.value, "inserted": inserted, "skipped": skipped},
     )
 
 
@@ -468,55 +391,3 @@ def _merge(ours: dedup.Track | None, theirs: dedup.Track | None) -> dedup.Track 
         max(ours.seen, theirs.seen),
         max(ours.block_parts, theirs.block_parts),
     )
-
-
-def _ident(ctx: Any) -> dict[str, str]:
-    """The streaming query id, which the driver checks against the job's (see driver.py),
-    and the mode the task wrote in, which the commit checks against its own."""
-    return {"query_id": ctx.getLocalProperty(QUERY_ID_PROPERTY) or "", "mode": "dedup"}
-
-
-_TO_RE = re.compile(
-    r"\bMATERIALIZED\s+VIEW\s+.+?\s+TO\s+((?:`[^`]+`|[A-Za-z_][A-Za-z0-9_]*)"
-    r"(?:\s*\.\s*(?:`[^`]+`|[A-Za-z_][A-Za-z0-9_]*))?)",
-    re.IGNORECASE | re.DOTALL,
-)
-
-
-def view_tables(warehouse: Any, info: TargetInfo) -> tuple[TargetInfo, ...]:
-    """The tables ``info``'s materialized views store into (``TO`` table or inner table).
-
-    Driver-side, for :func:`txsink.clickhouse.compat.dedup_blockers`: a view table without
-    a dedup window counts a replayed block twice.
-    """
-    out: list[TargetInfo] = []
-    for view in info.dependent_views:
-        vdb, vname = view.split(".", 1)
-        rows = warehouse.client.query_rows(
-            "SELECT create_table_query, toString(uuid) FROM system.tables "
-            "WHERE database = {db:String} AND name = {t:String}",
-            parameters={"db": vdb, "t": vname},
-            what=f"inspect materialized view {view}",
-        )
-        if not rows:
-            continue
-        create, uuid = str(rows[0][0]), str(rows[0][1])
-        m = _TO_RE.search(create.split(" AS SELECT", 1)[0])
-        if m:
-            parts = [p.strip().strip("`") for p in m.group(1).split(".", 1)]
-            names = [f"{parts[0]}.{parts[1]}" if len(parts) == 2 else f"{vdb}.{parts[0]}"]
-        else:
-            names = [f"{vdb}..inner_id.{uuid}", f"{vdb}..inner.{vname}"]
-        for name in names:
-            db, table = name.split(".", 1)
-            found = warehouse.client.query_rows(
-                "SELECT count() FROM system.tables "
-                "WHERE database = {db:String} AND name = {t:String}",
-                parameters={"db": db, "t": table},
-                what=f"find the table of materialized view {view}",
-            )
-            if found and int(found[0][0]):
-                quoted = f"{db}.`{table}`" if table.startswith(".") else name
-                out.append(warehouse.target_info(quoted))
-                break
-    return tuple(out)

@@ -12,7 +12,7 @@ executor write path of the data source (:func:`txsink.spark.writer.write_partiti
 every partition and returns each task's commit message to this driver; nothing is
 visible and nothing is prepared. Leaving the block without an exception prepares ONE
 xid whose manifest holds the staged parts of every table (each entry names its table),
-then publishes and records it (:func:`txsink.spark.writer.commit_writes`): the same
+then publishes and records it (:func:`txsink.committer.commit_writes`): the same
 protocol, records and recovery as a single-table batch. An exception rolls back every
 table's staging (:meth:`txsink.transactor.Transactor.roll_back`: tombstone first).
 
@@ -27,7 +27,7 @@ is exactly what the transaction promises never to show.
 
 Spark returns only the first successful attempt of each task; losing speculative or
 retried attempts may still have created staging. The commit sweeps every staging table
-of the xid that no returned message names (:func:`txsink.spark.writer.sweep_strays`).
+of the xid that no returned message names (:func:`txsink.committer.sweep_strays`).
 """
 
 from __future__ import annotations
@@ -39,12 +39,14 @@ import uuid
 from types import TracebackType
 from typing import Any
 
+from txsink import committer
 from txsink.config import WriterConfig
 from txsink.errors import ConfigError
 from txsink.faults import fault_point
 from txsink.protocol.ids import batch_xid
 from txsink.protocol.states import Mode
-from txsink.spark import writer as w
+from txsink.spark.messages import TxCommitMessage, WritePlan
+from txsink.spark.writer import write_partition
 
 log = logging.getLogger(__name__)
 
@@ -53,14 +55,14 @@ _PLACEHOLDER = "txsink.transaction"
 _INTERNAL = ("table", "txn_version", "micro_batch", "run_id")
 
 
-def stage(plan: w.WritePlan, df: Any) -> list[w.TxCommitMessage]:
+def stage(plan: WritePlan, df: Any) -> list[TxCommitMessage]:
     """Run the executor write of ``plan`` over ``df``; the task messages, on the driver."""
     import pyarrow as pa
 
     schema = pa.schema([("message", pa.binary())])
 
     def write(batches: Any) -> Any:
-        message = w.write_partition(plan, iter(batches))
+        message = write_partition(plan, iter(batches))
         yield pa.RecordBatch.from_pydict({"message": [pickle.dumps(message)]}, schema=schema)
 
     rows = df.mapInArrow(write, "message binary").collect()
@@ -96,8 +98,8 @@ class Transaction:
         self.xid = batch_xid(self.batch)
         self.run_id = self._run_id(spark) if self.streaming else ""
         self.run_id = self.run_id or f"txn-{uuid.uuid4().hex}"
-        self.writes: list[tuple[w.WritePlan, list[w.TxCommitMessage]]] = []
-        self.tried: list[w.WritePlan] = []
+        self.writes: list[tuple[WritePlan, list[TxCommitMessage]]] = []
+        self.tried: list[WritePlan] = []
         self.result: dict[str, Any] | None = None
         self.closed = False
 
@@ -164,7 +166,7 @@ class Transaction:
         plan = dataclasses.replace(plan, xid=self.xid, run_id=self.run_id, batch=self.batch)
         self.tried.append(plan)
         messages = stage(plan, df)
-        w.batch_mode(plan, messages, self.xid)
+        committer.batch_mode(plan, messages, self.xid)
         self.writes.append((plan, messages))
         return sum(m.rows for m in messages)
 
@@ -174,7 +176,7 @@ class Transaction:
         if not self.writes:
             return None
         targets = {plan.config.table: plan.mode for plan, _ in self.writes}
-        self.result = w.commit_writes(
+        self.result = committer.commit_writes(
             self.writes,
             self.xid,
             self.batch,
@@ -190,7 +192,7 @@ class Transaction:
         if not self.tried:
             return
         messages = [m for _, ms in self.writes for m in ms]
-        w.abort_batch(self.tried[0], list(messages), self.batch)
+        committer.abort_batch(self.tried[0], list(messages), self.batch)
 
     def __enter__(self) -> Transaction:
         return self

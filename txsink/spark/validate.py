@@ -10,18 +10,15 @@ created in the target by validation; the staging database is ensured, and Keeper
 Nullability: Spark marks most source columns nullable (Parquet, Kafka, JSON), so a
 nullable DataFrame column bound for a non-Nullable ClickHouse column is accepted here
 and every block is checked for actual nulls at write time instead
-(:func:`txsink.spark.writer.check_nulls`), before it is sent.
+(:func:`txsink.spark.task.check_nulls`), before it is sent.
 
-The mode is decided once per job and pinned: the first commit records the resolved mode
-in the job's Keeper meta, and every later validation uses the pinned mode (``mode=auto``)
-or refuses a different explicit one. A target that no longer allows the pinned mode (a
-materialized view created on an attach-mode target) is refused with the next step
-(``txsink mode --job J --set dedup``), never silently switched: a batch whose tasks wrote
-in one mode must not be committed in another.
+The mode is decided once per job and pinned (the rules and their table:
+:mod:`txsink.protocol.job`): this module reads the target's blockers and the job's meta
+and raises what the rules refuse, with the next step.
 
 Results are cached per process for a short time: Spark asks for a writer on the driver
 for every micro-batch. The commit re-checks what the cache could have missed (the tasks'
-mode, new views: :mod:`txsink.spark.writer`).
+mode, new views: :mod:`txsink.committer`).
 """
 
 from __future__ import annotations
@@ -48,13 +45,15 @@ from txsink.clickhouse.compat import (
     parse_ch_type,
     unwrap,
 )
+from txsink.clickhouse.dedup_insert import view_tables
 from txsink.config import WriterConfig
 from txsink.errors import ConfigError, SchemaMismatch, UnavailableError
 from txsink.names import parse_url
-from txsink.protocol.codec import JobMeta, as_job_meta
+from txsink.protocol import job as rules
+from txsink.protocol.codec import JobMeta
+from txsink.protocol.states import Mode
 from txsink.protocol.visibility import batch_refusal
-from txsink.spark.dedup_write import view_tables
-from txsink.spark.writer import WritePlan
+from txsink.spark.messages import WritePlan
 
 log = logging.getLogger(__name__)
 CACHE_SECONDS = 30.0
@@ -70,87 +69,39 @@ def not_nullable(columns: tuple[ColumnInfo, ...]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def resolve_mode(
+def choose_mode(
     config: WriterConfig,
     info: TargetInfo,
     view_tables: tuple[TargetInfo, ...] = (),
     pinned: str | None = None,
 ) -> str:
-    """attach where MOVE PARTITION can publish, else dedup (mode=auto); logs which and why.
+    """The batch's mode, as :func:`txsink.protocol.job.resolve_mode` decides it from the
+    target's blockers; ConfigError where it refuses; logs which and why (mode=auto).
 
     ``view_tables``: the tables the target's materialized views store into (dedup mode
     needs a dedup window there too). ``pinned``: the mode the job recorded at its first
     commit; it wins over ``auto`` and must still be possible on the target.
     """
+    pin = Mode(pinned) if pinned else None
     blockers = attach_blockers(info)
-    if pinned:
-        return check_pinned(config, info, view_tables, pinned, blockers)
-    if config.mode == "attach":
-        if blockers:
-            raise ConfigError(
-                f"mode=attach is impossible for {config.table}: {'; '.join(blockers)}"
-            )
-        return "attach"
-    dedup_problems = dedup_blockers(
-        info, min_window=config.dedup_min_window, view_tables=view_tables
-    )
-    for note in dedup_notes(info) if config.mode != "attach" else ():
-        log.warning("job %s: %s", config.job, note)
-    if config.mode == "dedup":
-        if dedup_problems:
-            raise ConfigError(
-                f"mode=dedup is unsafe for {config.table}: {'; '.join(dedup_problems)}"
-            )
-        return "dedup"
-    if not blockers:
-        log.info("job %s: mode=auto chose attach for %s", config.job, config.table)
-        return "attach"
-    if dedup_problems:
-        raise ConfigError(
-            f"mode=auto: {config.table} can take neither attach ({'; '.join(blockers)}) "
-            f"nor dedup ({'; '.join(dedup_problems)})"
-        )
-    log.warning(
-        "job %s: mode=auto chose dedup for %s because %s",
-        config.job,
-        config.table,
-        "; ".join(blockers),
-    )
-    return "dedup"
-
-
-def check_pinned(
-    config: WriterConfig,
-    info: TargetInfo,
-    view_tables: tuple[TargetInfo, ...],
-    pinned: str,
-    blockers: list[str],
-) -> str:
-    """The pinned mode, if the options and the target still allow it; else ConfigError."""
-    job = config.job
-    change = f"stop the query, run `txsink mode --job {job} --set <mode>`, and restart it"
-    if config.mode not in ("auto", pinned):
-        raise ConfigError(
-            f"job {job} is pinned to mode {pinned} (decided at its first commit) but "
-            f"mode={config.mode} was asked. Use mode=auto or mode={pinned}; to change the "
-            f"job's mode, {change}"
-        )
-    if pinned == "attach" and blockers:
-        raise ConfigError(
-            f"job {job} is pinned to attach mode, but {config.table} no longer allows it: "
-            f"{'; '.join(blockers)}. Publishing by MOVE PARTITION would bypass what was "
-            f"added (a materialized view would never see the rows). Nothing was written. To go "
-            f"on in dedup mode, stop the query, run `txsink mode --job {job} --set dedup`, and "
-            f"restart it"
-        )
-    if pinned == "dedup":
+    problems: list[str] = []
+    if pin is Mode.DEDUP or (pin is None and config.mode != "attach"):
         problems = dedup_blockers(info, min_window=config.dedup_min_window, view_tables=view_tables)
-        if problems:
-            raise ConfigError(
-                f"job {job} is pinned to dedup mode, but dedup is unsafe for {config.table} "
-                f"now: {'; '.join(problems)}. Nothing was written. Fix the target, or {change}"
-            )
-    return pinned
+    if pin is None and config.mode != "attach":
+        for note in dedup_notes(info):
+            log.warning("job %s: %s", config.job, note)
+    choice = rules.resolve_mode(config.job, config.table, config.mode, pin, blockers, problems)
+    if choice.mode is None:
+        raise ConfigError(choice.refusal)
+    if pin is None and config.mode == "auto":
+        if choice.fallback:
+            log.warning(
+                "job %s: mode=auto chose dedup for %s because %s",
+                config.job, config.table, "; ".join(blockers),
+            )  # fmt: skip
+        else:
+            log.info("job %s: mode=auto chose attach for %s", config.job, config.table)
+    return choice.mode.value
 
 
 def validate(config: WriterConfig, schema: StructType) -> WritePlan:
@@ -189,17 +140,16 @@ def read_job(config: WriterConfig) -> tuple[JobMeta | None, str]:
         return registry.job_meta(config.job), registry.namespace()
 
 
-def check_identity(config: WriterConfig, meta: JobMeta | Mapping[str, Any] | None) -> None:
+def check_identity(config: WriterConfig, meta: JobMeta | None) -> None:
     """Refuse, before a task writes, a writer the job's first commit rules out (another
-    target, another shard list): dedup-mode tasks insert into the target itself, so
-    learning it at the commit would leave their rows visible and the batch refused."""
-    from txsink.driver import identity_refusal
-
-    stored = as_job_meta(meta)
-    if not stored or stored.blank or stored.targets:
+    target, another shard list: :func:`txsink.protocol.job.identity_refusal`): dedup-mode
+    tasks insert into the target itself, so learning it at the commit would leave their
+    rows visible and the batch refused."""
+    stored = rules.JobFacts.of(meta)
+    if stored is None or stored.targets is not None:
         return  # a transaction's tables are checked by txsink.transaction
-    mine = JobMeta(target=config.table, shards=tuple(config.shards), url=config.url)
-    refusal = identity_refusal(config.job, stored, mine)
+    mine = rules.JobFacts(target=config.table, shards=tuple(config.shards), url=config.url)
+    refusal = rules.identity_refusal(config.job, stored, mine)
     if refusal:
         raise ConfigError(f"{refusal}. Nothing was written")
 
@@ -243,7 +193,7 @@ def _validate(
         views: tuple[TargetInfo, ...] = ()
         if info.dependent_views and (pinned or config.mode) != "attach":
             views = view_tables(warehouse, info)
-        mode = resolve_mode(config, info, views, pinned)
+        mode = choose_mode(config, info, views, pinned)
         check_insert_settings(config, warehouse, mode)
         refusal = batch_refusal(config.table, info.engine, mode)
         if config.visibility == "batch" and refusal:
@@ -415,8 +365,6 @@ def check_sharded(config: WriterConfig, schema: StructType, infos: list[TargetIn
 
 
 def pinned_mode(meta: JobMeta | Mapping[str, Any] | None, table: str | None = None) -> str | None:
-    """The mode a job's Keeper meta pins for ``table`` (None for a job that never
-    committed, or a table a multi-table job's ``targets`` do not list)."""
-    stored = as_job_meta(meta) or JobMeta()
-    mode = stored.targets.get(table, "") if table is not None and stored.targets else stored.mode
-    return mode if mode in ("attach", "dedup") else None
+    """The mode the job's Keeper meta pins for ``table`` (:func:`rules.pinned_mode`)."""
+    pin = rules.pinned_mode(rules.JobFacts.of(meta), table)
+    return pin.value if pin is not None else None

@@ -1,0 +1,112 @@
+"""The dedup writer over in-memory stores: pooled connections, borrowed and given back,
+and every ClickHouse statement sent through the dedup_insert adapter."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from txsink import driver
+from txsink.config import WriterConfig
+from txsink.keeper.registry import MemoryRegistry
+from txsink.protocol.ids import dedup_token
+from txsink.spark.dedup_write import write_dedup
+from txsink.spark.messages import WritePlan
+from txsink.spark.task import Task
+
+OPTIONS = {"url": "http://h:8123", "keeper": "k:2181", "table": "db.t", "job": "j"}
+
+
+class Client:
+    """Answers the window query as for a target whose window cannot be observed."""
+
+    def __init__(self) -> None:
+        self.queries: list[str] = []
+
+    def query_rows(self, sql: str, **_: Any) -> list[tuple[Any, ...]]:
+        self.queries.append(sql)
+        if "system.merge_tree_settings" in sql:
+            return []
+        return [("Distributed", "Distributed(c, db, t_local)", 0, 0, 1.0)]
+
+
+class Warehouse:
+    def __init__(self) -> None:
+        self.client = Client()
+        self.inserts: list[tuple[str, int, dict[str, Any]]] = []
+
+    def insert_blocks(self, table: str, batches: Any, **kw: Any) -> None:
+        rows = sum(b.num_rows for b in batches)
+        self.inserts.append((table, rows, kw["settings"]))
+
+
+@pytest.fixture
+def stores(monkeypatch: pytest.MonkeyPatch) -> tuple[MemoryRegistry, Warehouse, list[str]]:
+    registry, warehouse, loans = MemoryRegistry(), Warehouse(), []
+
+    @contextlib.contextmanager
+    def lend(name: str, obj: Any) -> Iterator[Any]:
+        loans.append(f"lend {name}")
+        yield obj
+        loans.append(f"back {name}")
+
+    monkeypatch.setattr(driver, "borrowed_registry", lambda _c: lend("keeper", registry))
+    monkeypatch.setattr(driver, "borrowed_warehouse", lambda _c: lend("clickhouse", warehouse))
+    return registry, warehouse, loans
+
+
+def plan() -> WritePlan:
+    return WritePlan(WriterConfig.from_options({**OPTIONS, "block_rows": "2"}), "dedup")
+
+
+def rows(n: int) -> Iterator[pa.RecordBatch]:
+    return iter(pa.table({"id": list(range(n))}).to_batches())
+
+
+def task(attempt: int) -> Task:
+    return Task("run", "b0", 0, 3, attempt, 100 + attempt, "q", 0.0)
+
+
+def test_a_dedup_task_borrows_its_connections_from_the_pool_and_gives_them_back(
+    stores: tuple[MemoryRegistry, Warehouse, list[str]],
+) -> None:
+    _, warehouse, loans = stores
+    message = write_dedup(plan(), task(0), rows(5))
+    assert (message.rows, message.extra["decision"], message.extra["mode"]) == (5, "NEW", "dedup")
+    assert loans == ["lend keeper", "lend clickhouse", "back clickhouse", "back keeper"]
+    tokens = [settings["insert_deduplication_token"] for _, _, settings in warehouse.inserts]
+    assert tokens == [dedup_token("j", "b0", 3, i) for i in range(3)]
+    assert [n for _, n, _ in warehouse.inserts] == [2, 2, 1]
+
+
+def test_a_replayed_dedup_task_sends_nothing_and_an_empty_one_borrows_no_client(
+    stores: tuple[MemoryRegistry, Warehouse, list[str]],
+) -> None:
+    _, warehouse, loans = stores
+    write_dedup(plan(), task(0), rows(5))
+    warehouse.inserts.clear()
+    loans.clear()
+    replay = write_dedup(plan(), task(1), rows(5))
+    assert replay.extra["decision"] == "SAME" and warehouse.inserts == []
+    loans.clear()
+    other = Task("run", "b0", 0, 4, 0, 7, "q", 0.0)  # Spark partition 4: no rows
+    assert write_dedup(plan(), other, iter(())).rows == 0
+    assert loans == ["lend keeper", "back keeper"]
+
+
+def test_a_failing_dedup_task_hands_its_error_to_the_pool_which_closes_not_lends(
+    stores: tuple[MemoryRegistry, Warehouse, list[str]],
+) -> None:
+    _, _, loans = stores
+
+    def dying() -> Iterator[pa.RecordBatch]:
+        yield from rows(3)
+        raise RuntimeError("executor lost")
+
+    with pytest.raises(RuntimeError):
+        write_dedup(plan(), task(0), dying())
+    assert "back keeper" not in loans and "back clickhouse" not in loans

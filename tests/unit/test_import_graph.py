@@ -1,0 +1,128 @@
+"""The txsink package has no import cycle: dependencies point one way (docs/architecture.md).
+
+Every import statement counts, also those inside functions (a lazy import that closes a
+cycle only hides it until the first call); imports under ``if TYPE_CHECKING:`` do not
+(they never run).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import txsink
+
+ROOT = Path(txsink.__file__).parent
+
+
+def module_names() -> dict[str, Path]:
+    out = {}
+    for path in ROOT.rglob("*.py"):
+        parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """ids of the import nodes under ``if TYPE_CHECKING:``."""
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    return skip
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the txsink modules it imports (a package import counts as its __init__)."""
+    modules = module_names()
+
+    def owner(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        skip = _type_checking_only(tree)
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*up, base] if base else up)
+                # `from pkg import mod` imports the submodule; `from mod import name` the module
+                names = [
+                    f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+                    for a in node.names
+                ]
+            for name in names:
+                target = owner(name) if name.startswith("txsink") else None
+                if target and target != module:
+                    graph[module].add(target)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_package_has_no_import_cycle() -> None:
+    graph = import_graph()
+    assert len(graph) > 40 and graph["txsink.committer"] >= {"txsink.driver"}
+    assert cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_cycle_hidden_behind_a_third_module() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+
+
+def test_the_spark_layer_and_the_protocol_stay_apart() -> None:
+    """The protocol imports nothing of txsink outside itself but the error root (pure:
+    the codec refuses a node with a ``TxSinkError``); the committer no Spark."""
+    graph = import_graph()
+    for module, targets in graph.items():
+        if module.startswith("txsink.protocol"):
+            outside = {t for t in targets if not t.startswith("txsink.protocol")}
+            assert outside <= {"txsink.errors"}, (module, targets)
+    assert not any(t.startswith("txsink.spark") for t in graph["txsink.committer"])

@@ -1,0 +1,216 @@
+"""Job-level rules (txsink.protocol.job): one test row per row of its tables."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from txsink.committer import epoch_for_run
+from txsink.config import WriterConfig
+from txsink.driver import job_handle
+from txsink.errors import ConfigError
+from txsink.keeper.registry import MemoryRegistry
+from txsink.ports.warehouse_memory import MemoryWarehouse
+from txsink.protocol import job as rules
+from txsink.protocol.job import JobFacts, TaskVerdict
+from txsink.protocol.states import Mode, XidState
+
+J, T = "j", "db.t"
+A, D = Mode.ATTACH, Mode.DEDUP
+BLOCKED, UNSAFE = ["a view reads db.t"], ["no dedup window"]
+
+# ---------------------------------------------------------------- resolve_mode's table
+
+# pinned, asked, attach blockers, dedup problems -> mode (None: refused, with `match`)
+MODE_TABLE = [
+    (A, "dedup", [], [], None, "pinned to mode attach"),
+    (D, "attach", [], [], None, "pinned to mode dedup"),
+    (A, "auto", [], [], A, ""),
+    (A, "attach", [], [], A, ""),
+    (A, "auto", BLOCKED, [], None, r"pinned to attach mode.*--set dedup"),
+    (D, "auto", BLOCKED, [], D, ""),
+    (D, "dedup", [], [], D, ""),
+    (D, "auto", [], UNSAFE, None, r"pinned to dedup mode.*unsafe.*no dedup window"),
+    (None, "attach", [], UNSAFE, A, ""),
+    (None, "attach", BLOCKED, [], None, "mode=attach is impossible"),
+    (None, "dedup", BLOCKED, [], D, ""),
+    (None, "dedup", [], UNSAFE, None, "mode=dedup is unsafe"),
+    (None, "auto", [], UNSAFE, A, ""),
+    (None, "auto", BLOCKED, [], D, ""),
+    (None, "auto", BLOCKED, UNSAFE, None, "can take neither attach"),
+]
+
+
+@pytest.mark.parametrize(("pinned", "asked", "blockers", "problems", "want", "match"), MODE_TABLE)
+def test_every_row_of_the_mode_table(
+    pinned: Mode | None,
+    asked: str,
+    blockers: list[str],
+    problems: list[str],
+    want: Mode | None,
+    match: str,
+) -> None:
+    choice = rules.resolve_mode(J, T, asked, pinned, blockers, problems)
+    assert choice.mode is want
+    if want is None:
+        assert choice.refusal
+        assert re.search(match, choice.refusal), choice.refusal
+    else:
+        assert choice.refusal == ""
+
+
+def test_auto_falls_back_to_dedup_only_where_attach_is_blocked_and_says_so() -> None:
+    assert rules.resolve_mode(J, T, "auto", None, BLOCKED, []).fallback
+    assert not rules.resolve_mode(J, T, "auto", None, [], []).fallback
+    assert not rules.resolve_mode(J, T, "auto", D, BLOCKED, []).fallback
+
+
+# ---------------------------------------------------------------- the pin's transitions
+
+
+def test_a_job_that_never_committed_has_no_pin_and_auto_is_never_a_pin() -> None:
+    assert rules.pinned_mode(None) is None
+    assert rules.pinned_mode(JobFacts.of({})) is None
+    assert rules.pinned_mode(JobFacts(mode="auto")) is None
+    assert rules.pinned_mode(JobFacts(mode="attach")) is A
+    assert rules.pinned_mode(JobFacts(mode="dedup"), T) is D
+
+
+def test_a_transaction_job_pins_a_mode_per_table() -> None:
+    job = JobFacts.from_meta({"mode": "attach", "targets": {T: "attach", "db.u": "dedup"}})
+    assert rules.pinned_mode(job, T) is A
+    assert rules.pinned_mode(job, "db.u") is D
+    assert rules.pinned_mode(job, "db.other") is None
+    assert rules.pinned_mode(job) is A  # the job's own mode
+
+
+def _handle(registry: MemoryRegistry) -> object:
+    config = WriterConfig.from_options(
+        {"url": "http://h:8123", "keeper": "k:2181", "table": T, "job": J}
+    )
+    return job_handle(config, registry, MemoryWarehouse())
+
+
+def test_the_first_commit_pins_the_mode_and_a_takeover_never_moves_it() -> None:
+    registry = MemoryRegistry()
+    epoch_for_run(_handle(registry), "run-1", "attach")  # type: ignore[arg-type]
+    assert rules.pinned_mode(JobFacts.of(registry.job_meta(J))) is A  # (none) -> attach
+    epoch_for_run(_handle(registry), "run-2", "dedup")  # type: ignore[arg-type]
+    assert rules.pinned_mode(JobFacts.of(registry.job_meta(J))) is A  # attach -> attach
+
+
+def test_the_tasks_of_a_batch_are_committed_only_in_the_mode_they_wrote_in() -> None:
+    assert rules.written_mode_refusal(J, "b1", T, [], "dedup") is None  # every task skipped
+    assert rules.written_mode_refusal(J, "b1", T, ["dedup", "dedup"], "dedup") is None
+    refusal = rules.written_mode_refusal(J, "b1", T, ["attach"], "dedup")
+    assert refusal and "wrote in mode attach" in refusal and "resolves mode dedup" in refusal
+    refusal = rules.written_mode_refusal(J, "b1", T, ["attach", "dedup"], "dedup")
+    assert refusal and "attach/dedup" in refusal
+
+
+# ---------------------------------------------------------------- identity
+
+
+def test_a_job_keeps_its_target_and_its_shard_list_in_order() -> None:
+    stored = JobFacts(target=T, shards=("http://a:1", "http://b:1"))
+    assert rules.identity_refusal(J, None, JobFacts(target="db.x")) is None  # a new job
+    assert rules.identity_refusal(J, stored, JobFacts(target=T, shards=stored.shards)) is None
+    other = rules.identity_refusal(J, stored, JobFacts(target="db.x", shards=stored.shards))
+    assert other and "writes to db.t, not db.x" in other
+    swapped = rules.identity_refusal(J, stored, JobFacts(target=T, shards=stored.shards[::-1]))
+    assert swapped and "keeps its shard list" in swapped
+    one = JobFacts(target=T, url="http://h:1")
+    sharded = rules.identity_refusal(J, one, JobFacts(target=T, shards=("http://h:1",)))
+    assert sharded and "['http://h:1']" in sharded  # a job of one server names its url
+
+
+def test_a_takeover_refuses_a_single_table_writer_on_a_transaction_job() -> None:
+    stored = JobFacts(target=T, targets={T: "attach", "db.u": "attach"})
+    refusal = rules.takeover_refusal(J, stored, JobFacts(target=T), lambda: 0)
+    assert refusal and "several tables in one transaction" in refusal
+    mine = JobFacts(target=T, targets={"db.u": "attach"})
+    assert rules.takeover_refusal(J, stored, mine, lambda: 0) is None  # a subset
+    more = JobFacts(target=T, targets={T: "attach", "db.new": "attach"})
+    refusal = rules.takeover_refusal(J, stored, more, lambda: 0)
+    assert refusal and "also writes db.new" in refusal
+
+
+def test_a_new_streaming_query_may_take_over_a_job_only_before_anything_committed() -> None:
+    stored = JobFacts(target=T, query_id="q1")
+    asked: list[int] = []
+
+    def committed(n: int):  # type: ignore[no-untyped-def]
+        return lambda: asked.append(n) or n
+
+    assert (
+        rules.takeover_refusal(J, stored, JobFacts(target=T, query_id="q1"), committed(3)) is None
+    )
+    assert asked == []  # the same query: the ledger is not read
+    assert rules.takeover_refusal(J, stored, JobFacts(target=T), committed(3)) is None
+    assert (
+        rules.takeover_refusal(J, stored, JobFacts(target=T, query_id="q2"), committed(0)) is None
+    )
+    refusal = rules.takeover_refusal(J, stored, JobFacts(target=T, query_id="q2"), committed(1))
+    assert refusal and "streaming query q1" in refusal
+
+
+def test_the_tables_of_a_transaction_job_and_its_own_table() -> None:
+    assert rules.tables_refusal(J, None, ["db.any"]) is None
+    single = JobFacts(target=T, mode="attach")
+    assert rules.tables_refusal(J, single, [T]) is None
+    refusal = rules.tables_refusal(J, single, [T, "db.u"])
+    assert refusal and "also writes db.u" in refusal
+    assert rules.primary_target(None, ["db.z", "db.b"]) == "db.b"
+    assert rules.primary_target(single, ["db.b"]) == T
+
+
+def test_the_job_meta_json_of_today_reads_as_job_facts() -> None:
+    meta = {
+        "job": J, "target": T, "mode": "dedup", "url": "http://h:8123",
+        "staging_database": "txsink_staging", "query_id": "q", "created_at": 1.0,
+        "shards": ["http://a:1"], "targets": {T: "attach"},
+    }  # fmt: skip
+    facts = JobFacts.from_meta(meta)
+    assert facts == JobFacts(T, ("http://a:1",), "http://h:8123", {T: "attach"}, "dedup", "q")
+    assert JobFacts.from_meta({"target": T, "targets": ["not", "a", "dict"]}).targets is None
+
+
+# ---------------------------------------------------------------- replays
+
+# state, recorded mode, task mode, batch, last committed batch -> verdict
+REPLAY_TABLE = [
+    (XidState.COMMITTED, "attach", "attach", 5, None, TaskVerdict.SKIP),
+    (XidState.COMMITTED, "attach", "attach", 5, 9, TaskVerdict.SKIP),
+    (XidState.PREPARED, "attach", "attach", 5, 4, TaskVerdict.WRITE),
+    (XidState.PREPARED, "attach", "dedup", 5, 4, TaskVerdict.REFUSE),
+    (XidState.ABORTED, "attach", "attach", 5, 4, TaskVerdict.WRITE),
+    (None, None, "attach", 5, 5, TaskVerdict.SKIP),  # pruned by retention
+    (None, None, "attach", 3, 5, TaskVerdict.SKIP),
+    (None, None, "attach", 6, 5, TaskVerdict.WRITE),
+    (None, None, "attach", 6, None, TaskVerdict.WRITE),  # nothing committed yet
+    (None, None, "attach", None, 5, TaskVerdict.WRITE),  # a save without txn_version
+]
+
+
+@pytest.mark.parametrize(("state", "recorded", "task", "batch", "last", "want"), REPLAY_TABLE)
+def test_every_row_of_the_replay_table(
+    state: XidState | None,
+    recorded: str | None,
+    task: str,
+    batch: int | None,
+    last: int | None,
+    want: TaskVerdict,
+) -> None:
+    decision = rules.task_replay(J, "b5", task, state, recorded, batch, last)
+    assert decision.verdict is want
+    assert rules.is_replay(state, batch, last) is (want is TaskVerdict.SKIP)
+    if want is TaskVerdict.REFUSE:
+        assert "txsink recover --job j" in decision.reason
+
+
+def test_a_refusal_of_the_rules_is_raised_as_a_config_error_by_the_committer() -> None:
+    registry = MemoryRegistry()
+    registry.ensure_job(J, {"job": J, "target": "db.other", "mode": "attach"})
+    with pytest.raises(ConfigError, match=r"writes to db\.other, not db\.t"):
+        epoch_for_run(_handle(registry), "run-1", "attach")  # type: ignore[arg-type]

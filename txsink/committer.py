@@ -1,0 +1,325 @@
+"""The driver-side committer: takes the job over for a run, commits or aborts a batch.
+
+Executors write (:mod:`txsink.spark.writer`); this module, next to the
+:class:`~txsink.transactor.Transactor` it drives, turns the tasks' reports into one
+transaction: the run's writer epoch (a takeover fences every older run and recovers
+the job), the checks the cached validation could have missed (the tasks' mode, new
+materialized views, staging on another replica), the prepare/publish/record of the
+Transactor, the sweep of losing attempts' staging; or the roll-back of a failed batch.
+It asks :mod:`txsink.protocol.job` for every job-level decision and decides none.
+
+Spark-free: a plan and a task report are read through :class:`Plan` and :class:`Report`
+(the Spark layer's :class:`~txsink.spark.messages.WritePlan` and
+:class:`~txsink.spark.messages.TxCommitMessage` fit them).
+
+Takeover: a Spark streaming query runs its driver-side ``commit`` in a fresh Python
+worker for every micro-batch, so nothing survives in memory between batches. What
+identifies one query *run* is Spark's run id (the ``spark.jobGroup.id`` executors see,
+carried here in the task reports). The first commit of a run takes a new writer epoch in
+Keeper and recovers the job; later commits of the same run find their run id as the
+epoch's owner and go straight on. A run that was once superseded can never take the job
+back (``runs/<run id>`` remembers it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
+
+from txsink.config import WriterConfig
+from txsink.driver import JobHandle, borrowed_job, job_meta, open_job
+from txsink.errors import ConfigError, FencedError, UnavailableError
+from txsink.protocol import job as rules
+from txsink.protocol.codec import JobMeta
+from txsink.protocol.ids import batch_xid, parse_staging, run_tag
+from txsink.protocol.states import Epoch, Mode, StagedPart, Visibility
+
+log = logging.getLogger(__name__)
+
+
+class Plan(Protocol):
+    """What the committer reads of a write plan."""
+
+    @property
+    def config(self) -> WriterConfig: ...
+    @property
+    def mode(self) -> str: ...
+    @property
+    def target_info(self) -> Any: ...
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def xid(self) -> str | None: ...
+    @property
+    def batch(self) -> int | None: ...
+    @property
+    def streaming(self) -> bool: ...
+
+
+class Report(Protocol):
+    """What the committer reads of one task's commit message."""
+
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def parts(self) -> tuple[StagedPart, ...]: ...
+    @property
+    def staging(self) -> tuple[str, ...]: ...
+    @property
+    def skipped(self) -> bool: ...
+    @property
+    def rows(self) -> int: ...
+    @property
+    def extra(self) -> dict[str, Any]: ...
+
+
+Write = tuple[Plan, Sequence[Report]]
+
+
+# ------------------------------------------------------------------------- takeover
+
+
+def check_job_identity(handle: JobHandle, meta: JobMeta) -> None:
+    """Refuse a run that would reuse a job's xids for another query, table or shard list
+    (:func:`txsink.protocol.job.takeover_refusal`); records the job's meta at its first
+    commit (that pins its mode: :mod:`txsink.protocol.job`)."""
+    job = handle.config.job
+    stored = handle.registry.ensure_job(job, meta)
+    refusal = rules.takeover_refusal(
+        job,
+        rules.JobFacts.from_meta(stored),
+        rules.JobFacts.from_meta(meta),
+        lambda: handle.registry.ledger(job).committed,
+    )
+    if refusal:
+        raise ConfigError(refusal)
+
+
+def epoch_for_run(
+    handle: JobHandle,
+    run_id: str,
+    mode: str,
+    keep: Iterable[str] = (),
+    query_id: str = "",
+    targets: dict[str, str] | None = None,
+) -> Epoch:
+    """The epoch of ``run_id``: the current one if the run owns the job, else a takeover.
+
+    ``keep`` lists staging tables of the batch being committed: the takeover's recovery
+    must not roll them back.
+    """
+    registry, job = handle.registry, handle.config.job
+    # Synced: a new Python worker's session may sit on a server that has not seen this
+    # run take the job yet, and would make the run take it over again from itself.
+    registry.sync(job)
+    current = registry.current_epoch(job)
+    if current is not None and current.owner == run_id:
+        return current
+    if registry.get_blob(job, f"runs/{run_id}") is not None:
+        raise FencedError(
+            f"job {job}: run {run_id} was superseded by run {current.owner if current else '?'} "
+            f"(epoch {current.number if current else '?'}); this query must stop. Two queries "
+            f"must not write with the same job name."
+        )
+    meta = job_meta(handle.config, mode, query_id, targets)
+    check_job_identity(handle, meta)
+    registry.put_blob(job, f"runs/{run_id}", {"started_at": time.time()})
+    epoch = handle.transactor.begin(run_id, meta=meta, keep=set(keep))
+    if current is not None:
+        log.warning(
+            "job %s: run %s took over from %s (epoch %d -> %d)",
+            job,
+            run_id,
+            current.owner,
+            current.number,
+            epoch.number,
+        )
+    return epoch
+
+
+# ------------------------------------------------------------------------- checks
+
+
+def batch_mode(plan: Plan, msgs: Sequence[Report], xid: str) -> Mode:
+    """The one mode every task of the batch wrote in; ConfigError where
+    :func:`txsink.protocol.job.written_mode_refusal` refuses the batch."""
+    written = {str(m.extra["mode"]) for m in msgs if not m.skipped and m.extra.get("mode")}
+    refusal = rules.written_mode_refusal(
+        plan.config.job, xid, plan.config.table, written, plan.mode
+    )
+    if refusal:
+        raise ConfigError(refusal)
+    return Mode(plan.mode)
+
+
+def check_no_new_views(handle: Any, plan: Plan, xid: str) -> None:
+    """Attach mode publishes past materialized views: refuse the batch if one appeared on
+    the target since validation (validation is cached, and tasks may have run long)."""
+    views = handle.warehouse.dependent_views(plan.config.table)
+    if views:
+        raise ConfigError(
+            f"job {plan.config.job}: materialized view(s) {', '.join(views)} now read from "
+            f"{plan.config.table}; attach mode would publish xid {xid} past them (they would "
+            f"never see its rows). Nothing was published. Stop the query, run `txsink mode "
+            f"--job {plan.config.job} --set dedup`, and restart it: the batch is written again "
+            f"in dedup mode, through the views"
+        )
+
+
+def check_staging_reachable(handle: Any, plan: Plan, msgs: Sequence[Report], xid: str) -> None:
+    """Before the prepare of a replicated target's batch: every staging table the tasks
+    wrote is on the server the driver reaches. Staging lives on one replica; a URL that
+    leads to several (a load balancer) would let the tasks stage on one and the driver's
+    MOVE run on another, which would find its staging missing after the commit point."""
+    info = plan.target_info
+    if info is None or not info.is_replicated:
+        return
+    names = sorted({t for m in msgs for t in m.staging})
+    missing = [t for t, rows in handle.warehouse.staging_view(names).items() if rows is None]
+    if missing:
+        raise ConfigError(
+            f"job {plan.config.job}: xid {xid}: staging table(s) {', '.join(missing[:3])} "
+            f"written by this batch's tasks are not on the replica of {plan.config.table} "
+            f"the driver reaches: the url (or a shard URL) leads to more than one server "
+            f"(a load balancer?). Nothing was committed; name one server per shard, or use "
+            f"mode=dedup. Tables left on the other replica are dropped by `txsink recover "
+            f"--job {plan.config.job}` pointed at it"
+        )
+
+
+# ------------------------------------------------------------------------- commit
+
+
+def commit_batch(plan: Plan, msgs: Sequence[Report], batch_id: int | None) -> dict[str, Any]:
+    """Prepare + publish + record one batch. Returns the commit result as a dict."""
+    xid = plan.xid or batch_xid(int(batch_id or 0))
+    batch = plan.batch if plan.xid is not None else batch_id
+    mode = batch_mode(plan, msgs, xid)
+    return commit_writes([(plan, msgs)], xid, batch, mode, streaming=plan.streaming)
+
+
+def commit_writes(
+    writes: Sequence[Write],
+    xid: str,
+    batch: int | None,
+    mode: Mode,
+    *,
+    streaming: bool,
+    targets: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Prepare ONE xid whose manifest holds the staged parts of every write (each entry
+    with its table), publish it, record it. One write is a single-table batch;
+    ``targets`` (every table and its mode) makes it a :func:`txsink.transaction`, whose
+    record's ``target`` is the job's own table (:func:`txsink.protocol.job.primary_target`)."""
+    config = writes[0][0].config
+    with borrowed_job(config) as handle:
+        return _commit_writes(handle, writes, xid, batch, mode, streaming, targets)
+
+
+def _commit_writes(
+    handle: JobHandle,
+    writes: Sequence[Write],
+    xid: str,
+    batch: int | None,
+    mode: Mode,
+    streaming: bool,
+    targets: dict[str, str] | None,
+) -> dict[str, Any]:
+    from txsink.metrics import count, record_commit
+
+    config = handle.config
+    msgs = [m for _, ms in writes for m in ms]
+    if targets:
+        stored = rules.JobFacts.of(handle.registry.job_meta(config.job))
+        config = dataclasses.replace(config, table=rules.primary_target(stored, targets))
+        handle.config = config
+    run_id = (msgs[0].run_id if msgs else "") or writes[0][0].run_id
+    if not run_id:
+        current = handle.registry.current_epoch(config.job)
+        run_id = current.owner if current else f"adhoc-{uuid.uuid4().hex}"
+    incoming = {t for m in msgs for t in m.staging}
+    query_id = next((m.extra.get("query_id", "") for m in msgs if m.extra), "")
+    owner = handle.registry.current_epoch(config.job)
+    try:
+        epoch = epoch_for_run(
+            handle, run_id, mode.value, keep=incoming, query_id=query_id, targets=targets
+        )
+        if owner is None or owner.owner != run_id:
+            count(config, recoveries=1)
+        if targets:  # a run checks the job's identity at takeover only: tables per batch
+            stored = rules.JobFacts.of(handle.registry.job_meta(config.job))
+            refusal = rules.tables_refusal(config.job, stored, targets)
+            if refusal:
+                raise ConfigError(refusal)
+        for plan, ms in writes:
+            if mode is Mode.ATTACH and any(m.staging for m in ms):
+                check_no_new_views(handle, plan, xid)
+                check_staging_reachable(handle, plan, ms, xid)
+        parts = [
+            dataclasses.replace(p, target=plan.config.table)
+            for plan, ms in writes
+            for m in ms
+            for p in m.parts
+        ]
+        batch_visible = config.visibility == Visibility.BATCH and mode is Mode.ATTACH
+        result = handle.transactor.commit_batch(
+            epoch, xid, batch, config.table, parts, mode, streaming=streaming,
+            tables=sorted(targets) if targets else (),
+            visibility=Visibility.BATCH if batch_visible else Visibility.PARTITION,
+        )  # fmt: skip
+    except FencedError:
+        count(config, fencing_events=1)
+        raise
+    if mode is Mode.ATTACH:
+        sweep_strays(handle, xid, incoming)
+    record_commit(config, result, sum(m.rows for m in msgs))
+    return dict(result.__dict__)
+
+
+def sweep_strays(handle: Any, xid: str, incoming: set[str]) -> None:
+    """Drop staging of ``xid`` that no task message named (losing speculative attempts);
+    behind the xid's record like every roll-back (:meth:`Transactor.roll_back`)."""
+    strays = [
+        table
+        for table in handle.warehouse.list_staging(handle.transactor.prefix)
+        if (parsed := parse_staging(table)) is not None
+        and parsed.xid == xid
+        and table not in incoming
+    ]
+    handle.transactor.roll_back(xid, strays)
+
+
+# ------------------------------------------------------------------------- abort
+
+
+def abort_batch(plan: Plan, msgs: Sequence[Report], batch_id: int | None) -> None:
+    """Tasks failed (or commit raised). Roll their staging back.
+
+    The roll-back writes an ABORTED tombstone on the xid node before dropping anything,
+    so it is safe even if a prepare whose reply was lost lands later, or if this read of
+    Keeper lags: a prepare that won keeps its staging, one that comes later cannot adopt
+    what was dropped (:meth:`Transactor.roll_back`).
+    """
+    xid = plan.xid or batch_xid(int(batch_id or 0))
+    tables = {t for m in msgs for t in m.staging}
+    runs = {run_tag(r) for r in [plan.run_id, *(m.run_id for m in msgs)] if r}
+    try:
+        handle = open_job(plan.config)
+    except UnavailableError as exc:
+        log.warning("abort of xid %s: cannot reach stores (%s); recovery will clean up", xid, exc)
+        return
+    try:
+        # also attempts that died after creating their staging (no message): same xid, same run
+        for table in handle.warehouse.list_staging(handle.transactor.prefix):
+            parsed = parse_staging(table)
+            if parsed is not None and parsed.xid == xid and parsed.run in runs:
+                tables.add(table)
+        handle.transactor.roll_back(xid, sorted(tables))
+    except UnavailableError as exc:
+        log.warning("abort of xid %s: stores unavailable (%s); recovery will clean up", xid, exc)
+    finally:
+        handle.close()

@@ -1,0 +1,151 @@
+"""The attach writer: one task attempt's rows into its own staging table(s).
+
+Executor side, attach mode. The task creates a staging table named after its job, xid,
+run, partition and attempt (:func:`txsink.protocol.ids.staging_name`), inserts its Arrow
+batches in bounded blocks, and reports the rows it staged per target partition, with the
+part UUIDs the publish step later checks. A sharded job cuts every batch by shard and
+stages each shard's rows on that shard. Nothing is visible in the target: the driver's
+committer publishes (:mod:`txsink.committer`).
+
+Invariant: a message reports exactly the rows inserted (the staged row count is read back
+and compared); an attempt that fails drops what it created (a hard crash leaves it to
+recovery, which finds it by name).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from txsink.errors import TxSinkError
+from txsink.faults import fault_point
+from txsink.protocol.ids import run_tag, staging_name
+from txsink.protocol.states import StagedPart
+from txsink.spark.messages import TxCommitMessage, WritePlan
+from txsink.spark.task import Task, check_nulls
+
+
+def write_attach(plan: WritePlan, task: Task, batches: Iterator[Any]) -> TxCommitMessage:
+    """A :class:`~txsink.spark.task.PartitionWriter`: stage ``batches`` (pooled client;
+    an empty partition stages nothing and opens nothing)."""
+    from txsink.driver import borrowed_warehouse
+
+    first = next(batches, None)
+    if first is None:
+        return task.message(plan)
+
+    def chained() -> Iterator[Any]:
+        yield first
+        yield from batches
+
+    with borrowed_warehouse(plan.config) as warehouse:
+        return _stage(plan, warehouse, task, chained())
+
+
+def _guarded(plan: WritePlan, batches: Iterator[Any], block_rows: int) -> Iterator[Any]:
+    """Yield batches after the null check; fire ``executor.mid_write`` once a block went out."""
+    sent = 0
+    for batch in batches:
+        check_nulls(plan, batch)
+        if sent >= block_rows:
+            fault_point("executor.mid_write")
+        sent += batch.num_rows
+        yield batch
+    fault_point("executor.mid_write")
+
+
+def _stage(plan: WritePlan, warehouse: Any, task: Task, batches: Iterator[Any]) -> TxCommitMessage:
+    cfg = plan.config
+
+    def name_on(shard: int | None) -> str:
+        return staging_name(
+            cfg.job,
+            task.xid,
+            run_tag(task.run_id),
+            task.partition,
+            task.attempt,
+            task.attempt_id,
+            plan.namespace,
+            shard=shard,
+        ).table
+
+    rows = _guarded(plan, batches, cfg.block_rows)
+    created: list[str] = []
+    try:
+        if cfg.shards:
+            sent = _stage_sharded(plan, warehouse, rows, name_on, created, task.partition)
+        else:
+            name = name_on(None)
+            warehouse.create_staging(cfg.table, name, plan.target_info)
+            created.append(name)
+            stats = warehouse.insert_blocks(
+                name, rows, block_rows=cfg.block_rows, block_bytes=cfg.block_bytes
+            )
+            sent = {name: stats.rows}
+    except BaseException:
+        # this attempt failed: its staging is garbage (Spark hands abort() no message
+        # for a failed task). A hard crash skips this; recovery drops it then.
+        with contextlib.suppress(TxSinkError, OSError):
+            warehouse.drop_stagings(created)
+        raise
+    parts: list[StagedPart] = []
+    for name, inserted in sent.items():
+        staged = warehouse.staged_partitions(name)
+        mine = [
+            StagedPart(name, pid, n, uuids=uuids) for pid, (n, uuids) in sorted(staged.items()) if n
+        ]
+        total = sum(p.rows for p in mine)
+        if total != inserted:
+            raise TxSinkError(
+                f"staging table {cfg.staging_database}.{name} holds {total} rows after "
+                f"inserting {inserted}; refusing to report it (the batch will be retried)"
+            )
+        parts += mine
+    return task.message(plan, parts=tuple(parts), staging=tuple(sent), rows=sum(sent.values()))
+
+
+def _stage_sharded(
+    plan: WritePlan,
+    warehouse: Any,
+    rows: Iterator[Any],
+    name_on: Callable[[int | None], str],
+    created: list[str],
+    offset: int,
+) -> dict[str, int]:
+    """Cut every batch by shard (:func:`txsink.clickhouse.shards.split_by_shard`) and send
+    each shard's rows to its own staging table on that shard, in blocks of at most
+    ``block_rows`` / ``block_bytes`` (memory: one pending block per shard)."""
+    from txsink.clickhouse.shards import split_by_shard
+
+    cfg = plan.config
+    pending: dict[int, list[Any]] = {}
+    size: dict[int, tuple[int, int]] = {}
+    names: dict[int, str] = {}
+    sent: dict[str, int] = {}
+
+    def flush(k: int) -> None:
+        if not pending.get(k):
+            return
+        stats = warehouse.insert_blocks(
+            names[k], pending.pop(k), block_rows=cfg.block_rows, block_bytes=cfg.block_bytes
+        )
+        size.pop(k, None)
+        sent[names[k]] = sent.get(names[k], 0) + stats.rows
+
+    for batch in rows:
+        for k, piece in split_by_shard(batch, len(cfg.shards), cfg.shard_by, offset).items():
+            if k not in names:
+                names[k] = name_on(k)
+                created.append(names[k])
+                warehouse.create_staging(cfg.table, names[k], plan.target_on(k))
+                sent[names[k]] = 0
+            pending.setdefault(k, []).append(piece)
+            n, b = size.get(k, (0, 0))
+            size[k] = (n + piece.num_rows, b + piece.nbytes)
+            if size[k][0] >= cfg.block_rows or size[k][1] >= cfg.block_bytes:
+                flush(k)
+        offset += batch.num_rows
+    for k in list(pending):
+        flush(k)
+    return sent
