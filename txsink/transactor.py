@@ -234,9 +234,9 @@ class Transactor:
             )
 
         decision = decide(existing)
-        if decision.action == "prepare" and mode is Mode.ATTACH:
+        if decision.action is plans.BatchAction.PREPARE and mode is Mode.ATTACH:
             self._refuse_dedup_leftovers(xid)
-        if decision.action == "prepare":
+        if decision.action is plans.BatchAction.PREPARE:
             self.fault("driver.before_prepare")
             try:
                 record = self.registry.prepare(epoch, incoming)
@@ -254,22 +254,22 @@ class Transactor:
         prepared_at = self.clock()
         if decision.drop:
             self.roll_back(xid, decision.drop)
-        if decision.action == "refuse":
+        if decision.action is plans.BatchAction.REFUSE:
             self._check_fence(epoch)  # a superseded writer hears FencedError first
             if decision.retry:
                 raise RetryableConflict(f"job {self.job}: {decision.reason}")
             raise ConfigError(f"job {self.job}: {decision.reason}")
-        if decision.action == "skip_committed":
+        if decision.action is plans.BatchAction.SKIP:
             log.info("job %s: %s; replay is a no-op", self.job, decision.reason)
             if existing is not None and existing.mode is Mode.DEDUP:
                 self.forget_dedup_state(xid)  # a crash may have come before the cleanup
             return CommitResult(xid, "skipped", seconds=self.clock() - started)
-        if decision.action == "roll_forward_existing":
+        if decision.action is plans.BatchAction.ROLL_FORWARD:
             assert existing is not None
             log.warning("job %s: %s", self.job, decision.reason)
             record = existing
-        done = self.publish(epoch, record, resumed=decision.action != "prepare")
-        action = "committed" if decision.action == "prepare" else "rolled_forward"
+        done = self.publish(epoch, record, resumed=decision.action is not plans.BatchAction.PREPARE)
+        action = "committed" if decision.action is plans.BatchAction.PREPARE else "rolled_forward"
         finished = self.clock()
         self._after_commit(epoch, done)
         return CommitResult(

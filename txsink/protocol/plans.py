@@ -12,10 +12,12 @@ operation that already landed is simply not planned a second time.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from txsink.protocol.ids import parse_staging, staging_prefix
+from txsink.protocol.job import is_replay
 from txsink.protocol.ops import (
     Alarm,
     DropParts,
@@ -54,6 +56,15 @@ __all__ = [
 ]
 
 
+class BatchAction(enum.StrEnum):
+    """What :func:`decide_batch` tells the runner to do with a finished batch."""
+
+    PREPARE = "prepare"  # a new xid (or one rolled back before): prepare, then publish
+    ROLL_FORWARD = "roll_forward_existing"  # already PREPARED: finish that record
+    SKIP = "skip_committed"  # committed before (a replay): write nothing
+    REFUSE = "refuse"  # nothing is prepared; the caller raises with the reason
+
+
 @dataclass(frozen=True)
 class BatchDecision:
     """What to do with a finished batch whose tasks staged ``incoming``.
@@ -63,7 +74,7 @@ class BatchDecision:
     prepared and the caller raises with ``reason`` (``retry``: a replay can succeed;
     otherwise it is a configuration mistake)."""
 
-    action: str  # "prepare" | "roll_forward_existing" | "skip_committed" | "refuse"
+    action: BatchAction
     drop: tuple[str, ...] = ()
     reason: str = ""
     retry: bool = False
@@ -105,7 +116,7 @@ def decide_batch(
     below = batch is not None and last_batch is not None and batch < last_batch
     if streaming and below:
         return BatchDecision(
-            "refuse",
+            BatchAction.REFUSE,
             stray,
             f"batch {batch} of job {incoming.job} is below the job's last committed batch "
             f"{last_batch}. Spark replays only its newest batch, so this query's checkpoint "
@@ -113,9 +124,9 @@ def decide_batch(
             f"checkpoint, or write with a new job name",
         )
     if existing is None or existing.state is XidState.ABORTED:
-        if batch is not None and last_batch is not None and batch <= last_batch:
+        if is_replay(None, batch, last_batch):
             return BatchDecision(
-                "skip_committed",
+                BatchAction.SKIP,
                 stray,
                 f"batch {batch} is not newer than the last committed batch {last_batch}",
             )
@@ -123,19 +134,21 @@ def decide_batch(
             clash = sorted(existing.aborted_tables & set(incoming.staging_tables))
             if clash:
                 return BatchDecision(
-                    "refuse",
+                    BatchAction.REFUSE,
                     stray,
                     f"xid {incoming.xid}: staging {', '.join(clash)} was rolled back (ABORTED "
                     f"tombstone) while this commit was on its way; the batch must be written "
                     f"again (restart the query: Spark replays it)",
                     retry=True,
                 )
-            return BatchDecision("prepare", reason="xid rolled back before; preparing afresh")
-        return BatchDecision("prepare", reason="new xid")
+            return BatchDecision(
+                BatchAction.PREPARE, reason="xid rolled back before; preparing afresh"
+            )
+        return BatchDecision(BatchAction.PREPARE, reason="new xid")
     if existing.state is XidState.COMMITTED:
         if epoch is not None and existing.epoch == epoch == existing.committed_epoch:
             return BatchDecision(
-                "refuse",
+                BatchAction.REFUSE,
                 stray,
                 f"xid {existing.xid} of job {existing.job} was already committed by this same "
                 f"writer run (epoch {epoch}): the batch was saved twice under one job, e.g. two "
@@ -143,9 +156,9 @@ def decide_batch(
                 f"table of a batch inside one `txsink.transaction(...)`, or keep this job for "
                 f"the first save and give the second its own job name",
             )
-        return BatchDecision("skip_committed", stray, f"xid {existing.xid} already committed")
+        return BatchDecision(BatchAction.SKIP, stray, f"xid {existing.xid} already committed")
     return BatchDecision(
-        "roll_forward_existing", stray, f"xid {existing.xid} already prepared; finishing it"
+        BatchAction.ROLL_FORWARD, stray, f"xid {existing.xid} already prepared; finishing it"
     )
 
 

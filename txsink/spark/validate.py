@@ -332,7 +332,7 @@ INTEGER_TYPES = ("tinyint", "smallint", "int", "bigint")
 
 
 def check_sharded(config: WriterConfig, schema: StructType, infos: list[TargetInfo]) -> None:
-    """What a sharded job needs (issue 11): attach mode (one xid publishes by MOVE on
+    """What a sharded job needs: attach mode (one xid publishes by MOVE on
     every shard), partition visibility (one ATTACH cannot span servers), a target on
     every shard that attach mode can publish into, an integer ``shard_by`` column."""
     if config.mode == "dedup":
