@@ -264,7 +264,7 @@ def _cleanup(registry: Registry, warehouse: Any, scratch: str, job: str, prefix:
 def combine_shards(urls: Sequence[str], results: Sequence[TuneResult]) -> TuneResult:
     """One sharded job's batch from per-shard measurements (pure).
 
-    Each task stages its rows shard after shard (:func:`txsink.spark.writer._stage_sharded`:
+    Each task stages its rows shard after shard (:func:`txsink.spark.attach_write._stage_sharded`:
     a table created and filled on one shard, then the next), so the stages add up; the
     driver prepares once and publishes shard after shard (commits add up: a bound from
     above, as the Keeper prepare and record are counted once per shard). Transaction i

@@ -35,6 +35,7 @@ from txsink.protocol.states import XidRecord, XidState
 
 __all__ = [
     "Alarm",
+    "BatchAction",
     "BatchDecision",
     "DropParts",
     "DropStaging",
