@@ -1,4 +1,4 @@
-"""The Registry contract: invariants every :class:`txsink.keeper.registry.Registry` keeps.
+"""The Registry contract: invariants every :class:`txsink.ports.registry.Registry` keeps.
 
 :class:`RegistryContract` holds the tests; a test module subclasses it (``TestX(RegistryContract)``)
 and provides two fixtures:
@@ -22,8 +22,9 @@ from typing import Any
 import pytest
 
 from txsink.errors import FencedError, KeeperRequestTooLarge, RetryableConflict
+from txsink.keeper.ledger import EMPTY_LEDGER
 from txsink.keeper.manifest_codec import KEEPER_MAX_REQUEST, unpack_record
-from txsink.keeper.registry import CREATE, EMPTY_LEDGER, BlobConflict, Registry, XidExists
+from txsink.ports.registry import CREATE, BlobConflict, Registry, XidExists
 from txsink.protocol.codec import JobMeta, Ledger, encode_record
 from txsink.protocol.ids import staging_name
 from txsink.protocol.states import Cut, Epoch, Mode, StagedPart, XidRecord, XidState

@@ -18,7 +18,7 @@ from typing import Any
 
 from txsink.config import WriterConfig
 from txsink.credentials import split_url
-from txsink.keeper.registry import Registry
+from txsink.ports.registry import Registry
 from txsink.protocol.codec import JobMeta
 from txsink.transactor import Transactor
 

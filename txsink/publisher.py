@@ -33,7 +33,8 @@ from txsink.errors import (
     TxSinkError,
     UnavailableError,
 )
-from txsink.keeper.registry import Registry, superseded
+from txsink.keeper.record_rules import superseded
+from txsink.ports.registry import Registry
 from txsink.ports.warehouse import Warehouse
 from txsink.protocol import ops, steps
 from txsink.protocol.ids import batch_claim_name

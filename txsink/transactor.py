@@ -4,7 +4,7 @@ One :class:`Transactor` serves one job. The decisions are pure: whether to prepa
 forward, skip or refuse (:mod:`txsink.protocol.plans`), and the whole publish, which is a
 protocol sequence (:mod:`txsink.protocol.sequence`) yielding what to observe and what to
 do next; :class:`txsink.publisher.StepRunner` carries each step out against
-:class:`txsink.keeper.registry.Registry` and :class:`txsink.clickhouse.warehouse.Warehouse`
+:class:`txsink.ports.registry.Registry` and :class:`txsink.clickhouse.warehouse.Warehouse`
 and sends the result back. This module keeps the order of prepare and publish, the
 retries around a publish (tenacity), roll-back, recovery and pruning.
 
@@ -45,7 +45,7 @@ from txsink.errors import (
     UnavailableError,
 )
 from txsink.faults import fault_point
-from txsink.keeper.registry import Registry, XidExists
+from txsink.ports.registry import Registry, XidExists
 from txsink.ports.warehouse import Warehouse
 from txsink.protocol import plans, sequence
 from txsink.protocol.codec import JobMeta

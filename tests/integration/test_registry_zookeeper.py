@@ -41,7 +41,7 @@ from txsink.errors import (
 )
 from txsink.keeper.kazoo_registry import KazooRegistry
 from txsink.keeper.manifest_codec import CHUNK_BYTES
-from txsink.keeper.registry import Registry, XidExists
+from txsink.ports.registry import Registry, XidExists
 from txsink.protocol.codec import FORMAT, StateFormatTooNew
 from txsink.protocol.states import Cut, Epoch, XidRecord, XidState
 

@@ -19,7 +19,7 @@ import pytest
 
 from txsink.config import WriterConfig
 from txsink.driver import JobHandle, open_job
-from txsink.keeper.registry import XidExists
+from txsink.ports.registry import XidExists
 from txsink.protocol import plans
 from txsink.protocol.ids import staging_name
 from txsink.protocol.states import Mode, StagedPart, XidRecord, XidState

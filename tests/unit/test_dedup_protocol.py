@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from txsink.keeper.registry import MemoryRegistry
+from txsink.ports.registry_memory import MemoryRegistry
 from txsink.ports.warehouse_memory import MemoryWarehouse
 from txsink.protocol.dedup import (
     BlockAction,

@@ -12,7 +12,7 @@ import pytest
 
 from txsink import driver
 from txsink.config import WriterConfig
-from txsink.keeper.registry import MemoryRegistry
+from txsink.ports.registry_memory import MemoryRegistry
 from txsink.protocol.ids import dedup_token
 from txsink.spark.dedup_write import write_dedup
 from txsink.spark.messages import WritePlan

@@ -10,7 +10,7 @@ from txsink.committer import epoch_for_run
 from txsink.config import WriterConfig
 from txsink.driver import job_handle
 from txsink.errors import ConfigError
-from txsink.keeper.registry import MemoryRegistry
+from txsink.ports.registry_memory import MemoryRegistry
 from txsink.ports.warehouse_memory import MemoryWarehouse
 from txsink.protocol import job as rules
 from txsink.protocol.job import JobFacts, TaskVerdict

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from txsink.keeper.registry import MemoryRegistry
 from txsink.ops import liveness as lv
 from txsink.ops.status import assess, liveness_of
+from txsink.ports.registry_memory import MemoryRegistry
 from txsink.ports.warehouse_memory import MemoryWarehouse
 from txsink.transactor import Transactor
 

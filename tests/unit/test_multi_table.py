@@ -15,7 +15,7 @@ from txsink.keeper.manifest_codec import (
     pack_record,
     unpack_record,
 )
-from txsink.keeper.registry import MemoryRegistry
+from txsink.ports.registry_memory import MemoryRegistry
 from txsink.ports.warehouse_memory import MemoryWarehouse
 from txsink.protocol import plans
 from txsink.protocol.codec import decode_part, decode_record, encode_part, encode_record

@@ -10,7 +10,7 @@ import pytest
 
 from tests.unit.test_transaction_model import JOB, TARGET, stage_batch
 from txsink.errors import FencedError, RetryableConflict, TxSinkError, UnavailableError
-from txsink.keeper.registry import MemoryRegistry
+from txsink.ports.registry_memory import MemoryRegistry
 from txsink.ports.warehouse_memory import MemoryWarehouse
 from txsink.protocol.states import XidState
 from txsink.transactor import Transactor

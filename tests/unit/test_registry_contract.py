@@ -7,7 +7,8 @@ from collections.abc import Callable
 import pytest
 
 from tests.registry_contract import RegistryContract, TombstoneContract
-from txsink.keeper.registry import MemoryRegistry, Registry
+from txsink.ports.registry import Registry
+from txsink.ports.registry_memory import MemoryRegistry
 
 # Every factory returns a store and a way to open another driver on that same store.
 # MemoryRegistry lives in one process, so "another driver" is the same object.

@@ -11,7 +11,7 @@ import pytest
 
 from tests.unit.test_transaction_model import JOB, TARGET, stage_batch
 from txsink.errors import ConfigError, RetryableConflict
-from txsink.keeper.registry import MemoryRegistry
+from txsink.ports.registry_memory import MemoryRegistry
 from txsink.ports.warehouse_memory import MemoryWarehouse
 from txsink.protocol import plans
 from txsink.protocol.ids import batch_xid, staging_name, staging_prefix

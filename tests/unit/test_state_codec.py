@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from txsink.errors import TxSinkError
 from txsink.keeper.ledger import next_ledger
 from txsink.keeper.manifest_codec import pack_record, unpack_record
-from txsink.keeper.registry import MemoryRegistry, encode_json
+from txsink.ports.registry_memory import MemoryRegistry, encode_json
 from txsink.protocol import dedup
 from txsink.protocol.codec import (
     FORMAT,

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from txsink.errors import FencedError, RecoveryAlarm, RetryableConflict, UnavailableError
 from txsink.faults import POINTS
-from txsink.keeper.registry import MemoryRegistry
+from txsink.ports.registry_memory import MemoryRegistry
 from txsink.ports.warehouse_memory import MemoryWarehouse
 from txsink.protocol.ids import batch_xid, staging_name
 from txsink.protocol.states import StagedPart, XidState

@@ -33,7 +33,7 @@ from txsink.errors import ConfigError, TxSinkError
 from txsink.keeper.cas import MAX_CAS_ROUNDS, CasRetry, cas
 from txsink.keeper.kazoo_conn import DEFAULT_RETRY_S, KazooConn
 from txsink.keeper.manifest_codec import CHUNKS_DIR
-from txsink.keeper.registry import superseded
+from txsink.keeper.record_rules import superseded
 from txsink.protocol.codec import decode_epoch_node
 from txsink.protocol.states import Epoch
 

@@ -1,8 +1,9 @@
-"""``KazooRegistry``: the :class:`txsink.keeper.registry.Registry` on ZooKeeper / ClickHouse
-Keeper through kazoo, with exactly :class:`~txsink.keeper.registry.MemoryRegistry`'s semantics.
+"""``KazooRegistry``: the :class:`txsink.ports.registry.Registry` on ZooKeeper / ClickHouse
+Keeper through kazoo, with exactly the semantics of its twin
+:class:`~txsink.ports.registry_memory.MemoryRegistry`.
 
 This module owns the job-level nodes of the Keeper layout described in
-:mod:`txsink.keeper.registry` (job meta, epoch, owner, namespace, blobs); the xid records
+:mod:`txsink.ports.registry` (job meta, epoch, owner, namespace, blobs); the xid records
 are :mod:`txsink.keeper.kazoo_xids`', the session, paths, fencing and the compare-and-set
 helper :mod:`txsink.keeper.kazoo_base`'s. The session, the node primitives and the mapping
 of every kazoo error onto :mod:`txsink.errors` live in :mod:`txsink.keeper.kazoo_conn`;
@@ -39,7 +40,8 @@ from txsink.keeper.kazoo_base import (
 from txsink.keeper.kazoo_conn import DEFAULT_RETRY_S, encode
 from txsink.keeper.kazoo_xids import DELETE_CHUNK, SMALL_MANIFEST, KazooXids
 from txsink.keeper.manifest_codec import check_request
-from txsink.keeper.registry import CREATE, BlobConflict, typed_meta
+from txsink.keeper.record_rules import typed_meta
+from txsink.ports.registry import CREATE, BlobConflict
 from txsink.protocol.codec import (
     JobMeta,
     OwnerInfo,

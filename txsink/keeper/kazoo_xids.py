@@ -38,13 +38,13 @@ from txsink.keeper.manifest_codec import (
     repack,
     unpack_record,
 )
-from txsink.keeper.registry import (
-    XidExists,
+from txsink.keeper.record_rules import (
     committed_record,
     over_tombstone,
     tombstone,
     with_more_aborted,
 )
+from txsink.ports.registry import XidExists
 from txsink.protocol.codec import Ledger, decode_ledger, encode_ledger, encode_record
 from txsink.protocol.states import Cut, Epoch, XidRecord, XidState, check_transition
 

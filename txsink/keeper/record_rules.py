@@ -1,6 +1,6 @@
 """The record transitions both registries apply (pure): what a commit, a tombstone, a
 tombstone's growth and a prepare over a tombstone store, and the errors they raise.
-:class:`~txsink.keeper.registry.MemoryRegistry` and
+:class:`~txsink.ports.registry_memory.MemoryRegistry` and
 :class:`~txsink.keeper.kazoo_registry.KazooRegistry` differ in storage only, never in
 these decisions."""
 
@@ -10,18 +10,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from txsink.errors import FencedError, RetryableConflict
+from txsink.errors import FencedError
+from txsink.ports.registry import XidExists
 from txsink.protocol.codec import JobMeta, Ledger, decode_job_meta
 from txsink.protocol.ids import xid_batch
 from txsink.protocol.states import Epoch, Mode, XidRecord, XidState, check_transition
-
-
-class XidExists(RetryableConflict):
-    """``prepare`` found a record for the xid already; ``existing`` is that record."""
-
-    def __init__(self, existing: XidRecord) -> None:
-        super().__init__(f"xid {existing.xid} of job {existing.job} exists ({existing.state})")
-        self.existing = existing
 
 
 def committed_record(

@@ -12,7 +12,7 @@ from txsink.clickhouse.client import connect
 from txsink.clickhouse.warehouse import DEFAULT_STAGING_DB, ClickHouseWarehouse
 from txsink.errors import ConfigError
 from txsink.keeper.kazoo_registry import KazooRegistry
-from txsink.keeper.registry import Registry
+from txsink.ports.registry import Registry
 from txsink.protocol.codec import JobMeta, as_job_meta
 
 log = logging.getLogger(__name__)

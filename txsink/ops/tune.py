@@ -32,7 +32,6 @@ from txsink.clickhouse.client import qualified, split_table
 from txsink.clickhouse.compat import staging_engine_clause, staging_keeper_path
 from txsink.clickhouse.warehouse import PARTS_SETTING_KEYS
 from txsink.errors import ConfigError, TxSinkError
-from txsink.keeper.registry import Registry
 from txsink.ops.tune_model import (
     DEFAULT_MAX_OVERHEAD,
     DEFAULT_MERGE_SECONDS,
@@ -47,6 +46,7 @@ from txsink.ops.tune_model import (
     TuneResult,
     percentile,
 )
+from txsink.ports.registry import Registry
 from txsink.protocol.codec import JobMeta
 from txsink.protocol.ids import batch_xid, run_tag, staging_name
 from txsink.protocol.states import Mode, StagedPart, XidState

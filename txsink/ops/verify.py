@@ -43,7 +43,6 @@ from typing import Any
 from txsink.clickhouse.client import split_table
 from txsink.driver import open_registry, open_warehouse
 from txsink.keeper.ledger import LEDGER_PARTITIONS, exact_partitions, maybe_evicted, table_view
-from txsink.keeper.registry import Registry
 from txsink.ops.anomalies import (
     DEFAULT_RECENT,
     DEFAULT_STUCK_AFTER,
@@ -54,6 +53,7 @@ from txsink.ops.anomalies import (
     detect_anomalies,
     stuck_prepared,
 )
+from txsink.ports.registry import Registry
 from txsink.protocol.codec import JobMeta, Ledger, as_job_meta, as_ledger
 from txsink.protocol.ids import staging_prefix
 from txsink.protocol.states import Mode, XidRecord, XidState

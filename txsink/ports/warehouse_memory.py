@@ -1,6 +1,6 @@
 """In-memory twin of the :class:`~txsink.ports.warehouse.Warehouse` port, for unit tests.
 
-Owned by the port, as :class:`txsink.keeper.registry.MemoryRegistry` is by the registry;
+Owned by the port, as :class:`txsink.ports.registry_memory.MemoryRegistry` is by the registry;
 no I/O. It models what the protocol's evidence relies on, with ClickHouse's semantics
 (``tests/warehouse_contract.py`` runs the same cases on it and on the real adapters):
 

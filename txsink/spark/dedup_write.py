@@ -52,7 +52,7 @@ from txsink.clickhouse.dedup_insert import NO_BYTE_LIMIT, DedupTarget
 from txsink.clickhouse.warehouse import iter_blocks
 from txsink.errors import ConfigError, ContentChanged, DedupWindowExceeded
 from txsink.faults import fault_point
-from txsink.keeper.registry import CREATE, BlobConflict
+from txsink.ports.registry import CREATE, BlobConflict
 from txsink.protocol import dedup
 from txsink.protocol.states import StagedPart
 from txsink.spark.messages import TxCommitMessage, WritePlan

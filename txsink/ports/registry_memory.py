@@ -1,38 +1,9 @@
-"""The coordination store's interface: jobs, writer epochs (fencing), xid records, ledger.
+"""The in-memory twin of the :class:`~txsink.ports.registry.Registry` port.
 
-Keeper layout under the root (default ``/txsink``, inside the optional chroot)::
-
-    <root>/jobs/<job>                    job meta (JobMeta): target, mode, created_at, ...
-    <root>/jobs/<job>/epoch              {"epoch": n, "owner": ..., "since": ts}
-                                         its node version is the fencing token
-    <root>/jobs/<job>/owner              OwnerInfo: {"epoch", "owner", "heartbeat", ...}
-    <root>/jobs/<job>/ledger             Ledger: totals, bounded (:mod:`txsink.keeper.ledger`)
-    <root>/jobs/<job>/xids/<xid>         an XidRecord (JSON), manifest compact inline or
-                                         a reference to chunk nodes
-    <root>/jobs/<job>/manifests/<xid>.<nonce>.<i>
-                                         chunk i of a large manifest (see
-                                         :mod:`txsink.keeper.manifest_codec`)
-    <root>/jobs/<job>/dedup/<xid>/p<n>   dedup-mode BEFORE/AFTER state of one partition
-    <root>/namespace                     {"id": random hex}: this store's id, part of every
-                                         staging name (two roots never share staging)
-
-Every node's JSON is written and read by :mod:`txsink.protocol.codec` and carries the
-state format it was written in (``"format"``; nodes of releases before it read as format
-0); the registries exchange typed records (``XidRecord``, ``JobMeta``, ``Ledger``,
-``OwnerInfo``), never raw dicts, except blobs, whose owners encode them.
-
-Every state change is fenced: one Keeper transaction checks that the epoch node still has
-the writer's token and then creates or compare-and-sets the record. A writer whose epoch
-was superseded gets :class:`txsink.errors.FencedError`.
-
-Reads may be stale: a ZooKeeper follower answers from its own copy of the tree, which can
-lag the leader (by a moment, or for ``syncLimit`` ticks when it is cut off). A session
-always sees its own writes, not yet other sessions'. :meth:`Registry.sync` brings the
-session up to every write the ensemble acknowledged before it; callers use it before a
-read whose answer decides an action that no fenced write re-checks (see
-docs/architecture.md, "Stale reads").
-
-:class:`MemoryRegistry` is the in-memory twin with identical semantics, for unit tests.
+:class:`MemoryRegistry` keeps every record in process memory with exactly
+:class:`~txsink.keeper.kazoo_registry.KazooRegistry`'s semantics (fencing, CAS, bounded
+nodes, the ledger), so the protocol is tested exhaustively without services; both pass
+``tests/registry_contract.py``.
 """
 
 from __future__ import annotations
@@ -43,11 +14,11 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any
 
 from txsink.errors import FencedError, RetryableConflict
 from txsink.keeper.cas import CasRetry, cas
-from txsink.keeper.ledger import EMPTY_LEDGER, next_ledger
+from txsink.keeper.ledger import next_ledger
 from txsink.keeper.manifest_codec import (
     CHUNKS_DIR,
     PackedRecord,
@@ -60,7 +31,6 @@ from txsink.keeper.manifest_codec import (
     unpack_record,
 )
 from txsink.keeper.record_rules import (
-    XidExists,
     committed_record,
     over_tombstone,
     superseded,
@@ -68,6 +38,7 @@ from txsink.keeper.record_rules import (
     typed_meta,
     with_more_aborted,
 )
+from txsink.ports.registry import CREATE, BlobConflict, XidExists
 from txsink.protocol.codec import (
     JobMeta,
     Ledger,
@@ -82,62 +53,10 @@ from txsink.protocol.codec import (
 )
 from txsink.protocol.states import Cut, Epoch, XidRecord, XidState, check_transition
 
-__all__ = [
-    "EMPTY_LEDGER",
-    "MemoryRegistry",
-    "Registry",
-    "XidExists",
-    "committed_record",
-    "next_ledger",
-    "over_tombstone",
-    "superseded",
-    "tombstone",
-    "typed_meta",
-    "with_more_aborted",
-]
-
 
 def encode_json(value: dict[str, Any]) -> bytes:
     """Node data as Keeper holds it (canonical JSON; same bytes as kazoo_conn.encode)."""
     return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
-
-
-class BlobConflict(RetryableConflict):
-    """``cas_blob`` lost: the blob is not at the expected version (re-read and decide again)."""
-
-
-CREATE = -1  # ``expected_version`` of :meth:`Registry.cas_blob` meaning "must not exist yet"
-
-
-class Registry(Protocol):
-    """What the transaction layer needs from Keeper."""
-
-    def ensure_job(self, job: str, meta: JobMeta | Mapping[str, Any]) -> JobMeta: ...
-    def sync(self, job: str) -> None: ...
-    def job_meta(self, job: str) -> JobMeta | None: ...
-    def set_job_meta(self, job: str, meta: JobMeta) -> None: ...
-    def blob_children(self, job: str, key: str) -> builtins.list[str]: ...
-    def list_jobs(self) -> list[str]: ...
-    def take_epoch(self, job: str, owner: str) -> Epoch: ...
-    def current_epoch(self, job: str) -> Epoch | None: ...
-    def heartbeat(self, epoch: Epoch, info: dict[str, Any]) -> None: ...
-    def owner(self, job: str) -> OwnerInfo | None: ...
-    def get(self, job: str, xid: str) -> XidRecord | None: ...
-    def list(self, job: str) -> builtins.list[XidRecord]: ...
-    def prepare(self, epoch: Epoch, record: XidRecord) -> XidRecord: ...
-    def abort(self, job: str, xid: str, tables: Iterable[str], now: float) -> XidRecord: ...
-    def namespace(self) -> str: ...
-    def amend(self, epoch: Epoch, record: XidRecord, cuts: Iterable[Cut]) -> XidRecord: ...
-    def commit(self, epoch: Epoch, record: XidRecord, committed_at: float) -> XidRecord: ...
-    def ledger(self, job: str) -> Ledger: ...
-    def delete(self, epoch: Epoch, xids: builtins.list[str]) -> None: ...
-    def get_blob(self, job: str, key: str) -> dict[str, Any] | None: ...
-    def put_blob(self, job: str, key: str, value: dict[str, Any]) -> None: ...
-    def get_blob_versioned(self, job: str, key: str) -> tuple[dict[str, Any], int] | None: ...
-    def cas_blob(self, job: str, key: str, value: dict[str, Any], expected_version: int) -> int: ...
-    def delete_job(self, job: str) -> None: ...
-    def delete_blobs(self, job: str, key: str) -> None: ...
-    def close(self) -> None: ...
 
 
 class MemoryRegistry:
