@@ -9,7 +9,7 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
 .DEFAULT_GOAL := help
-.PHONY: help setup zookeeper test test-matrix test-unit test-integration test-realserver lint typecheck demo bench chaos clean embedded-up embedded-down
+.PHONY: help setup zookeeper test test-matrix test-unit test-integration test-realserver lint typecheck docs demo bench chaos clean embedded-up embedded-down
 
 help: ## List the targets with what they do
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-18s %s\n", $$1, $$2}'
@@ -36,8 +36,11 @@ lint: setup ## ruff check + ruff format --check
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/ruff format --check $(LINT_PATHS)
 
-typecheck: setup ## mypy (strict for txsink.protocol)
+typecheck: setup ## mypy (strict for txsink.protocol and txsink.ports)
 	$(VENV)/bin/mypy txsink
+
+docs: setup ## Regenerate docs/options.md from the options registry (txsink/options.py)
+	$(PY) -m txsink.options_doc docs/options.md
 
 test-unit: setup ## Unit tests only (no services)
 	$(PY) -m pytest tests/unit -q
