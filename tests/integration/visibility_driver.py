@@ -13,10 +13,10 @@ import os
 import sys
 import time
 
-from txsink.clickhouse.client import qualified
 from txsink.clickhouse.warehouse import STAGING_INSERT_SETTINGS
 from txsink.config import WriterConfig
 from txsink.driver import open_job
+from txsink.names import qualified
 from txsink.protocol.ids import batch_xid, run_tag, staging_name
 from txsink.protocol.states import Mode, StagedPart, Visibility
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from txsink.clickhouse import client as chc
 from txsink.config import WriterConfig
 from txsink.errors import ConfigError
 from txsink.names import Endpoint, parse_url, qualified, split_table
@@ -58,7 +57,7 @@ def test_the_writer_and_the_client_agree_on_backquoted_names() -> None:
     cfg = WriterConfig.from_options({**BASE, "table": "db.`my table`"})
     assert (cfg.database, cfg.table_name) == ("db", "my table")
     assert cfg.table == "db.`my table`"  # kept as given: it is the job's recorded target
-    assert chc.split_table(cfg.table) == ("db", "my table")
+    assert split_table(cfg.table) == ("db", "my table")  # what the warehouse reads
     assert qualified(cfg.database, cfg.table_name) == "`db`.`my table`"
     for bad in ("db.`my.table", "my-db.t", "a.b.c"):
         with pytest.raises(ConfigError, match="table"):

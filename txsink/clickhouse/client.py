@@ -38,24 +38,18 @@ from txsink.clickhouse.error_map import (
 )
 from txsink.clickhouse.retry import RetryPolicy
 from txsink.credentials import merge_url_credentials, redact_url, secrets_of
-from txsink.names import Endpoint, parse_url, qualified, quote_ident, quote_literal, split_table
+from txsink.names import parse_url
 
 __all__ = [
     "TOO_MANY_PARTS",
     "Client",
     "ConnectSettings",
-    "Endpoint",
     "RetryPolicy",
     "Transience",
     "classify",
     "connect",
     "error_code",
     "map_error",
-    "parse_url",
-    "qualified",
-    "quote_ident",
-    "quote_literal",
-    "split_table",
     "too_many_partitions",
 ]
 

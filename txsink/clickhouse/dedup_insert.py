@@ -21,7 +21,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from txsink.clickhouse.client import split_table
 from txsink.clickhouse.compat import (
     DEDUP_INSERT_SETTINGS,
     WINDOW_SECONDS_KEY,
@@ -30,6 +29,7 @@ from txsink.clickhouse.compat import (
 )
 from txsink.clickhouse.warehouse import parse_settings_clause
 from txsink.errors import ConfigError
+from txsink.names import split_table
 from txsink.protocol import dedup
 from txsink.protocol.ids import dedup_token
 

@@ -15,9 +15,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from txsink.clickhouse.client import Client, qualified, quote_literal, split_table
+from txsink.clickhouse.client import Client
 from txsink.clickhouse.sqltext import has_ttl, parse_settings_clause, reads_from, ttl_columns
 from txsink.errors import ConfigError, TxSinkError
+from txsink.names import qualified, quote_literal, split_table
 from txsink.ports.warehouse import ClusterReplica, ColumnInfo, TargetInfo
 from txsink.protocol.ids import parse_staging
 from txsink.protocol.states import MAX_PART_UUIDS, short_uuids

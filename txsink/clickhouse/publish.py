@@ -19,10 +19,10 @@ import logging
 from collections.abc import Sequence
 
 from txsink.clickhouse.blockers import AddColumn, plan_column_catch_up
-from txsink.clickhouse.client import qualified, quote_ident, quote_literal, split_table
 from txsink.clickhouse.observe import MAX_COMMANDS, PARTITION_ID_RE
 from txsink.clickhouse.staging import Stager
 from txsink.errors import ConfigError, RecoveryAlarm, RetryableConflict, TxSinkError
+from txsink.names import qualified, quote_ident, quote_literal, split_table
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from txsink.clickhouse.blockers import check_move_compat
-from txsink.clickhouse.client import qualified, quote_ident, quote_literal, split_table
 from txsink.clickhouse.observe import (
     MAX_COMMANDS,
     METADATA_MISMATCH,
@@ -34,6 +33,7 @@ from txsink.clickhouse.observe import (
 from txsink.clickhouse.replicated_ddl import staging_engine_clause, staging_keeper_path
 from txsink.clickhouse.sqltext import parse_settings_clause
 from txsink.errors import ConfigError, TxSinkError
+from txsink.names import qualified, quote_ident, quote_literal, split_table
 from txsink.ports.warehouse import TargetInfo
 
 log = logging.getLogger(__name__)

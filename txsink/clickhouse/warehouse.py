@@ -24,7 +24,6 @@ from typing import Any
 import pyarrow as pa
 
 from txsink.clickhouse.blocks import iter_blocks
-from txsink.clickhouse.client import split_table
 from txsink.clickhouse.insert_settings import OPTIONAL_INSERT_SETTINGS, STAGING_INSERT_SETTINGS
 from txsink.clickhouse.observe import (
     DEDUP_SETTING_KEYS,
@@ -37,6 +36,7 @@ from txsink.clickhouse.publish import Publisher, add_column_clause
 from txsink.clickhouse.sqltext import parse_settings_clause, reads_from, ttl_columns
 from txsink.clickhouse.staging import STAGING_SETTINGS, check_same_replica
 from txsink.errors import ConfigError
+from txsink.names import split_table
 from txsink.ports.warehouse import (
     BlockSettings,
     InsertStats,

@@ -28,10 +28,10 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from txsink.clickhouse.client import qualified, split_table
 from txsink.clickhouse.compat import staging_engine_clause, staging_keeper_path
 from txsink.clickhouse.warehouse import PARTS_SETTING_KEYS
 from txsink.errors import ConfigError, TxSinkError
+from txsink.names import qualified, split_table
 from txsink.ops.tune_model import (
     DEFAULT_MAX_OVERHEAD,
     DEFAULT_MERGE_SECONDS,

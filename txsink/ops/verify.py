@@ -40,9 +40,9 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from txsink.clickhouse.client import split_table
 from txsink.driver import open_registry, open_warehouse
 from txsink.keeper.ledger import LEDGER_PARTITIONS, exact_partitions, maybe_evicted, table_view
+from txsink.names import split_table
 from txsink.ops.anomalies import (
     DEFAULT_RECENT,
     DEFAULT_STUCK_AFTER,
