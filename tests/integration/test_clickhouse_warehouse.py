@@ -20,8 +20,8 @@ import pyarrow as pa
 import pytest
 from clickhouse_connect.driver import exceptions as ch_exc
 
+from txsink.clickhouse.blockers import attach_blockers, dedup_blockers
 from txsink.clickhouse.client import Client, RetryPolicy, connect, error_code, map_error
-from txsink.clickhouse.compat import attach_blockers, dedup_blockers
 from txsink.clickhouse.warehouse import ClickHouseWarehouse
 from txsink.errors import ConfigError, RecoveryAlarm, RetryableConflict, UnavailableError
 from txsink.names import quote_ident, split_table

@@ -26,7 +26,7 @@ import pytest
 from pyspark.sql.types import LongType, StructField, StructType
 
 from tests.integration.conftest import free_port
-from txsink.clickhouse.compat import attach_blockers
+from txsink.clickhouse.blockers import attach_blockers
 from txsink.config import WriterConfig
 from txsink.driver import borrowed_warehouse, open_registry
 from txsink.embedded.stack import StackInfo

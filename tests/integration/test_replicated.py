@@ -21,8 +21,9 @@ import pytest
 from kazoo.client import KazooClient
 
 from tests.integration.conftest import client_for, free_port
+from txsink.clickhouse.blockers import attach_blockers, check_move_compat
 from txsink.clickhouse.client import connect
-from txsink.clickhouse.compat import attach_blockers, check_move_compat, staging_keeper_path
+from txsink.clickhouse.replicated_ddl import staging_keeper_path
 from txsink.clickhouse.warehouse import STAGING_SETTINGS, ClickHouseWarehouse
 from txsink.embedded import stack as embedded
 from txsink.protocol.ids import staging_name

@@ -1,4 +1,4 @@
-"""Pure checks of txsink.clickhouse.compat: type table, decimals, nullability, blockers."""
+"""Pure schema and mode checks (chtypes, blockers): type table, decimals, nullability."""
 
 from __future__ import annotations
 
@@ -8,21 +8,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from txsink.clickhouse.compat import (
-    ColumnInfo,
+from txsink.clickhouse.blockers import attach_blockers, check_move_compat, dedup_blockers
+from txsink.clickhouse.chtypes import (
     SparkField,
-    TargetInfo,
-    attach_blockers,
-    check_move_compat,
     check_schema,
-    dedup_blockers,
     parse_ch_type,
     parse_spark_type,
-    split_top_level,
-    staging_engine_clause,
-    staging_keeper_path,
     unwrap,
 )
+from txsink.clickhouse.replicated_ddl import staging_engine_clause, staging_keeper_path
+from txsink.clickhouse.sqltext import split_top_level
+from txsink.ports.warehouse import ColumnInfo, TargetInfo
 
 T = "db.events"
 

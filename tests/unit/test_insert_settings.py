@@ -16,13 +16,13 @@ from txsink.clickhouse.client import (
     map_error,
     too_many_partitions,
 )
-from txsink.clickhouse.compat import (
+from txsink.clickhouse.dedup_insert import insert_settings
+from txsink.clickhouse.insert_settings import (
     DEDUP_INSERT_SETTINGS,
     STAGING_INSERT_SETTINGS,
     SettingValue,
     insert_settings_problems,
 )
-from txsink.clickhouse.dedup_insert import insert_settings
 from txsink.errors import ConfigError, RetryableConflict
 
 PARTITIONS = (

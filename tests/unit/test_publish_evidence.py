@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from txsink.clickhouse.compat import ColumnInfo, TargetInfo, plan_column_catch_up
+from txsink.clickhouse.blockers import plan_column_catch_up
+from txsink.ports.warehouse import ColumnInfo, TargetInfo
 from txsink.protocol import plans
 from txsink.protocol.codec import decode_part, encode_part
 from txsink.protocol.states import (

@@ -10,7 +10,6 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from txsink.clickhouse.compat import ClusterReplica, TargetInfo
 from txsink.clickhouse.shards import (
     ShardedWarehouse,
     cluster_urls,
@@ -20,7 +19,7 @@ from txsink.clickhouse.shards import (
 )
 from txsink.config import WriterConfig
 from txsink.errors import ConfigError
-from txsink.ports.warehouse import WarehouseCapabilities
+from txsink.ports.warehouse import ClusterReplica, TargetInfo, WarehouseCapabilities
 from txsink.protocol.codec import JobMeta
 from txsink.protocol.ids import parse_staging, shard_of, staging_name
 

@@ -27,7 +27,6 @@ from typing import Any, TypeVar
 import clickhouse_connect
 from clickhouse_connect.driver import exceptions as ch_exc
 
-from txsink.clickhouse.compat import SettingValue
 from txsink.clickhouse.error_map import (
     TOO_MANY_PARTS,
     Transience,
@@ -36,6 +35,7 @@ from txsink.clickhouse.error_map import (
     map_error,
     too_many_partitions,
 )
+from txsink.clickhouse.insert_settings import SettingValue
 from txsink.clickhouse.retry import RetryPolicy
 from txsink.credentials import merge_url_credentials, redact_url, secrets_of
 from txsink.names import parse_url

@@ -21,15 +21,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from txsink.clickhouse.compat import (
-    DEDUP_INSERT_SETTINGS,
-    WINDOW_SECONDS_KEY,
-    TargetInfo,
-    dedup_window,
-)
+from txsink.clickhouse.blockers import dedup_window
+from txsink.clickhouse.insert_settings import DEDUP_INSERT_SETTINGS
 from txsink.clickhouse.warehouse import parse_settings_clause
 from txsink.errors import ConfigError
 from txsink.names import split_table
+from txsink.ports.warehouse import WINDOW_SECONDS_KEY, TargetInfo
 from txsink.protocol import dedup
 from txsink.protocol.ids import dedup_token
 
@@ -55,7 +52,7 @@ _MARK_SQL = (
 
 def insert_settings(job: str, xid: str, partition: int, index: int) -> dict[str, Any]:
     """Per-block insert settings of dedup mode: the block's token and every setting the
-    guarantee relies on (:data:`~txsink.clickhouse.compat.DEDUP_INSERT_SETTINGS`; the
+    guarantee relies on (:data:`~txsink.clickhouse.insert_settings.DEDUP_INSERT_SETTINGS`; the
     warehouse leaves out the 26.x spellings an older server does not know)."""
     return {
         "insert_deduplication_token": dedup_token(job, xid, partition, index),
@@ -123,7 +120,7 @@ _TO_RE = re.compile(
 def view_tables(warehouse: Any, info: TargetInfo) -> tuple[TargetInfo, ...]:
     """The tables ``info``'s materialized views store into (``TO`` table or inner table).
 
-    Driver-side, for :func:`txsink.clickhouse.compat.dedup_blockers`: a view table without
+    Driver-side, for :func:`txsink.clickhouse.blockers.dedup_blockers`: a view table without
     a dedup window counts a replayed block twice.
     """
     out: list[TargetInfo] = []

@@ -183,7 +183,7 @@ class Observer:
         return {name: {"rows": int(r), "bytes": int(b)} for name, r, b in rows}
 
     def target_info(self, target: str, *, views: bool = True) -> TargetInfo:
-        """Everything compat checks need about ``db.table``; ConfigError if it is missing.
+        """What the schema and mode checks need about ``db.table``; ConfigError if missing.
 
         One round trip (scalar subqueries over the system tables): it runs for every
         staging table a task creates. ``views=False`` skips the scan of materialized views

@@ -111,7 +111,7 @@ class Stager(Observer):
     def _create(self, fq: str, target: str, table: str, wanted: TargetInfo) -> TargetInfo:
         """``CREATE TABLE fq AS target`` with the staging settings, replacing a garbage
         table of the same name; for a replicated target, with an engine clause of its own
-        (:func:`~.compat.staging_engine_clause`) whose Keeper path a leftover replica may
+        (:func:`~.replicated_ddl.staging_engine_clause`) whose Keeper path a leftover replica may
         hold (a DROP that never reached Keeper): that replica is dropped from Keeper first
         (the path is txsink's own and names this one staging table; ClickHouse refuses to
         drop a replica that is active or attached).

@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from txsink.clickhouse.compat import staging_engine_clause, staging_keeper_path
+from txsink.clickhouse.replicated_ddl import staging_engine_clause, staging_keeper_path
 from txsink.clickhouse.warehouse import PARTS_SETTING_KEYS
 from txsink.errors import ConfigError, TxSinkError
 from txsink.names import qualified, split_table
@@ -162,7 +162,7 @@ def measure(
     tdb, tname = split_table(table)
     info = warehouse.target_info(table)
     engine = ""
-    if info.is_replicated:  # its own Keeper path, never the target's (see compat)
+    if info.is_replicated:  # its own Keeper path, never the target's (replicated_ddl)
         engine = staging_engine_clause(info, staging_keeper_path(info, sdb, sname), {})
     try:
         client.command(

@@ -2,7 +2,7 @@
 
 Checks, in order, each failing with one error that names the object and the remedy:
 ClickHouse reachable and the target exists; the DataFrame schema fits the target
-(:func:`txsink.clickhouse.compat.check_schema`); the mode is possible on this target
+(:func:`txsink.clickhouse.chtypes.check_schema`); the mode is possible on this target
 (MOVE PARTITION blockers, dedup-window requirements); Keeper reachable. Nothing is
 created in the target by validation; the staging database is ensured, and Keeper's
 ``<keeper_root>/namespace`` node (the store's id) on first use.
@@ -31,24 +31,18 @@ from typing import Any
 
 from pyspark.sql.types import StructType
 
-from txsink.clickhouse.compat import (
+from txsink.clickhouse.blockers import attach_blockers, dedup_blockers, dedup_notes
+from txsink.clickhouse.chtypes import SparkField, check_schema, parse_ch_type, unwrap
+from txsink.clickhouse.dedup_insert import view_tables
+from txsink.clickhouse.insert_settings import (
     DEDUP_INSERT_SETTINGS,
     STAGING_INSERT_SETTINGS,
-    ColumnInfo,
-    SparkField,
-    TargetInfo,
-    attach_blockers,
-    check_schema,
-    dedup_blockers,
-    dedup_notes,
     insert_settings_problems,
-    parse_ch_type,
-    unwrap,
 )
-from txsink.clickhouse.dedup_insert import view_tables
 from txsink.config import WriterConfig
 from txsink.errors import ConfigError, SchemaMismatch, UnavailableError
 from txsink.names import parse_url
+from txsink.ports.warehouse import ColumnInfo, TargetInfo
 from txsink.protocol import job as rules
 from txsink.protocol.codec import JobMeta
 from txsink.protocol.states import Mode
@@ -216,9 +210,10 @@ def _validate(
 
 def check_insert_settings(config: WriterConfig, warehouse: Any, mode: str) -> None:
     """Refuse, before anything is written, a writer whose user cannot run txsink's inserts
-    with the settings they rely on (:func:`~txsink.clickhouse.compat.insert_settings_problems`
-    over ``system.settings`` read as that user); log the profile defaults txsink
-    overrides (``deduplicate_insert='disable'`` and the like)."""
+    with the settings they rely on
+    (:func:`~txsink.clickhouse.insert_settings.insert_settings_problems` over
+    ``system.settings`` read as that user); log the profile defaults txsink overrides
+    (``deduplicate_insert='disable'`` and the like)."""
     wanted = STAGING_INSERT_SETTINGS if mode == "attach" else DEDUP_INSERT_SETTINGS
     user = config.user or "default"
     for server in getattr(warehouse, "shards", None) or [warehouse]:
