@@ -39,7 +39,8 @@ def open_registry(config: WriterConfig) -> Registry:
 
 def open_client(config: WriterConfig, url: str | None = None, **settings: Any) -> Any:
     """A client of ``url`` (default: the job's ``url``) with the job's credentials."""
-    from txsink.clickhouse.client import RetryPolicy, connect
+    from txsink.clickhouse.client import connect
+    from txsink.clickhouse.retry import RetryPolicy
 
     return connect(
         url or config.url,

@@ -21,7 +21,9 @@ import pytest
 from clickhouse_connect.driver import exceptions as ch_exc
 
 from txsink.clickhouse.blockers import attach_blockers, dedup_blockers
-from txsink.clickhouse.client import Client, RetryPolicy, connect, error_code, map_error
+from txsink.clickhouse.client import Client, connect
+from txsink.clickhouse.error_map import error_code, map_error
+from txsink.clickhouse.retry import RetryPolicy
 from txsink.clickhouse.warehouse import ClickHouseWarehouse
 from txsink.errors import ConfigError, RecoveryAlarm, RetryableConflict, UnavailableError
 from txsink.names import quote_ident, split_table

@@ -24,7 +24,7 @@ from txsink.config import WriterConfig
 from txsink.driver import open_registry
 from txsink.errors import ConfigError, ContentChanged, DedupWindowExceeded
 from txsink.faults import POINTS
-from txsink.protocol import dedup
+from txsink.protocol import dedup, dedup_window
 from txsink.protocol.states import Mode, XidState
 from txsink.spark import validate
 from txsink.spark.dedup_write import StateCell, write_partition_dedup
@@ -385,7 +385,7 @@ def test_a_stale_attempt_cannot_shrink_the_partition_record_on_zookeeper(stack):
     reg_a, reg_b = open_registry(cfg), open_registry(cfg)
     key = dedup.partition_key("b0", 0)
     blocks = tuple(dedup.BlockFingerprint(i, 2, f"b2:{i}") for i in range(3))
-    track = dedup.Track(dedup.Mark(0, 1.0), 100, None, 0)
+    track = dedup_window.Track(dedup_window.Mark(0, 1.0), 100, None, 0)
     try:
         refused = ContentChanged
         a = StateCell(reg_a, cfg.job, key, refused)

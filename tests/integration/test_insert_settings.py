@@ -38,7 +38,7 @@ from txsink.clickhouse.warehouse import ClickHouseWarehouse
 from txsink.protocol import ids
 from txsink.spark import validate
 from txsink.spark.dedup_write import write_partition_dedup
-from txsink.spark.writer import WritePlan
+from txsink.spark.messages import WritePlan
 
 DAYS = 150  # more than ClickHouse's default max_partitions_per_insert_block (100)
 BY_DAY = (

@@ -23,7 +23,7 @@ from tests.integration.sparkjob import assert_exact, new_job, staging_left
 from txsink.config import WriterConfig
 from txsink.driver import open_job
 from txsink.ops.mode import change_mode
-from txsink.ops.status import open_stores
+from txsink.ops.stores import open_stores
 from txsink.protocol.ids import staging_name
 from txsink.protocol.states import StagedPart
 

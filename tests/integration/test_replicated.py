@@ -24,7 +24,8 @@ from tests.integration.conftest import client_for, free_port
 from txsink.clickhouse.blockers import attach_blockers, check_move_compat
 from txsink.clickhouse.client import connect
 from txsink.clickhouse.replicated_ddl import staging_keeper_path
-from txsink.clickhouse.warehouse import STAGING_SETTINGS, ClickHouseWarehouse
+from txsink.clickhouse.staging import STAGING_SETTINGS
+from txsink.clickhouse.warehouse import ClickHouseWarehouse
 from txsink.embedded import stack as embedded
 from txsink.protocol.ids import staging_name
 

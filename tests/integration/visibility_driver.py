@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-from txsink.clickhouse.warehouse import STAGING_INSERT_SETTINGS
+from txsink.clickhouse.insert_settings import STAGING_INSERT_SETTINGS
 from txsink.config import WriterConfig
 from txsink.driver import open_job
 from txsink.names import qualified

@@ -354,7 +354,8 @@ def test_move_compat_reports_first_difference_and_accepts_equal() -> None:
 
 
 def test_tune_combines_shards_summed_stages_and_summed_commits() -> None:
-    from txsink.ops.tune import Sample, TuneResult, combine_shards
+    from txsink.ops.tune import combine_shards
+    from txsink.ops.tune_model import Sample, TuneResult
 
     def result(stage: float, commit: float, delay: int) -> TuneResult:
         samples = [Sample(i, 1, 10, stage, commit, 0.01, commit - 0.01) for i in (1, 2)]

@@ -18,7 +18,8 @@ from clickhouse_connect.driver import exceptions as ch_exc
 from kazoo.exceptions import KazooException
 from kazoo.protocol.serialization import Auth
 
-from txsink.cli.main import add_common, main, resolve_credentials
+from txsink.cli.common import add_common, resolve_credentials
+from txsink.cli.main import main
 from txsink.clickhouse import client as chc
 from txsink.config import WriterConfig
 from txsink.credentials import merge_url_credentials, redact_url, scrub, split_url

@@ -15,13 +15,9 @@ from txsink.protocol.dedup import (
     BlockAction,
     BlockFingerprint,
     Decision,
-    Mark,
     PartitionState,
     Refusal,
     Status,
-    Track,
-    Window,
-    WindowProblem,
     WriteVerdict,
     after,
     before,
@@ -32,9 +28,9 @@ from txsink.protocol.dedup import (
     needs_before_record,
     partition_key,
     summarize,
-    window_step,
     xid_key,
 )
+from txsink.protocol.dedup_window import Mark, Track, Window, WindowProblem, window_step
 from txsink.protocol.states import Mode, StagedPart
 from txsink.transactor import Transactor
 

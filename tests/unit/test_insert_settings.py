@@ -8,21 +8,16 @@ from typing import Any
 
 import pytest
 
-from txsink.clickhouse.client import (
-    Client,
-    RetryPolicy,
-    Transience,
-    classify,
-    map_error,
-    too_many_partitions,
-)
+from txsink.clickhouse.client import Client
 from txsink.clickhouse.dedup_insert import insert_settings
+from txsink.clickhouse.error_map import Transience, classify, map_error, too_many_partitions
 from txsink.clickhouse.insert_settings import (
     DEDUP_INSERT_SETTINGS,
     STAGING_INSERT_SETTINGS,
     SettingValue,
     insert_settings_problems,
 )
+from txsink.clickhouse.retry import RetryPolicy
 from txsink.errors import ConfigError, RetryableConflict
 
 PARTITIONS = (

@@ -17,7 +17,8 @@ from txsink.keeper.manifest_codec import (
 )
 from txsink.ports.registry_memory import MemoryRegistry
 from txsink.ports.warehouse_memory import MemoryWarehouse
-from txsink.protocol import plans
+from txsink.protocol import ops as plan_ops
+from txsink.protocol import planner, plans
 from txsink.protocol.codec import decode_part, decode_record, encode_part, encode_record
 from txsink.protocol.ids import batch_xid, staging_name
 from txsink.protocol.job import JobFacts, tables_refusal
@@ -71,9 +72,9 @@ def test_a_record_knows_every_table_and_rows_per_table_even_without_entries():
 def test_each_entry_is_published_into_its_own_table_and_committed_after_all():
     rec = two_tables()
     view = {"s1": {"202401": 5}, "s2": {"202401": 2, "202402": 1}}
-    ops = plans.plan_publish(rec, view)
+    ops = planner.plan_publish(rec, view)
     moves = [
-        (op.staging, op.partition_id, op.target) for op in ops if isinstance(op, plans.Publish)
+        (op.staging, op.partition_id, op.target) for op in ops if isinstance(op, plan_ops.Publish)
     ]
     assert moves == [("s1", "202401", FACTS), ("s2", "202401", DAILY), ("s2", "202402", DAILY)]
     kinds = [type(op).__name__ for op in ops]
@@ -83,14 +84,14 @@ def test_each_entry_is_published_into_its_own_table_and_committed_after_all():
 def test_evidence_of_publish_is_looked_up_in_each_entrys_own_table():
     rec = two_tables()
     view = {"s1": {}, "s2": {"202402": 1}}
-    assert plans.evidence_by_target(rec, view, resumed=False) == {FACTS: (U1,), DAILY: (U2,)}
-    ops = plans.plan_publish(rec, view, published=frozenset({U1, U2}))
-    assert [op.target for op in ops if isinstance(op, plans.Publish)] == [DAILY]
+    assert planner.evidence_by_target(rec, view, resumed=False) == {FACTS: (U1,), DAILY: (U2,)}
+    ops = planner.plan_publish(rec, view, published=frozenset({U1, U2}))
+    assert [op.target for op in ops if isinstance(op, plan_ops.Publish)] == [DAILY]
 
 
 def test_one_tables_staging_missing_publishes_no_table_of_the_xid():
-    ops = plans.plan_publish(two_tables(), {"s1": {"202401": 5}, "s2": None})
-    assert len(ops) == 1 and isinstance(ops[0], plans.Alarm)
+    ops = planner.plan_publish(two_tables(), {"s1": {"202401": 5}, "s2": None})
+    assert len(ops) == 1 and isinstance(ops[0], plan_ops.Alarm)
 
 
 def test_a_replayed_multi_table_batch_drops_every_tables_fresh_staging():

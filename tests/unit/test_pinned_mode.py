@@ -11,7 +11,7 @@ from txsink.committer import batch_mode
 from txsink.config import WriterConfig
 from txsink.errors import ConfigError, FencedError
 from txsink.ops.mode import change_mode
-from txsink.ops.status import Stores
+from txsink.ops.stores import Stores
 from txsink.ports.registry_memory import MemoryRegistry
 from txsink.ports.warehouse_memory import MemoryWarehouse
 from txsink.protocol.ids import staging_name

@@ -8,7 +8,8 @@ from typing import Any
 
 from txsink.clickhouse.blockers import plan_column_catch_up
 from txsink.ports.warehouse import ColumnInfo, TargetInfo
-from txsink.protocol import plans
+from txsink.protocol import ops as plan_ops
+from txsink.protocol import planner
 from txsink.protocol.codec import decode_part, encode_part
 from txsink.protocol.states import (
     MAX_PART_UUIDS,
@@ -31,8 +32,8 @@ def record(*parts: StagedPart) -> XidRecord:
     )  # fmt: skip
 
 
-def kinds(ops: list[plans.Operation]) -> list[str]:
-    return [o.kind if isinstance(o, plans.Evidence) else type(o).__name__ for o in ops]
+def kinds(ops: list[plan_ops.Operation]) -> list[str]:
+    return [o.kind if isinstance(o, plan_ops.Evidence) else type(o).__name__ for o in ops]
 
 
 # ------------------------------------------------------------------ manifest format
@@ -60,9 +61,9 @@ def test_short_uuids_keep_the_largest_parts_and_skip_nil_uuids() -> None:
     assert "0" * UUID_PREFIX_CHARS not in ids
 
 
-def evidence_wanted(record: XidRecord, view: plans.StagingView, **kw: Any) -> tuple[str, ...]:
-    """Every UUID :func:`plans.evidence_by_target` asks for, in one tuple."""
-    wanted = plans.evidence_by_target(record, view, **kw)
+def evidence_wanted(record: XidRecord, view: plan_ops.StagingView, **kw: Any) -> tuple[str, ...]:
+    """Every UUID :func:`planner.evidence_by_target` asks for, in one tuple."""
+    wanted = planner.evidence_by_target(record, view, **kw)
     return tuple(dict.fromkeys(u for uuids in wanted.values() for u in uuids))
 
 
@@ -73,33 +74,33 @@ def test_an_empty_staging_partition_whose_uuid_is_in_the_target_counts_as_publis
     rec = record(StagedPart("s1", "p1", 5, uuids=(U1, U2)), StagedPart("s1", "p2", 3, uuids=(U3,)))
     view = {"s1": {"p2": 3}}
     assert evidence_wanted(rec, view, resumed=False) == (U1, U2)
-    ops = plans.plan_publish(rec, view, frozenset({U2}))
+    ops = planner.plan_publish(rec, view, frozenset({U2}))
     assert kinds(ops) == ["uuid", "Publish", "RecordCommitted", "DropStaging"]
 
 
 def test_uuids_gone_from_the_target_fall_back_to_protected_staging_evidence() -> None:
     rec = record(StagedPart("s1", "p1", 5, uuids=(U1,)))
-    ops = plans.plan_publish(rec, {"s1": {}}, frozenset())
+    ops = planner.plan_publish(rec, {"s1": {}}, frozenset())
     assert kinds(ops) == ["protected", "RecordCommitted", "DropStaging"]
 
 
 def test_a_record_from_before_uuids_keeps_the_old_rule_and_says_so() -> None:
     rec = record(StagedPart("s1", "p1", 5), StagedPart("s1", "p2", 3))
     assert evidence_wanted(rec, {"s1": {"p2": 3}}) == ()
-    ops = plans.plan_publish(rec, {"s1": {"p2": 3}})
+    ops = planner.plan_publish(rec, {"s1": {"p2": 3}})
     assert kinds(ops) == ["legacy", "Publish", "RecordCommitted", "DropStaging"]
 
 
 def test_an_empty_partition_without_evidence_in_a_new_record_is_an_alarm_not_a_guess() -> None:
     rec = record(StagedPart("s1", "p1", 5, uuids=(U1,)), StagedPart("s1", "p2", 3))
-    ops = plans.plan_publish(rec, {"s1": {"p1": 5}}, frozenset())
+    ops = planner.plan_publish(rec, {"s1": {"p1": 5}}, frozenset())
     assert kinds(ops) == ["Alarm"]
-    assert isinstance(ops[0], plans.Alarm) and "p2" in ops[0].reason and "s1" in ops[0].reason
+    assert isinstance(ops[0], plan_ops.Alarm) and "p2" in ops[0].reason and "s1" in ops[0].reason
 
 
 def test_a_partial_partition_is_an_alarm_whatever_the_uuids_say() -> None:
     rec = record(StagedPart("s1", "p1", 5, uuids=(U1,)))
-    assert kinds(plans.plan_publish(rec, {"s1": {"p1": 2}}, frozenset({U1}))) == ["Alarm"]
+    assert kinds(planner.plan_publish(rec, {"s1": {"p1": 2}}, frozenset({U1}))) == ["Alarm"]
 
 
 def test_no_lookup_is_wanted_for_committed_dedup_or_missing_staging() -> None:
@@ -158,9 +159,9 @@ def test_a_partition_both_staged_and_in_the_target_is_not_moved_twice() -> None:
     staged = {("s1", "p1"): (U1,), ("s1", "p2"): (U2,)}  # every part staging holds now
     assert evidence_wanted(rec, view, resumed=False) == ()
     assert evidence_wanted(rec, view, staged=staged) == (U1, U2)
-    ops = plans.plan_publish(rec, view, frozenset({U1}), staged)
+    ops = planner.plan_publish(rec, view, frozenset({U1}), staged)
     assert kinds(ops) == ["uuid", "Publish", "RecordCommitted", "DropStaging"]
-    assert [o.partition_id for o in ops if isinstance(o, plans.Publish)] == ["p2"]
+    assert [o.partition_id for o in ops if isinstance(o, plan_ops.Publish)] == ["p2"]
 
 
 def test_a_move_cut_between_parts_is_repaired_without_publishing_a_part_twice() -> None:
@@ -174,17 +175,17 @@ def test_a_move_cut_between_parts_is_repaired_without_publishing_a_part_twice() 
     staged = {("s1", "p1"): (U1, small)}
     rows = {U1: 7, small: 3}
     assert evidence_wanted(rec, view, staged=staged) == (U1, small)
-    ops = plans.plan_publish(rec, view, frozenset({small}), staged, rows)
+    ops = planner.plan_publish(rec, view, frozenset({small}), staged, rows)
     assert kinds(ops) == ["RecordCut", "DropParts", "Publish", "RecordCommitted", "DropStaging"]
     assert ops[0].cut == {small: 3}  # type: ignore[union-attr]
     assert ops[1].evidence == (small,)  # type: ignore[union-attr]
     assert ops[2].rows == 7  # type: ignore[union-attr]
     # without the rows of the parts found, nothing is guessed
-    blind = plans.plan_publish(rec, view, frozenset({small}), staged)
+    blind = planner.plan_publish(rec, view, frozenset({small}), staged)
     assert kinds(blind) == ["Alarm"] and "partly in" in blind[0].reason  # type: ignore[union-attr]
-    both = plans.plan_publish(rec, view, frozenset({U1, small}), staged, rows)
+    both = planner.plan_publish(rec, view, frozenset({U1, small}), staged, rows)
     assert kinds(both) == ["uuid", "RecordCommitted", "DropStaging"]
-    none = plans.plan_publish(rec, view, frozenset(), staged, rows)
+    none = planner.plan_publish(rec, view, frozenset(), staged, rows)
     assert kinds(none) == ["Publish", "RecordCommitted", "DropStaging"]
 
 
@@ -197,17 +198,17 @@ def test_a_cut_repair_interrupted_at_every_step_replans_to_the_same_end() -> Non
     cut = replace(cut, cuts=(Cut("s1", "p1", {small: 3}),))
     rows = {U1: 7, small: 3}
     # recorded, not yet dropped; the target merged the cut part away (no UUID shows)
-    ops = plans.plan_publish(
+    ops = planner.plan_publish(
         cut, {"s1": {"p1": 10}}, frozenset(), {("s1", "p1"): (U1, small)}, rows
     )
     assert kinds(ops) == ["DropParts", "Publish", "RecordCommitted", "DropStaging"]
     assert ops[1].rows == 7  # type: ignore[union-attr]
     # dropped, not yet moved
-    ops = plans.plan_publish(cut, {"s1": {"p1": 7}}, frozenset(), {("s1", "p1"): (U1,)}, {U1: 7})
+    ops = planner.plan_publish(cut, {"s1": {"p1": 7}}, frozenset(), {("s1", "p1"): (U1,)}, {U1: 7})
     assert kinds(ops) == ["Publish", "RecordCommitted", "DropStaging"]
     # moved: the usual evidence of an empty partition
-    ops = plans.plan_publish(cut, {"s1": {"p1": 0}}, frozenset({U1}), {}, {})
+    ops = planner.plan_publish(cut, {"s1": {"p1": 0}}, frozenset({U1}), {}, {})
     assert kinds(ops) == ["uuid", "RecordCommitted", "DropStaging"]
     # counts that do not add up are never guessed at
-    ops = plans.plan_publish(cut, {"s1": {"p1": 5}}, frozenset(), {("s1", "p1"): (U1,)}, {U1: 5})
+    ops = planner.plan_publish(cut, {"s1": {"p1": 5}}, frozenset(), {("s1", "p1"): (U1,)}, {U1: 5})
     assert kinds(ops) == ["Alarm"]

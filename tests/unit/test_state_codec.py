@@ -17,7 +17,7 @@ from txsink.errors import TxSinkError
 from txsink.keeper.ledger import next_ledger
 from txsink.keeper.manifest_codec import pack_record, unpack_record
 from txsink.ports.registry_memory import MemoryRegistry, encode_json
-from txsink.protocol import dedup
+from txsink.protocol import dedup, dedup_window
 from txsink.protocol.codec import (
     FORMAT,
     JobMeta,
@@ -176,7 +176,7 @@ def test_v0_dedup_entries_read_as_before() -> None:
     after = decode_partition_state(node("dedup_after.json"))
     assert before is not None and after is not None
     assert before.status is dedup.Status.BEFORE and before.track is not None
-    assert before.track.first == dedup.Mark(41, NOW - 1) and after.rows == 150
+    assert before.track.first == dedup_window.Mark(41, NOW - 1) and after.rows == 150
     for state, name in ((before, "dedup_before.json"), (after, "dedup_after.json")):
         encoded = encode_partition_state(state)
         assert encoded == {**node(name), "format": FORMAT}

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from txsink.clickhouse.warehouse import MAX_COMMANDS, ClickHouseWarehouse
+from txsink.clickhouse.observe import MAX_COMMANDS
+from txsink.clickhouse.warehouse import ClickHouseWarehouse
 from txsink.protocol.ids import batch_xid, run_tag, staging_name
 
 MAX_QUERY_SIZE = 262_144  # ClickHouse's default

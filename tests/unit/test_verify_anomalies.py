@@ -6,9 +6,11 @@ from __future__ import annotations
 import pytest
 
 from txsink.errors import ConfigError
+from txsink.ops.anomalies import committed_history, detect_anomalies, stuck_prepared
 from txsink.ops.status import assess
-from txsink.ops.tune import percentile, recommend
-from txsink.ops.verify import committed_history, detect_anomalies, reconcile, stuck_prepared
+from txsink.ops.tune import recommend
+from txsink.ops.tune_model import percentile
+from txsink.ops.verify import reconcile
 from txsink.protocol.states import Epoch, Mode, StagedPart, XidRecord, XidState
 
 JOB = "j"
@@ -239,7 +241,7 @@ def test_percentile_is_nearest_rank() -> None:
 
 
 def test_txn_version_saves_may_skip_versions_without_a_gap_anomaly() -> None:
-    from txsink.ops.verify import detect_anomalies
+    from txsink.ops.anomalies import detect_anomalies
     from txsink.protocol.states import Mode, XidRecord, XidState
 
     def rec(batch: int, seq: int) -> XidRecord:

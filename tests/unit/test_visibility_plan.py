@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from txsink.protocol import ops as plan_ops
+from txsink.protocol import planner
 from txsink.protocol import visibility as v
 from txsink.protocol.ids import batch_staging_name, parse_staging, staging_prefix
-from txsink.protocol.plans import Alarm, Evidence, RecordCommitted, droppable, plan_recovery
+from txsink.protocol.ops import Alarm, Evidence, RecordCommitted
+from txsink.protocol.plans import droppable, plan_recovery
 from txsink.protocol.states import Mode, StagedPart, Visibility, XidRecord, XidState
 
 PREFIX = staging_prefix("j")
@@ -29,32 +32,39 @@ def test_batch_staging_names_parse_back_as_the_jobs_staging_of_the_xid() -> None
 def test_fresh_batch_is_consolidated_first_then_replanned() -> None:
     view = {S1: {"0": 5}, S2: {"1": 7}, B: None}
     staged = {(S1, "0"): ("aa",), (S2, "1"): ("bb",)}
-    ops = v.plan_batch_publish(record(), TABLES, view, staged, {}, {})
-    assert isinstance(ops[0], v.CreateBatchStaging)
-    assert [type(o) for o in ops[1:]] == [v.Consolidate, v.Consolidate, v.Reobserve]
+    ops = planner.plan_batch_publish(record(), TABLES, view, staged, {}, {})
+    assert isinstance(ops[0], plan_ops.CreateBatchStaging)
+    assert [type(o) for o in ops[1:]] == [
+        plan_ops.Consolidate,
+        plan_ops.Consolidate,
+        plan_ops.Reobserve,
+    ]
 
 
 def test_consolidated_batch_is_claimed_then_attached_once_then_committed() -> None:
     view = {S1: {}, S2: {}, B: {"0": 5, "1": 7}}
-    ops = v.plan_batch_publish(record(), TABLES, view, {}, {B: ("aa", "bb")}, {"db.t": set()})
-    assert [type(o) for o in ops] == [v.ClaimBatch, v.Reobserve]  # never an ATTACH unclaimed
-    ops = v.plan_batch_publish(
+    ops = planner.plan_batch_publish(record(), TABLES, view, {}, {B: ("aa", "bb")}, {"db.t": set()})
+    assert [type(o) for o in ops] == [
+        plan_ops.ClaimBatch,
+        plan_ops.Reobserve,
+    ]  # never an ATTACH unclaimed
+    ops = planner.plan_batch_publish(
         record(), TABLES, view, {}, {B: ("aa", "bb")}, {"db.t": set()}, claimed={"db.t"}
     )
-    assert isinstance(ops[0], v.AttachAll)
+    assert isinstance(ops[0], plan_ops.AttachAll)
     assert isinstance(ops[1], RecordCommitted)
-    assert ops[-1] == v.DropStaging(B, "attached by xid b1")  # only after COMMITTED
+    assert ops[-1] == plan_ops.DropStaging(B, "attached by xid b1")  # only after COMMITTED
 
 
 def test_an_attach_found_in_the_query_log_is_not_repeated_after_the_target_merged() -> None:
     """The target merged the attached parts and cleaned up the old ones (no UUID shows):
     the finished ATTACH in system.query_log is the evidence; nothing is attached again."""
     view = {S1: {}, S2: {}, B: {"0": 5, "1": 7}}
-    ops = v.plan_batch_publish(
+    ops = planner.plan_batch_publish(
         record(), TABLES, view, {}, {B: ("aa", "bb")}, {"db.t": set()},
         claimed={"db.t"}, logged={"db.t"},
     )  # fmt: skip
-    assert not any(isinstance(o, v.AttachAll) for o in ops)
+    assert not any(isinstance(o, plan_ops.AttachAll) for o in ops)
     assert isinstance(ops[0], Evidence) and ops[0].kind == "logged"
     assert isinstance(ops[1], RecordCommitted)
 
@@ -72,27 +82,27 @@ def test_claimed_batch_staging_names_parse_back_as_the_xids_batch_staging() -> N
 def test_an_attach_that_landed_before_a_crash_is_not_attached_again() -> None:
     view = {S1: {}, S2: {}, B: {"0": 5, "1": 7}}
     published = {"db.t": {"aa", "bb"}}
-    ops = v.plan_batch_publish(record(), TABLES, view, {}, {B: ("aa", "bb")}, published)
-    assert not any(isinstance(o, v.AttachAll) for o in ops)
+    ops = planner.plan_batch_publish(record(), TABLES, view, {}, {B: ("aa", "bb")}, published)
+    assert not any(isinstance(o, plan_ops.AttachAll) for o in ops)
     assert isinstance(ops[0], Evidence)
 
 
 def test_an_attach_cut_between_parts_or_vanished_rows_is_an_alarm() -> None:
     view = {S1: {}, S2: {}, B: {"0": 5, "1": 7}}
     partly = {"db.t": {"aa"}}
-    ops = v.plan_batch_publish(record(), TABLES, view, {}, {B: ("aa", "bb")}, partly)
-    assert isinstance(ops[0], v.ClaimBatch)  # claimed first: the query log may prove it
-    ops = v.plan_batch_publish(
+    ops = planner.plan_batch_publish(record(), TABLES, view, {}, {B: ("aa", "bb")}, partly)
+    assert isinstance(ops[0], plan_ops.ClaimBatch)  # claimed first: the query log may prove it
+    ops = planner.plan_batch_publish(
         record(), TABLES, view, {}, {B: ("aa", "bb")}, partly, claimed={"db.t"}
     )
     assert isinstance(ops[0], Alarm)
     # the target merged some attached parts away: the query log proves the ATTACH
-    ops = v.plan_batch_publish(
+    ops = planner.plan_batch_publish(
         record(), TABLES, view, {}, {B: ("aa", "bb")}, partly, claimed={"db.t"}, logged={"db.t"}
     )
     assert isinstance(ops[0], Evidence) and ops[0].kind == "logged"
     view = {S1: {}, S2: {}, B: {}}
-    assert isinstance(v.plan_batch_publish(record(), TABLES, view, {}, {}, {})[0], Alarm)
+    assert isinstance(planner.plan_batch_publish(record(), TABLES, view, {}, {}, {})[0], Alarm)
 
 
 def test_a_batch_staging_seen_missing_is_published_only_with_the_query_logs_proof() -> None:
@@ -100,9 +110,9 @@ def test_a_batch_staging_seen_missing_is_published_only_with_the_query_logs_proo
     this one's listing and its look (it may never attach: killed, fenced), or an older
     txsink attached and dropped it. Never COMMITTED on that alone."""
     view = {S1: {}, S2: {}, B: None}
-    ops = v.plan_batch_publish(record(), TABLES, view, {}, {}, {})
-    assert [type(o) for o in ops] == [v.Reobserve]
-    ops = v.plan_batch_publish(record(), TABLES, view, {}, {}, {}, logged={"db.t"})
+    ops = planner.plan_batch_publish(record(), TABLES, view, {}, {}, {})
+    assert [type(o) for o in ops] == [plan_ops.Reobserve]
+    ops = planner.plan_batch_publish(record(), TABLES, view, {}, {}, {}, logged={"db.t"})
     assert isinstance(ops[0], Evidence) and ops[0].kind == "logged"
     assert any(isinstance(o, RecordCommitted) for o in ops)
 
@@ -113,19 +123,19 @@ def test_a_consolidating_move_cut_between_parts_is_repaired_into_the_batch_stagi
     (before, an alarm on every restart)."""
     view = {S1: {"0": 5}, S2: {"1": 7}, B: {"0": 2}}
     staged = {(S1, "0"): ("aa", "cc"), (S2, "1"): ("bb",)}
-    ops = v.plan_batch_publish(
+    ops = planner.plan_batch_publish(
         record(), TABLES, view, staged, {B: ("cc",)}, {}, part_rows={"aa": 3, "cc": 2, "bb": 7}
     )
     kinds = [type(o).__name__ for o in ops]
     assert kinds == ["RecordCut", "DropParts", "Consolidate", "Consolidate", "Reobserve"]
-    assert ops[2] == v.Consolidate("b1", S1, "0", B, 3)
+    assert ops[2] == plan_ops.Consolidate("b1", S1, "0", B, 3)
 
 
 def test_partly_consolidated_batch_moves_only_what_is_left() -> None:
     view = {S1: {}, S2: {"1": 7}, B: {"0": 5}}
     staged = {(S2, "1"): ("bb",)}
-    ops = v.plan_batch_publish(record(), TABLES, view, staged, {B: ("aa",)}, {})
-    assert [type(o) for o in ops] == [v.Consolidate, v.Reobserve]
+    ops = planner.plan_batch_publish(record(), TABLES, view, staged, {B: ("aa",)}, {})
+    assert [type(o) for o in ops] == [plan_ops.Consolidate, plan_ops.Reobserve]
 
 
 def test_recovery_keeps_the_batch_staging_of_a_prepared_xid_only() -> None:

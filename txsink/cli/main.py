@@ -12,12 +12,11 @@ import importlib
 import logging
 import sys
 
-from txsink.cli.common import add_common, resolve_credentials  # re-exported
 from txsink.cli.output import Output
 from txsink.credentials import scrub
 from txsink.errors import TxSinkError
 
-__all__ = ["add_common", "build_parser", "main", "resolve_credentials"]
+__all__ = ["build_parser", "main"]
 COMMAND_MODULES = (
     "txsink.cli.embedded_cmd",
     "txsink.cli.ops_cmd",

@@ -36,7 +36,7 @@ def register(subparsers: Any) -> None:
 
 def run_mode(args: argparse.Namespace, out: Output) -> int:
     with open_stores(args) as stores:
-        jobs = st.resolve_jobs(stores.registry, args.job, args.keeper_root)
+        jobs = stores.resolve_jobs(stores.registry, args.job, args.keeper_root)
         if args.new_mode is None:
             metas = {j: stores.registry.job_meta(j) for j in jobs}
             pinned = {j: (m.mode or None) if m else None for j, m in metas.items()}

@@ -24,9 +24,9 @@ from txsink.cli.output import Output, age, kv_table, table, when
 from txsink.cli.recover_cmd import run_recover
 from txsink.cli.tune_cmd import run_tune
 from txsink.cli.verify_cmd import run_verify
+from txsink.ops import anomalies as an
 from txsink.ops import status as st
-from txsink.ops import tune as tn
-from txsink.ops import verify as vf
+from txsink.ops import tune_model as tm
 from txsink.ops.liveness import Liveness, explain
 
 
@@ -42,7 +42,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--stuck-after",
         type=float,
-        default=st.DEFAULT_STUCK_AFTER,
+        default=an.DEFAULT_STUCK_AFTER,
         help="warn about PREPARED xids older than this many seconds (default 300)",
     )
     p.add_argument(
@@ -90,13 +90,13 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--recent",
         type=int,
-        default=vf.DEFAULT_RECENT,
+        default=an.DEFAULT_RECENT,
         help="check staging leftovers of the N newest committed xids (default 20)",
     )
     p.add_argument(
         "--stuck-after",
         type=float,
-        default=vf.DEFAULT_STUCK_AFTER,
+        default=an.DEFAULT_STUCK_AFTER,
         help="PREPARED xids older than this many seconds are anomalies (default 300)",
     )
     p.add_argument(
@@ -136,25 +136,25 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--max-overhead",
         type=float,
-        default=tn.DEFAULT_MAX_OVERHEAD,
+        default=tm.DEFAULT_MAX_OVERHEAD,
         help="largest share of the interval the fixed cost may take (default 0.05)",
     )
     p.add_argument(
         "--transactions",
         type=int,
-        default=tn.DEFAULT_TRANSACTIONS,
+        default=tm.DEFAULT_TRANSACTIONS,
         help="transactions to measure (default 20)",
     )
     p.add_argument(
         "--writers",
         type=int,
-        default=tn.DEFAULT_WRITERS,
+        default=tm.DEFAULT_WRITERS,
         help="Spark tasks writing each target partition per batch (default 4)",
     )
     p.add_argument(
         "--merge-seconds",
         type=float,
-        default=tn.DEFAULT_MERGE_SECONDS,
+        default=tm.DEFAULT_MERGE_SECONDS,
         help="how long background merges take to fold new parts (default 60)",
     )
     p.add_argument(

@@ -13,8 +13,8 @@ from txsink.cli.common import open_stores
 from txsink.cli.output import Output, table
 from txsink.clickhouse.warehouse import ClickHouseWarehouse
 from txsink.errors import ConfigError
-from txsink.ops import status as st
 from txsink.ops import tune as tn
+from txsink.ops import tune_model as tm
 from txsink.options import OPTIONS
 
 
@@ -27,7 +27,7 @@ def run_tune(args: argparse.Namespace, out: Output) -> int:
             meta = stores.registry.job_meta(args.job)
             shards = list(meta.shards) if meta else []
 
-        def measure(warehouse: Any) -> tn.TuneResult:
+        def measure(warehouse: Any) -> tm.TuneResult:
             return tn.measure(
                 stores.registry,
                 warehouse,
@@ -49,7 +49,7 @@ def run_tune(args: argparse.Namespace, out: Output) -> int:
             result = measure(stores.warehouse())
         rate, source = args.rows_per_second, "--rows-per-second"
         if rate is None and args.job:
-            st.resolve_jobs(stores.registry, args.job, args.keeper_root)
+            stores.resolve_jobs(stores.registry, args.job, args.keeper_root)
             rate, source = tn.observed_rate(
                 stores.registry, args.job, sample_seconds=args.sample_seconds
             )

@@ -9,13 +9,13 @@ import argparse
 
 from txsink.cli.common import open_stores
 from txsink.cli.output import Output
-from txsink.ops import status as st
+from txsink.ops import anomalies as an
 from txsink.ops import verify as vf
 
 
 def run_verify(args: argparse.Namespace, out: Output) -> int:
     with open_stores(args) as stores:
-        jobs = st.resolve_jobs(stores.registry, args.job, args.keeper_root)
+        jobs = stores.resolve_jobs(stores.registry, args.job, args.keeper_root)
         results = [
             vf.verify(
                 stores.registry,
@@ -36,7 +36,7 @@ def run_verify(args: argparse.Namespace, out: Output) -> int:
     return 0 if clean else 1
 
 
-def _render_verify(r: vf.VerifyResult) -> str:
+def _render_verify(r: an.VerifyResult) -> str:
     c = r.checked
     lines = [
         f"job {r.job}  target {r.target}",

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from txsink.ports.warehouse import WINDOW_SECONDS_KEY, ColumnInfo, TargetInfo
-from txsink.protocol.dedup import Window
+from txsink.protocol.dedup_window import Window
 
 VIEW_ENGINES = frozenset({"View", "MaterializedView", "LiveView", "WindowView"})
 

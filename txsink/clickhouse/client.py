@@ -12,8 +12,8 @@ Owned by the ClickHouse adapter. Everything above this module sees only
 - no message or log line made here holds the password or URL userinfo: a URL's userinfo
   is split off in :func:`connect` and every server/driver text is scrubbed.
 
-The names above are re-exported here: adapters import the ClickHouse side from this
-module. ``chdb://...`` URLs open clickhouse-connect's in-process engine (tests of pure
+Error mapping lives in :mod:`.error_map`, retry policy in :mod:`.retry`.
+``chdb://...`` URLs open clickhouse-connect's in-process engine (tests of pure
 ClickHouse behaviour only; the product always talks HTTP).
 """
 
@@ -28,12 +28,7 @@ import clickhouse_connect
 from clickhouse_connect.driver import exceptions as ch_exc
 
 from txsink.clickhouse.error_map import (
-    TOO_MANY_PARTS,
-    Transience,
-    classify,
-    error_code,
     map_error,
-    too_many_partitions,
 )
 from txsink.clickhouse.insert_settings import SettingValue
 from txsink.clickhouse.retry import RetryPolicy
@@ -41,16 +36,9 @@ from txsink.credentials import merge_url_credentials, redact_url, secrets_of
 from txsink.names import parse_url
 
 __all__ = [
-    "TOO_MANY_PARTS",
     "Client",
     "ConnectSettings",
-    "RetryPolicy",
-    "Transience",
-    "classify",
     "connect",
-    "error_code",
-    "map_error",
-    "too_many_partitions",
 ]
 
 log = logging.getLogger(__name__)

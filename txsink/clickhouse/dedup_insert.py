@@ -23,11 +23,11 @@ from typing import Any
 
 from txsink.clickhouse.blockers import dedup_window
 from txsink.clickhouse.insert_settings import DEDUP_INSERT_SETTINGS
-from txsink.clickhouse.warehouse import parse_settings_clause
+from txsink.clickhouse.sqltext import parse_settings_clause
 from txsink.errors import ConfigError
 from txsink.names import split_table
 from txsink.ports.warehouse import WINDOW_SECONDS_KEY, TargetInfo
-from txsink.protocol import dedup
+from txsink.protocol import dedup_window as dw
 from txsink.protocol.ids import dedup_token
 
 # Effectively no byte limit: block boundaries depend on row counts only (a byte limit
@@ -80,7 +80,7 @@ class DedupTarget:
             settings=insert_settings(job, xid, partition, index),
         )
 
-    def observe(self) -> tuple[dedup.Mark, dedup.Window] | None:
+    def observe(self) -> tuple[dw.Mark, dw.Window] | None:
         """(counter and server time, window now); None where no window can be observed."""
         rows = self.client.query_rows(
             _MARK_SQL,
@@ -107,7 +107,7 @@ class DedupTarget:
         if window is None:
             return None
         counter = int(sm) if info.is_replicated else int(mx)
-        return dedup.Mark(counter, float(now)), window
+        return dw.Mark(counter, float(now)), window
 
 
 _TO_RE = re.compile(

@@ -11,8 +11,6 @@ ATTACH, claims) and, here, inserts. Invariants (the layers' docstrings say more)
   :data:`~.insert_settings.STAGING_INSERT_SETTINGS` (no deduplication in either
   spelling, no async insert, no ``optimize_on_insert``, no partition limit per block);
 - ``insert_blocks`` holds at most one block (plus the batch being cut) in memory.
-
-The names other modules imported from here before the split are re-exported.
 """
 
 from __future__ import annotations
@@ -25,44 +23,18 @@ import pyarrow as pa
 
 from txsink.clickhouse.blocks import iter_blocks
 from txsink.clickhouse.insert_settings import OPTIONAL_INSERT_SETTINGS, STAGING_INSERT_SETTINGS
-from txsink.clickhouse.observe import (
-    DEDUP_SETTING_KEYS,
-    DEFAULT_STAGING_DB,
-    MAX_COMMANDS,
-    MERGE_TREE_SETTING_KEYS,
-    PARTS_SETTING_KEYS,
-)
-from txsink.clickhouse.publish import Publisher, add_column_clause
-from txsink.clickhouse.sqltext import parse_settings_clause, reads_from, ttl_columns
-from txsink.clickhouse.staging import STAGING_SETTINGS, check_same_replica
+from txsink.clickhouse.publish import Publisher
 from txsink.errors import ConfigError
 from txsink.names import split_table
 from txsink.ports.warehouse import (
     BlockSettings,
     InsertStats,
     TargetInfo,
-    Warehouse,
     WarehouseCapabilities,
 )
 
 __all__ = [
-    "DEDUP_SETTING_KEYS",
-    "DEFAULT_STAGING_DB",
-    "MAX_COMMANDS",
-    "MERGE_TREE_SETTING_KEYS",
-    "PARTS_SETTING_KEYS",
-    "STAGING_INSERT_SETTINGS",
-    "STAGING_SETTINGS",
-    "BlockSettings",
     "ClickHouseWarehouse",
-    "InsertStats",
-    "Warehouse",
-    "add_column_clause",
-    "check_same_replica",
-    "iter_blocks",
-    "parse_settings_clause",
-    "reads_from",
-    "ttl_columns",
 ]
 
 log = logging.getLogger(__name__)

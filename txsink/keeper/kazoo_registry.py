@@ -30,15 +30,12 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from txsink.keeper.kazoo_base import (
     DEFAULT_ROOT,
-    DEFAULT_TIMEOUT,
-    MAX_CAS_ROUNDS,
-    RESERVED_KEYS,
     CasRetry,
     cas,
     step,
 )
 from txsink.keeper.kazoo_conn import DEFAULT_RETRY_S, encode
-from txsink.keeper.kazoo_xids import DELETE_CHUNK, SMALL_MANIFEST, KazooXids
+from txsink.keeper.kazoo_xids import KazooXids
 from txsink.keeper.manifest_codec import check_request
 from txsink.keeper.record_rules import typed_meta
 from txsink.ports.registry import CREATE, BlobConflict
@@ -55,12 +52,6 @@ from txsink.protocol.codec import (
 from txsink.protocol.states import Epoch
 
 __all__ = [
-    "DEFAULT_ROOT",
-    "DEFAULT_TIMEOUT",
-    "DELETE_CHUNK",
-    "MAX_CAS_ROUNDS",
-    "RESERVED_KEYS",
-    "SMALL_MANIFEST",
     "KazooRegistry",
 ]
 

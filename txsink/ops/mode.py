@@ -24,7 +24,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from txsink.errors import ConfigError
-from txsink.ops.status import Stores, recover_owner, writer_is_live
+from txsink.ops.status import recover_owner, writer_is_live
+from txsink.ops.stores import Stores
 from txsink.protocol.dedup import xid_key as dedup_xid_key
 from txsink.protocol.states import Mode, XidState
 

@@ -15,15 +15,11 @@ from typing import Any
 from txsink.ops.liveness import (
     STALE_CAP,
 )
-from txsink.ops.status import (
-    DEFAULT_STALE_AFTER,
-    RECOVERED_STATE,
-    Stores,
-    liveness_of,
-    recover_owner,
-)
-from txsink.protocol import plans
+from txsink.ops.status import DEFAULT_STALE_AFTER, RECOVERED_STATE, liveness_of, recover_owner
+from txsink.ops.stores import Stores
 from txsink.protocol.codec import JobMeta
+from txsink.protocol.ops import Alarm
+from txsink.protocol.planner import plan_publish
 from txsink.protocol.states import Epoch, Mode
 from txsink.transactor import RecoveryReport, Transactor
 
@@ -105,8 +101,8 @@ def plan_job_recovery(
             continue
         view.roll_forward_rows[xid] = record.rows
         if record.mode is Mode.ATTACH and record.manifest:
-            ops = plans.plan_publish(record, warehouse.staging_view(record.staging_tables))
-            view.expected_alarms += [op.reason for op in ops if isinstance(op, plans.Alarm)]
+            ops = plan_publish(record, warehouse.staging_view(record.staging_tables))
+            view.expected_alarms += [op.reason for op in ops if isinstance(op, Alarm)]
     return view
 
 

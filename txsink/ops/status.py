@@ -34,8 +34,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from txsink.clickhouse.warehouse import DEFAULT_STAGING_DB
+from txsink.clickhouse.observe import DEFAULT_STAGING_DB
 from txsink.keeper.ledger import LEDGER_PARTITIONS
+from txsink.ops.anomalies import DEFAULT_STUCK_AFTER
 from txsink.ops.liveness import (
     RECOVER_OWNER_PREFIX,
     Liveness,
@@ -44,30 +45,26 @@ from txsink.ops.liveness import (
     is_recover_owner,
     judge,
 )
-from txsink.ops.stores import Stores, open_stores, resolve_jobs
-from txsink.protocol import plans
+from txsink.ops.stores import Stores, resolve_jobs
 from txsink.protocol.codec import JobMeta, Ledger, OwnerInfo, as_job_meta, as_ledger, as_owner
 from txsink.protocol.ids import parse_staging, staging_prefix
+from txsink.protocol.ops import Alarm
+from txsink.protocol.planner import plan_publish
 from txsink.protocol.states import Epoch, Mode, XidRecord, XidState
 
 log = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_STALE_AFTER",
-    "DEFAULT_STUCK_AFTER",
     "JobStatus",
-    "Stores",
     "assess",
     "collect_status",
     "job_status",
     "liveness_of",
-    "open_stores",
     "recover_owner",
-    "resolve_jobs",
     "writer_is_live",
 ]
 
-DEFAULT_STUCK_AFTER = 300.0
 # None: the stale threshold follows the job's commit cadence (txsink.ops.liveness).
 DEFAULT_STALE_AFTER: float | None = None
 RECOVERED_STATE = "recovered"
@@ -256,7 +253,7 @@ def assess(
     for r in prepared:
         if r.mode is Mode.ATTACH:
             alarm = next(
-                (op for op in plans.plan_publish(r, staging_view) if isinstance(op, plans.Alarm)),
+                (op for op in plan_publish(r, staging_view) if isinstance(op, Alarm)),
                 None,
             )
             if alarm is not None:

@@ -9,7 +9,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from txsink.clickhouse.client import connect
-from txsink.clickhouse.warehouse import DEFAULT_STAGING_DB, ClickHouseWarehouse
+from txsink.clickhouse.observe import DEFAULT_STAGING_DB
+from txsink.clickhouse.warehouse import ClickHouseWarehouse
 from txsink.errors import ConfigError
 from txsink.keeper.kazoo_registry import KazooRegistry
 from txsink.ports.registry import Registry

@@ -28,8 +28,8 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from txsink.clickhouse.observe import PARTS_SETTING_KEYS
 from txsink.clickhouse.replicated_ddl import staging_engine_clause, staging_keeper_path
-from txsink.clickhouse.warehouse import PARTS_SETTING_KEYS
 from txsink.errors import ConfigError, TxSinkError
 from txsink.names import qualified, split_table
 from txsink.ops.tune_model import (
@@ -44,7 +44,6 @@ from txsink.ops.tune_model import (
     Recommendation,
     Sample,
     TuneResult,
-    percentile,
 )
 from txsink.ports.registry import Registry
 from txsink.protocol.codec import JobMeta
@@ -54,19 +53,11 @@ from txsink.transactor import Transactor
 
 # Re-exported: the result types and defaults live in txsink.ops.tune_model.
 __all__ = [
-    "DEFAULT_MAX_OVERHEAD",
-    "DEFAULT_MERGE_SECONDS",
-    "DEFAULT_TRANSACTIONS",
-    "DEFAULT_WRITERS",
-    "Recommendation",
-    "Sample",
-    "TuneResult",
     "combine_shards",
     "measure",
     "merge_tree_limits",
     "observed_rate",
     "overhead_curve",
-    "percentile",
     "recommend",
     "write_plot",
 ]

@@ -60,19 +60,11 @@ from txsink.protocol.states import Mode, XidRecord, XidState
 
 # Re-exported: the audit's result types and history rules live in txsink.ops.anomalies.
 __all__ = [
-    "DEFAULT_RECENT",
-    "DEFAULT_STUCK_AFTER",
     "EVICTED",
-    "Finding",
-    "VerifyResult",
-    "batch_of",
-    "committed_history",
-    "detect_anomalies",
     "fold",
     "job_tables",
     "ledger_partition_rows",
     "reconcile",
-    "stuck_prepared",
     "verify",
     "verify_job",
 ]

@@ -63,36 +63,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from txsink.protocol.dedup_window import (
-    MIN_SECONDS_MARGIN,
-    WINDOW_MARGIN_DIVISOR,
-    Mark,
     Track,
-    Window,
     WindowProblem,
     WindowRefusal,
-    margin_parts,
-    margin_seconds,
-    start_track,
-    window_step,
 )
 
 # the window rule lives in its own module; its names are part of this one's too
 __all__ = [
-    "MIN_SECONDS_MARGIN",
-    "WINDOW_MARGIN_DIVISOR",
     "BlockAction",
     "BlockFingerprint",
     "BlockStep",
     "Decision",
-    "Mark",
     "PartitionPlan",
     "PartitionState",
     "Refusal",
     "Status",
-    "Track",
-    "Window",
-    "WindowProblem",
-    "WindowRefusal",
     "WriteVerdict",
     "after",
     "before",
@@ -101,14 +86,10 @@ __all__ = [
     "decide_block",
     "decide_end",
     "decide_partition",
-    "margin_parts",
-    "margin_seconds",
     "needs_before_record",
     "partition_key",
-    "start_track",
     "summarize",
     "unmarked",
-    "window_step",
     "xid_key",
 ]
 

@@ -3,7 +3,7 @@ partition's recorded blocks and has room for the next one (:func:`window_step`).
 
 This module owns the window bookkeeping a partition's record carries (:class:`Track`)
 and the check run before every block; :mod:`txsink.protocol.dedup` owns the records
-themselves and re-exports these names.
+themselves.
 """
 
 from __future__ import annotations

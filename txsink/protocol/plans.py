@@ -3,8 +3,7 @@
 This module owns the batch decision (:func:`decide_batch`: prepare, roll forward, skip
 or refuse), roll-back ownership (:func:`droppable`), recovery (:func:`plan_recovery`) and
 pruning (:func:`plan_prune`). The publish plan itself lives in
-:mod:`txsink.protocol.planner` and its operations in :mod:`txsink.protocol.ops`; both are
-re-exported here, the names callers have always used.
+:mod:`txsink.protocol.planner` and its operations in :mod:`txsink.protocol.ops`.
 
 Re-observing after a crash and planning again is what makes every step idempotent: an
 operation that already landed is simply not planned a second time.
@@ -18,42 +17,16 @@ from dataclasses import dataclass
 
 from txsink.protocol.ids import parse_staging, staging_prefix
 from txsink.protocol.job import is_replay
-from txsink.protocol.ops import (
-    Alarm,
-    DropParts,
-    DropStaging,
-    Evidence,
-    Operation,
-    Publish,
-    RecordCommitted,
-    RecordCut,
-    StagedUuids,
-    StagingView,
-)
-from txsink.protocol.planner import evidence_by_target, plan_publish, repair_cut
 from txsink.protocol.states import XidRecord, XidState
 
 __all__ = [
-    "Alarm",
     "BatchAction",
     "BatchDecision",
-    "DropParts",
-    "DropStaging",
-    "Evidence",
-    "Operation",
-    "Publish",
-    "RecordCommitted",
-    "RecordCut",
     "RecoveryPlan",
-    "StagedUuids",
-    "StagingView",
     "decide_batch",
     "droppable",
-    "evidence_by_target",
     "plan_prune",
-    "plan_publish",
     "plan_recovery",
-    "repair_cut",
 ]
 
 

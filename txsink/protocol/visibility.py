@@ -43,35 +43,11 @@ replaced ones before the roll-forward looks.
 
 from __future__ import annotations
 
-from txsink.protocol.ops import (
-    Alarm,
-    AttachAll,
-    ClaimBatch,
-    Consolidate,
-    CreateBatchStaging,
-    DropStaging,
-    Evidence,
-    RecordCommitted,
-    Reobserve,
-)
-from txsink.protocol.planner import batch_evidence_wanted, by_target, plan_batch_publish
 from txsink.protocol.states import Mode, XidRecord
 
 __all__ = [
-    "Alarm",
-    "AttachAll",
-    "ClaimBatch",
-    "Consolidate",
-    "CreateBatchStaging",
-    "DropStaging",
-    "Evidence",
-    "RecordCommitted",
-    "Reobserve",
-    "batch_evidence_wanted",
     "batch_refusal",
-    "by_target",
     "is_batch",
-    "plan_batch_publish",
 ]
 
 

@@ -48,12 +48,13 @@ from typing import Any
 import pyarrow as pa
 from pyarrow import ipc
 
+from txsink.clickhouse.blocks import iter_blocks
 from txsink.clickhouse.dedup_insert import NO_BYTE_LIMIT, DedupTarget
-from txsink.clickhouse.warehouse import iter_blocks
 from txsink.errors import ConfigError, ContentChanged, DedupWindowExceeded
 from txsink.faults import fault_point
 from txsink.ports.registry import CREATE, BlobConflict
 from txsink.protocol import dedup
+from txsink.protocol import dedup_window as dw
 from txsink.protocol.states import StagedPart
 from txsink.spark.messages import TxCommitMessage, WritePlan
 from txsink.spark.task import Task, checked
@@ -181,8 +182,8 @@ def window_exceeded(
     partition: int,
     index: int,
     resend: bool,
-    window: dedup.Window | None,
-    refusal: dedup.WindowRefusal,
+    window: dw.Window | None,
+    refusal: dw.WindowRefusal,
 ) -> DedupWindowExceeded:
     cfg = plan.config
     t = cfg.table
@@ -198,7 +199,7 @@ def window_exceeded(
         f"{index}: target {t} has {setting}; {refusal.detail} ({refusal.problem.value}). "
         f"Block {index} was not sent. "
     )
-    if refusal.problem is dedup.WindowProblem.NO_ROOM and not resend:
+    if refusal.problem is dw.WindowProblem.NO_ROOM and not resend:
         suggest = max(2 * int(refusal.used) + 10, 100)
         key = window.setting if window else "non_replicated_deduplication_window"
         seconds = (
@@ -293,7 +294,7 @@ def _write(
             raise changed(initial, refusal)
         return task.message(plan)
     guard: DedupTarget = target()
-    track: dedup.Track | None = None  # this attempt's view of the window bookkeeping
+    track: dw.Track | None = None  # this attempt's view of the window bookkeeping
     prev_counter: int | None = None
     done: list[dedup.BlockFingerprint] = []
     inserted = skipped = total = 0
@@ -316,11 +317,11 @@ def _write(
             observed = guard.observe()
             if observed is not None:
                 now, window = observed
-                verdict: dedup.WindowRefusal | None = None
+                verdict: dw.WindowRefusal | None = None
                 if resend and stored is not None and stored.track is None:
                     verdict = dedup.unmarked(stored)
                 else:
-                    track, verdict = dedup.window_step(
+                    track, verdict = dw.window_step(
                         track, window, now, resend=resend, prev_counter=prev_counter
                     )
                 if verdict is not None:
@@ -377,14 +378,14 @@ def _write(
     )
 
 
-def _merge(ours: dedup.Track | None, theirs: dedup.Track | None) -> dedup.Track | None:
+def _merge(ours: dw.Track | None, theirs: dw.Track | None) -> dw.Track | None:
     """This attempt's track, reconciled with the record's (which another attempt may have
     written): the record's first mark wins; the highest counter and block size seen too."""
     if theirs is None:
         return ours
     if ours is None or ours.first != theirs.first:
         return theirs
-    return dedup.Track(
+    return dw.Track(
         ours.first,
         ours.parts_window,
         ours.seconds_window,

@@ -28,7 +28,10 @@ log = logging.getLogger(__name__)
 
 WRITERS: dict[Mode, PartitionWriter] = {Mode.ATTACH: write_attach, Mode.DEDUP: write_dedup}
 
-__all__ = ["TxCommitMessage", "WritePlan", "already_committed", "write_partition"]
+__all__ = [
+    "already_committed",
+    "write_partition",
+]
 
 
 def already_committed(plan: WritePlan, task: Task) -> bool:
