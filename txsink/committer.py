@@ -276,7 +276,7 @@ def _commit_writes(
         raise
     if mode is Mode.ATTACH:
         sweep_strays(handle, xid, incoming)
-    record_commit(config, result, sum(m.rows for m in msgs))
+    record_commit(config, result)
     return dict(result.__dict__)
 
 

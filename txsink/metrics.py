@@ -106,7 +106,7 @@ def _try_update(
         log.warning("metrics textfile %s not written: %s", config.metrics_textfile, exc)
 
 
-def record_commit(config: WriterConfig, result: Any, rows: int) -> None:
+def record_commit(config: WriterConfig, result: Any) -> None:
     """Log one commit and, when configured, add it to the metrics textfile."""
     log.info(
         "job %s: %s %s (%d rows, %d partitions) in %.3fs",
