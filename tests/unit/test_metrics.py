@@ -17,8 +17,8 @@ def config(path: Path | str) -> Any:
 def test_counters_and_latency_add_up_across_updates(tmp_path: Path) -> None:
     prom = tmp_path / "txsink.prom"
     result = SimpleNamespace(action="committed", xid="b1", rows=7, partitions=1, seconds=0.03)
-    metrics.record_commit(config(prom), result, 7)
-    metrics.record_commit(config(prom), SimpleNamespace(**{**result.__dict__, "seconds": 3.0}), 7)
+    metrics.record_commit(config(prom), result)
+    metrics.record_commit(config(prom), SimpleNamespace(**{**result.__dict__, "seconds": 3.0}))
     metrics.count(config(prom), recoveries=1)
     text = prom.read_text()
     assert 'txsink_batches_committed_total{job="j1"} 2' in text
