@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from txsink.errors import FencedError, KeeperRequestTooLarge, RetryableConflict
-from txsink.keeper.ledger import EMPTY_LEDGER
-from txsink.keeper.manifest_codec import KEEPER_MAX_REQUEST, unpack_record
+from txsink.ports.ledger import EMPTY_LEDGER
+from txsink.ports.manifest_codec import KEEPER_MAX_REQUEST, unpack_record
 from txsink.ports.registry import CREATE, BlobConflict, Registry, XidExists
 from txsink.protocol.codec import JobMeta, Ledger, encode_record
 from txsink.protocol.ids import staging_name

@@ -91,7 +91,7 @@ def check_job_identity(handle: JobHandle, meta: JobMeta) -> None:
     stored = handle.registry.ensure_job(job, meta)
     refusal = rules.takeover_refusal(
         job,
-        rules.JobFacts.from_meta(stored),
+        rules.JobFacts.of(stored),
         rules.JobFacts.from_meta(meta),
         lambda: handle.registry.ledger(job).committed,
     )

@@ -33,7 +33,7 @@ from txsink.errors import (
     TxSinkError,
     UnavailableError,
 )
-from txsink.keeper.record_rules import superseded
+from txsink.ports.record_rules import superseded
 from txsink.ports.registry import Registry
 from txsink.ports.warehouse import Warehouse
 from txsink.protocol import ops, steps

@@ -27,8 +27,9 @@ from txsink.faults import POINTS
 from txsink.protocol import dedup, dedup_window
 from txsink.protocol.states import Mode, XidState
 from txsink.spark import validate
-from txsink.spark.dedup_write import StateCell, write_partition_dedup
+from txsink.spark.dedup_write import StateCell, write_dedup
 from txsink.spark.messages import WritePlan
+from txsink.spark.task import Task
 
 ORDERS = (
     "CREATE TABLE {table} (id Int64, event_time DateTime64(6, 'UTC'), day Date, "
@@ -308,7 +309,7 @@ def dedup_plan(stack: Any, table: str) -> WritePlan:
 
 
 def write(plan: WritePlan, batches: Any, attempt: int) -> Any:
-    return write_partition_dedup(plan, iter(batches), "run", "b0", 0, _Ctx(0, attempt), 0.0)
+    return write_dedup(plan, Task.of(_Ctx(0, attempt), "run", "b0", 0, 0.0), iter(batches))
 
 
 def counts(ch: Any, table: str) -> tuple[int, int]:

@@ -37,8 +37,9 @@ from txsink.clickhouse.client import connect
 from txsink.clickhouse.warehouse import ClickHouseWarehouse
 from txsink.protocol import ids
 from txsink.spark import validate
-from txsink.spark.dedup_write import write_partition_dedup
+from txsink.spark.dedup_write import write_dedup
 from txsink.spark.messages import WritePlan
+from txsink.spark.task import Task
 
 DAYS = 150  # more than ClickHouse's default max_partitions_per_insert_block (100)
 BY_DAY = (
@@ -67,7 +68,7 @@ def counts(ch: Any, table: str) -> tuple[int, int, int]:
 
 
 def dedup_write(plan: WritePlan, batches: Any, attempt: int) -> Any:
-    return write_partition_dedup(plan, iter(batches), "run", "b0", 0, _Ctx(0, attempt), 0.0)
+    return write_dedup(plan, Task.of(_Ctx(0, attempt), "run", "b0", 0, 0.0), iter(batches))
 
 
 # ------------------------------------------------------------------ the endpoint

@@ -40,7 +40,7 @@ from txsink.errors import (
     UnavailableError,
 )
 from txsink.keeper.kazoo_registry import KazooRegistry
-from txsink.keeper.manifest_codec import CHUNK_BYTES
+from txsink.ports.manifest_codec import CHUNK_BYTES
 from txsink.ports.registry import Registry, XidExists
 from txsink.protocol.codec import FORMAT, StateFormatTooNew
 from txsink.protocol.states import Cut, Epoch, XidRecord, XidState

@@ -10,8 +10,10 @@ import pytest
 
 from tests.registry_contract import big_record, grid_record, make_record
 from txsink.errors import KeeperRequestTooLarge, TxSinkError
-from txsink.keeper.ledger import EMPTY_LEDGER, exact_partitions, maybe_evicted, next_ledger
-from txsink.keeper.manifest_codec import (
+from txsink.ops.status import assess
+from txsink.ops.verify import EVICTED, fold, ledger_partition_rows, reconcile
+from txsink.ports.ledger import EMPTY_LEDGER, exact_partitions, maybe_evicted, next_ledger
+from txsink.ports.manifest_codec import (
     CHUNK_BYTES,
     INLINE_MANIFEST_BYTES,
     KEEPER_MAX_REQUEST,
@@ -21,8 +23,6 @@ from txsink.keeper.manifest_codec import (
     repack,
     unpack_record,
 )
-from txsink.ops.status import assess
-from txsink.ops.verify import EVICTED, fold, ledger_partition_rows, reconcile
 from txsink.protocol.codec import Ledger, decode_record, encode_ledger, encode_record
 from txsink.protocol.states import Epoch, XidRecord, XidState
 
@@ -193,7 +193,7 @@ def test_status_says_when_the_ledger_evicted_partitions() -> None:
 
 
 def test_the_ledger_counts_rows_per_shard_of_a_sharded_job() -> None:
-    from txsink.keeper.ledger import empty_ledger, next_ledger
+    from txsink.ports.ledger import empty_ledger, next_ledger
     from txsink.protocol.ids import staging_name
     from txsink.protocol.states import Mode, StagedPart, XidState
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from txsink.errors import RetryableConflict
-from txsink.keeper.cas import CasRetry, cas
+from txsink.ports.cas import CasRetry, cas
 
 
 def test_a_lost_race_reads_and_decides_again_until_the_write_lands() -> None:

@@ -4,7 +4,10 @@ and every ClickHouse statement sent through the dedup_insert adapter."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -110,3 +113,43 @@ def test_a_failing_dedup_task_hands_its_error_to_the_pool_which_closes_not_lends
     with pytest.raises(RuntimeError):
         write_dedup(plan(), task(0), dying())
     assert "back keeper" not in loans and "back clickhouse" not in loans
+
+
+# ------------------------------------------------------------------ entries via the codec
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "state_v0"
+
+
+def _cell(registry: MemoryRegistry) -> Any:
+    from txsink.errors import ContentChanged
+    from txsink.spark.dedup_write import StateCell
+
+    return StateCell(registry, "j", "dedup/b1/p0", ContentChanged)
+
+
+def test_a_dedup_entry_of_a_newer_format_is_refused_not_decided_on_or_overwritten() -> None:
+    """A newer release's entry may mean something this one cannot tell: deciding blocks
+    from it (or rewriting it without its keys) could resend or skip blocks."""
+    from txsink.protocol.codec import StateFormatTooNew
+
+    entry = json.loads((FIXTURES / "dedup_before.json").read_text())
+    registry = MemoryRegistry()
+    registry.ensure_job("j", {"target": "db.t", "mode": "dedup"})
+    registry.put_blob("j", "dedup/b1/p0", {**entry, "format": 2, "newer": True})
+    with pytest.raises(StateFormatTooNew, match="dedup/b1/p0"):
+        _cell(registry)
+    assert registry.get_blob("j", "dedup/b1/p0")["newer"] is True  # left as it was
+
+
+def test_a_dedup_entry_written_now_carries_the_format_and_a_v0_entry_still_reads() -> None:
+    entry = json.loads((FIXTURES / "dedup_before.json").read_text())
+    registry = MemoryRegistry()
+    registry.ensure_job("j", {"target": "db.t", "mode": "dedup"})
+    registry.put_blob("j", "dedup/b1/p0", entry)  # as the previous release wrote it
+    cell = _cell(registry)
+    assert cell.state is not None and cell.state.blocks  # read as before
+    from txsink.protocol.dedup import Status
+
+    done = dataclasses.replace(cell.state, status=Status.AFTER)
+    assert cell.propose(done)
+    assert registry.get_blob("j", "dedup/b1/p0")["format"] == 1

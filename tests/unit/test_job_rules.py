@@ -214,3 +214,19 @@ def test_a_refusal_of_the_rules_is_raised_as_a_config_error_by_the_committer() -
     registry.ensure_job(J, {"job": J, "target": "db.other", "mode": "attach"})
     with pytest.raises(ConfigError, match=r"writes to db\.other, not db\.t"):
         epoch_for_run(_handle(registry), "run-1", "attach")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("shards", [(), ("http://h:8123", "http://b:8123")])
+def test_a_job_node_created_blank_refuses_no_writer_at_takeover(shards) -> None:
+    """A job node that records nothing (``Transactor.begin()`` without meta) identifies
+    no target, shard list or tables: validation lets any writer through, and the takeover
+    must agree (a refusal there comes after dedup-mode rows are already visible)."""
+    registry = MemoryRegistry()
+    registry.ensure_job(J, {})
+    assert rules.takeover_refusal(J, JobFacts.of(registry.job_meta(J)), JobFacts(target=T,
+        shards=shards), lambda: 0) is None  # fmt: skip
+    options = {"url": "http://h:8123", "keeper": "k:2181", "table": T, "job": J}
+    if shards:
+        options |= {"shards": ",".join(shards), "shard_by": "id"}
+    handle = job_handle(WriterConfig.from_options(options), registry, MemoryWarehouse())
+    epoch_for_run(handle, "run-1", "attach")  # type: ignore[arg-type]

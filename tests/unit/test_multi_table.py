@@ -8,8 +8,8 @@ import json
 import pytest
 
 from txsink.errors import ConfigError, RecoveryAlarm
-from txsink.keeper import ledger as lg
-from txsink.keeper.manifest_codec import (
+from txsink.ports import ledger as lg
+from txsink.ports.manifest_codec import (
     decode_manifest,
     encode_manifest,
     pack_record,

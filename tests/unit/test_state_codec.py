@@ -14,8 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from txsink.errors import TxSinkError
-from txsink.keeper.ledger import next_ledger
-from txsink.keeper.manifest_codec import pack_record, unpack_record
+from txsink.ports.ledger import next_ledger
+from txsink.ports.manifest_codec import pack_record, unpack_record
 from txsink.ports.registry_memory import MemoryRegistry, encode_json
 from txsink.protocol import dedup, dedup_window
 from txsink.protocol.codec import (

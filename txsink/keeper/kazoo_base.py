@@ -15,7 +15,7 @@ Invariants:
   moved version for a compare-and-set). Past ``retry_s`` the UnavailableError reaches
   the caller, which treats the outcome as unknown.
 - Compare-and-set: every loop of read, decide, conditional write is
-  :func:`txsink.keeper.cas.cas` (the in-memory twin runs the same helper).
+  :func:`txsink.ports.cas.cas` (the in-memory twin runs the same helper).
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError
 
 from txsink.errors import ConfigError, TxSinkError
-from txsink.keeper.cas import MAX_CAS_ROUNDS, CasRetry, cas
 from txsink.keeper.kazoo_conn import DEFAULT_RETRY_S, KazooConn
-from txsink.keeper.manifest_codec import CHUNKS_DIR
-from txsink.keeper.record_rules import superseded
+from txsink.ports.cas import MAX_CAS_ROUNDS, CasRetry, cas
+from txsink.ports.manifest_codec import CHUNKS_DIR
+from txsink.ports.record_rules import superseded
 from txsink.protocol.codec import decode_epoch_node
 from txsink.protocol.states import Epoch
 

@@ -36,8 +36,8 @@ from txsink.keeper.kazoo_base import (
 )
 from txsink.keeper.kazoo_conn import DEFAULT_RETRY_S, encode
 from txsink.keeper.kazoo_xids import KazooXids
-from txsink.keeper.manifest_codec import check_request
-from txsink.keeper.record_rules import typed_meta
+from txsink.ports.manifest_codec import check_request
+from txsink.ports.record_rules import typed_meta
 from txsink.ports.registry import CREATE, BlobConflict
 from txsink.protocol.codec import (
     JobMeta,

@@ -25,8 +25,8 @@ from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, N
 from txsink.errors import RetryableConflict
 from txsink.keeper.kazoo_base import CasRetry, KazooBase, cas, step
 from txsink.keeper.kazoo_conn import decode_node, encode
-from txsink.keeper.ledger import next_ledger
-from txsink.keeper.manifest_codec import (
+from txsink.ports.ledger import next_ledger
+from txsink.ports.manifest_codec import (
     CHUNKS_DIR,
     ChunkRef,
     PackedRecord,
@@ -38,7 +38,7 @@ from txsink.keeper.manifest_codec import (
     repack,
     unpack_record,
 )
-from txsink.keeper.record_rules import (
+from txsink.ports.record_rules import (
     committed_record,
     over_tombstone,
     tombstone,

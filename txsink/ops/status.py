@@ -35,7 +35,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from txsink.clickhouse.observe import DEFAULT_STAGING_DB
-from txsink.keeper.ledger import LEDGER_PARTITIONS
 from txsink.ops.anomalies import DEFAULT_STUCK_AFTER
 from txsink.ops.liveness import (
     RECOVER_OWNER_PREFIX,
@@ -46,6 +45,7 @@ from txsink.ops.liveness import (
     judge,
 )
 from txsink.ops.stores import Stores, resolve_jobs
+from txsink.ports.ledger import LEDGER_PARTITIONS
 from txsink.protocol.codec import JobMeta, Ledger, OwnerInfo, as_job_meta, as_ledger, as_owner
 from txsink.protocol.ids import parse_staging, staging_prefix
 from txsink.protocol.ops import Alarm

@@ -20,13 +20,13 @@ writing the target say was committed against the target's active rows in
 ``system.parts``. Equal when txsink is the only writer. Dedup-mode ledgers count Spark
 partitions, not target partitions, so a target any dedup-mode job writes is reconciled
 by total only. A ledger keeps per-partition totals only for its most recently written
-partitions (:mod:`txsink.keeper.ledger`); partitions it evicted, or that came back after
+partitions (:mod:`txsink.ports.ledger`); partitions it evicted, or that came back after
 an eviction, cannot be reconciled one by one: they are reconciled together as one
 ``(evicted)`` bucket (with a ``ledger-evicted`` warning naming them), so the total always is.
 A sharded job's own target is also reconciled shard by shard against the ledger's
 per-shard totals (rows published on the wrong shard cancel out in the sum, not here).
 A job that commits several tables in one xid (``txsink.transaction``) is reconciled table
-by table: its ledger is cut per table (:func:`txsink.keeper.ledger.table_view`) and each
+by table: its ledger is cut per table (:func:`txsink.ports.ledger.table_view`) and each
 PREPARED xid counts as in flight only for the tables its entries name.
 
 Everything below :func:`verify` is pure and unit-tested without services.
@@ -41,7 +41,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from txsink.driver import open_registry, open_warehouse
-from txsink.keeper.ledger import LEDGER_PARTITIONS, exact_partitions, maybe_evicted, table_view
 from txsink.names import split_table
 from txsink.ops.anomalies import (
     DEFAULT_RECENT,
@@ -53,6 +52,7 @@ from txsink.ops.anomalies import (
     detect_anomalies,
     stuck_prepared,
 )
+from txsink.ports.ledger import LEDGER_PARTITIONS, exact_partitions, maybe_evicted, table_view
 from txsink.ports.registry import Registry
 from txsink.protocol.codec import JobMeta, Ledger, as_job_meta, as_ledger
 from txsink.protocol.ids import staging_prefix

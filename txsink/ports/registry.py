@@ -6,12 +6,12 @@ Keeper layout under the root (default ``/txsink``, inside the optional chroot)::
     <root>/jobs/<job>/epoch              {"epoch": n, "owner": ..., "since": ts}
                                          its node version is the fencing token
     <root>/jobs/<job>/owner              OwnerInfo: {"epoch", "owner", "heartbeat", ...}
-    <root>/jobs/<job>/ledger             Ledger: totals, bounded (:mod:`txsink.keeper.ledger`)
+    <root>/jobs/<job>/ledger             Ledger: totals, bounded (:mod:`txsink.ports.ledger`)
     <root>/jobs/<job>/xids/<xid>         an XidRecord (JSON), manifest compact inline or
                                          a reference to chunk nodes
     <root>/jobs/<job>/manifests/<xid>.<nonce>.<i>
                                          chunk i of a large manifest (see
-                                         :mod:`txsink.keeper.manifest_codec`)
+                                         :mod:`txsink.ports.manifest_codec`)
     <root>/jobs/<job>/dedup/<xid>/p<n>   dedup-mode BEFORE/AFTER state of one partition
     <root>/namespace                     {"id": random hex}: this store's id, part of every
                                          staging name (two roots never share staging)
@@ -36,8 +36,8 @@ Every store implements :class:`Registry` and passes ``tests/registry_contract.py
 :class:`~txsink.ports.registry_memory.MemoryRegistry` (the in-memory twin, for unit
 tests) and :class:`~txsink.keeper.kazoo_registry.KazooRegistry` (ZooKeeper / ClickHouse
 Keeper). The record rules every store applies are shared and pure
-(:mod:`txsink.keeper.record_rules`, :mod:`txsink.keeper.ledger`,
-:mod:`txsink.keeper.manifest_codec`, :mod:`txsink.keeper.cas`).
+(:mod:`txsink.ports.record_rules`, :mod:`txsink.ports.ledger`,
+:mod:`txsink.ports.manifest_codec`, :mod:`txsink.ports.cas`).
 """
 
 from __future__ import annotations

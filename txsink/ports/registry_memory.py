@@ -17,9 +17,9 @@ from dataclasses import replace
 from typing import Any
 
 from txsink.errors import FencedError, RetryableConflict
-from txsink.keeper.cas import CasRetry, cas
-from txsink.keeper.ledger import next_ledger
-from txsink.keeper.manifest_codec import (
+from txsink.ports.cas import CasRetry, cas
+from txsink.ports.ledger import next_ledger
+from txsink.ports.manifest_codec import (
     CHUNKS_DIR,
     PackedRecord,
     check_request,
@@ -30,7 +30,7 @@ from txsink.keeper.manifest_codec import (
     repack,
     unpack_record,
 )
-from txsink.keeper.record_rules import (
+from txsink.ports.record_rules import (
     committed_record,
     over_tombstone,
     superseded,

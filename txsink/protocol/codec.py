@@ -3,7 +3,7 @@
 Owns the wire form of every node txsink writes (xid records and their manifest entries,
 job meta, the ledger, dedup BEFORE/AFTER entries, epoch and owner nodes) and its format
 version.
-Pure: no I/O; :mod:`txsink.keeper.manifest_codec` lays encoded records out in bounded
+Pure: no I/O; :mod:`txsink.ports.manifest_codec` lays encoded records out in bounded
 nodes, the registries send the bytes.
 
 Versions (the ``"format"`` key, written on every node from format 1 on)::
@@ -303,10 +303,10 @@ def as_job_meta(
 @dataclass(frozen=True)
 class Ledger:
     """A job's ledger: exact totals of everything it ever committed, in one bounded node
-    (its layout and arithmetic: :mod:`txsink.keeper.ledger`).
+    (its layout and arithmetic: :mod:`txsink.ports.ledger`).
 
     ``key_prefix`` is never stored: a one-table view of a multi-table ledger
-    (:func:`txsink.keeper.ledger.table_view`) names the prefix of that table's keys.
+    (:func:`txsink.ports.ledger.table_view`) names the prefix of that table's keys.
     """
 
     seq: int = 0

@@ -180,7 +180,7 @@ def identity_refusal(job: str, stored: JobView | None, mine: JobView) -> str | N
 
 
 def takeover_refusal(
-    job: str, stored: JobView, mine: JobView, committed: Callable[[], int]
+    job: str, stored: JobView | None, mine: JobView, committed: Callable[[], int]
 ) -> str | None:
     """Why a new run whose meta would be ``mine`` must not take ``job`` over (None when
     it may). ``committed``: how many xids the job's ledger counts as committed (asked
@@ -188,7 +188,12 @@ def takeover_refusal(
 
     Streaming xids are ``b<batchId>``: a new query (new checkpoint) writing under an old
     job name restarts at batch 0 and would find those batches "already committed", i.e.
-    silently drop its data; the query id recorded with the job catches that."""
+    silently drop its data; the query id recorded with the job catches that.
+
+    ``stored`` None: the job node records nothing yet (created blank), so nothing can
+    be refused; the run's meta is what gets recorded."""
+    if stored is None:
+        return None
     known = stored.targets
     if known is not None and len(known) > 1 and not mine.targets:
         return (

@@ -55,6 +55,7 @@ from txsink.faults import fault_point
 from txsink.ports.registry import CREATE, BlobConflict
 from txsink.protocol import dedup
 from txsink.protocol import dedup_window as dw
+from txsink.protocol.codec import decode_partition_state, encode_partition_state
 from txsink.protocol.states import StagedPart
 from txsink.spark.messages import TxCommitMessage, WritePlan
 from txsink.spark.task import Task, checked
@@ -155,7 +156,8 @@ class StateCell:
         if found is None:
             self.state, self.version = None, CREATE
         else:
-            self.state, self.version = dedup.PartitionState.from_json(found[0]), found[1]
+            where = f"jobs/{self.job}/{self.key}"
+            self.state, self.version = decode_partition_state(found[0], where), found[1]
 
     def propose(self, new: dedup.PartitionState) -> bool:
         """Write ``new`` if the rule allows it; False if another attempt wrote first (the
@@ -166,7 +168,8 @@ class StateCell:
         if verdict is dedup.WriteVerdict.REFUSE:
             raise self._refused(why)
         try:
-            self.version = self.registry.cas_blob(self.job, self.key, new.to_json(), self.version)
+            node = encode_partition_state(new)
+            self.version = self.registry.cas_blob(self.job, self.key, node, self.version)
         except BlobConflict:
             self.refresh()
             return False
@@ -222,19 +225,6 @@ def window_exceeded(
         f"docs/operations.md#runbook-dedup-window-exceeded (find and delete them, delete "
         f"{node}, restart)."
     )
-
-
-def write_partition_dedup(
-    plan: WritePlan,
-    batches: Iterator[Any],
-    run_id: str,
-    xid: str,
-    batch: int | None,
-    ctx: Any,
-    started: float,
-) -> TxCommitMessage:
-    """:func:`write_dedup` for the task of TaskContext ``ctx`` (tests drive it so)."""
-    return write_dedup(plan, Task.of(ctx, run_id, xid, batch, started), batches)
 
 
 def write_dedup(plan: WritePlan, task: Task, batches: Iterator[Any]) -> TxCommitMessage:
