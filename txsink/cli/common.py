@@ -16,12 +16,15 @@ import argparse
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from txsink.clickhouse.client import ConnectSettings
 from txsink.credentials import merge_url_credentials, read_secret_file, secrets_of
 from txsink.errors import ConfigError, TxSinkError
 from txsink.options import OPTIONS, Kind, Option
+
+if TYPE_CHECKING:
+    from txsink.ops.stores import Stores
 
 DEFAULT_URL = "http://127.0.0.1:18123"
 DEFAULT_KEEPER = "127.0.0.1:12181"
@@ -179,7 +182,7 @@ def connect_settings(args: argparse.Namespace) -> ConnectSettings:
     )
 
 
-def open_stores(args: argparse.Namespace) -> Any:
+def open_stores(args: argparse.Namespace) -> Stores:
     """Connect to Keeper and ClickHouse as the common flags say (both fail fast with a
     named error): :class:`txsink.ops.stores.Stores`, shards reached with the same
     credentials and TLS settings."""

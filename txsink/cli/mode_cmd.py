@@ -11,6 +11,7 @@ from txsink.cli.output import Output
 from txsink.errors import ConfigError
 from txsink.ops import status as st
 from txsink.ops.mode import MODES, change_mode
+from txsink.ops.stores import resolve_jobs
 
 
 def register(subparsers: Any) -> None:
@@ -36,7 +37,7 @@ def register(subparsers: Any) -> None:
 
 def run_mode(args: argparse.Namespace, out: Output) -> int:
     with open_stores(args) as stores:
-        jobs = stores.resolve_jobs(stores.registry, args.job, args.keeper_root)
+        jobs = resolve_jobs(stores.registry, args.job, args.keeper_root)
         if args.new_mode is None:
             metas = {j: stores.registry.job_meta(j) for j in jobs}
             pinned = {j: (m.mode or None) if m else None for j, m in metas.items()}

@@ -14,6 +14,7 @@ from typing import Any
 from txsink.cli.common import open_stores
 from txsink.cli.output import Output, age
 from txsink.ops import recovery as rc
+from txsink.ops.stores import resolve_jobs
 
 EXIT_REFUSED = 3
 EXIT_ALARMS = 4
@@ -51,7 +52,7 @@ def run_recover(args: argparse.Namespace, out: Output) -> int:
     entries: dict[str, dict[str, Any]] = {}
     code = 0
     with open_stores(args) as stores:
-        jobs = stores.resolve_jobs(stores.registry, args.job, args.keeper_root)
+        jobs = resolve_jobs(stores.registry, args.job, args.keeper_root)
         views = [rc.plan_job_recovery(stores, j, stale_after=args.stale_after) for j in jobs]
         for v in views:
             db = stores.warehouse(stores.registry.job_meta(v.job)).staging_db

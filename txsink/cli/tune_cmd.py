@@ -15,6 +15,7 @@ from txsink.clickhouse.warehouse import ClickHouseWarehouse
 from txsink.errors import ConfigError
 from txsink.ops import tune as tn
 from txsink.ops import tune_model as tm
+from txsink.ops.stores import resolve_jobs
 from txsink.options import OPTIONS
 
 
@@ -49,7 +50,7 @@ def run_tune(args: argparse.Namespace, out: Output) -> int:
             result = measure(stores.warehouse())
         rate, source = args.rows_per_second, "--rows-per-second"
         if rate is None and args.job:
-            stores.resolve_jobs(stores.registry, args.job, args.keeper_root)
+            resolve_jobs(stores.registry, args.job, args.keeper_root)
             rate, source = tn.observed_rate(
                 stores.registry, args.job, sample_seconds=args.sample_seconds
             )

@@ -11,11 +11,12 @@ from txsink.cli.common import open_stores
 from txsink.cli.output import Output
 from txsink.ops import anomalies as an
 from txsink.ops import verify as vf
+from txsink.ops.stores import resolve_jobs
 
 
 def run_verify(args: argparse.Namespace, out: Output) -> int:
     with open_stores(args) as stores:
-        jobs = stores.resolve_jobs(stores.registry, args.job, args.keeper_root)
+        jobs = resolve_jobs(stores.registry, args.job, args.keeper_root)
         results = [
             vf.verify(
                 stores.registry,
