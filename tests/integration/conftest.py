@@ -8,6 +8,8 @@ test session, started in a temporary directory on free ports and stopped at the 
 - ``zk``: a started kazoo client on the stack's ZooKeeper (stopped after the test).
 - ``fresh_db``: a unique database name, created before and dropped after the test.
 - ``spark`` (session): a local[2] SparkSession with txsink registered.
+- ``fast_job_start`` (session, automatic): job subprocesses start their JVM from a
+  class-data archive (:mod:`txsink.demo.jvm`).
 
 Set ``TXSINK_TEST_STACK_DIR`` to keep the stack's directory (logs, data) after the run.
 Every test under ``tests/integration`` gets the ``integration`` marker.
@@ -30,6 +32,7 @@ import pytest
 from clickhouse_connect.driver.client import Client
 from kazoo.client import KazooClient
 
+from txsink.demo import jvm
 from txsink.embedded import stack as embedded
 from txsink.embedded.stack import StackInfo
 
@@ -47,6 +50,21 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fast_job_start() -> Iterator[None]:
+    """Job processes (``python -m txsink.demo job``) start their Spark JVM from a class-data
+    archive kept in ``.txsink/jvm`` (made once, ~30 s; each of the suite's ~80 job starts
+    then saves ~6 s). See :mod:`txsink.demo.jvm`."""
+    saved = os.environ.get(jvm.JAVA_OPTIONS_ENV)
+    note = jvm.enable(HERE.parent.parent / ".txsink" / "jvm")
+    print(f"\njob JVM start-up: {note}")
+    yield
+    if saved is None:
+        os.environ.pop(jvm.JAVA_OPTIONS_ENV, None)
+    else:
+        os.environ[jvm.JAVA_OPTIONS_ENV] = saved
 
 
 @pytest.fixture(scope="session")

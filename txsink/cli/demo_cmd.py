@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
+from pathlib import Path
 from typing import Any
 
 from txsink.cli.output import Output, kv_table, table
@@ -74,6 +75,9 @@ def run(args: argparse.Namespace, out: Output) -> int:
         shards = info.shards if args.shards > 1 else ()
         out.progress(f"stack up: ClickHouse {', '.join(info.shards)}, Keeper {info.keeper}")
     workdir = args.dir or tempfile.mkdtemp(prefix="txsink-demo-")
+    from txsink.demo import jvm
+
+    out.progress(f"job JVM start-up: {jvm.enable(Path('.txsink') / 'jvm')}")
     out.progress(f"work dir {workdir}; every run below is crashed on purpose, then restarted")
     report = run_demo(
         url,

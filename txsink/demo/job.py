@@ -23,6 +23,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from txsink.demo.jvm import JAVA_OPTIONS_ENV
+
 SOURCE_SCHEMA_DDL = "id BIGINT, event_time TIMESTAMP, day DATE, customer STRING, amount BIGINT"
 
 
@@ -134,6 +136,9 @@ def job_main(argv: Sequence[str] | None = None) -> int:
         .config("spark.ui.enabled", "false")
         .config("spark.sql.streaming.stopGracefullyOnShutdown", "false")
     )
+    fast_start = os.environ.get(JAVA_OPTIONS_ENV)  # see txsink.demo.jvm
+    if fast_start:
+        builder = builder.config("spark.driver.extraJavaOptions", fast_start)
     for kv in args.conf:
         key, _, value = kv.partition("=")
         builder = builder.config(key, value)
