@@ -121,3 +121,14 @@ def test_tls_and_timeout_flags_reach_the_clickhouse_and_keeper_clients(
     assert (kwargs["timeout"], kwargs["retry_s"]) == (4.0, 0.0)
     main(["status", "--url", "https://ch.example"])
     assert (seen["verify"], seen["ca_cert"], seen["port"]) == (True, None, 8443)
+
+
+def test_the_clis_clickhouse_retries_are_the_writers_defaults() -> None:
+    from txsink.clickhouse.retry import RetryPolicy
+    from txsink.config import WriterConfig
+
+    config = WriterConfig.from_options(
+        {"url": "http://h:8123", "keeper": "h:2181", "table": "d.t", "job": "j"}
+    )
+    policy = RetryPolicy()  # what the CLI's stores use
+    assert (policy.attempts, policy.max_wait) == (config.retry_attempts, config.retry_max_wait)

@@ -41,9 +41,7 @@ def test_a_damaged_archive_is_never_handed_to_a_job(tmp_path: Path) -> None:
     assert not jvm._loads(java, damaged)
 
 
-def test_options_the_caller_chose_are_kept(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_options_the_caller_chose_are_kept(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv(jvm.JAVA_OPTIONS_ENV, "-Xmx1g")
     assert "kept" in jvm.enable(tmp_path)
     assert os.environ[jvm.JAVA_OPTIONS_ENV] == "-Xmx1g"

@@ -16,12 +16,14 @@ from typing import TypeVar
 import tenacity
 
 from txsink.clickhouse.error_map import Transience, classify, short_text
+from txsink.options import OPTIONS
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-DEFAULT_RETRY_ATTEMPTS = 5
-DEFAULT_RETRY_MAX_WAIT = 10.0
+# the writer's defaults (options registry), so the CLI and the writer retry alike
+DEFAULT_RETRY_ATTEMPTS: int = OPTIONS["retry_attempts"].parse(OPTIONS["retry_attempts"].default)
+DEFAULT_RETRY_MAX_WAIT: float = OPTIONS["retry_max_wait"].parse(OPTIONS["retry_max_wait"].default)
 
 
 @dataclass(frozen=True)
