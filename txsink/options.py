@@ -353,3 +353,11 @@ _DECLARED: tuple[Option, ...] = (
 #: name -> option, in declaration order (the order of docs/options.md).
 OPTIONS: dict[str, Option] = {o.name: o for o in _DECLARED}
 SECRET_OPTIONS = tuple(o.name for o in _DECLARED if o.secret)
+
+
+def default_of(name: str) -> Any:
+    """The typed default of option ``name`` (for code that runs without a WriterConfig)."""
+    opt = OPTIONS[name]
+    if opt.default is None:
+        raise KeyError(f"option {name!r} is required: it has no default")
+    return opt.parse(opt.default)

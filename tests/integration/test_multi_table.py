@@ -14,7 +14,7 @@ import pytest
 
 import txsink
 from tests.integration.sparkjob import Job, new_job, staging_left
-from txsink.demo import daily_ddl, daily_table, target_ddl
+from txsink.demo import TWO_TABLE_POINTS, daily_ddl, daily_table, target_ddl
 from txsink.driver import open_registry
 from txsink.errors import ConfigError
 from txsink.faults import EXIT_CODE
@@ -23,14 +23,7 @@ from txsink.protocol.states import XidState
 
 pytestmark = [pytest.mark.spark]
 
-DRIVER_POINTS = (
-    "driver.between_writes",
-    "driver.before_prepare",
-    "driver.after_prepare",
-    "driver.mid_commit",
-    "driver.after_commit",
-    "driver.after_record",
-)
+DRIVER_POINTS = TWO_TABLE_POINTS  # the demo crashes the same job at the same points
 
 
 def _tables(ch, db):

@@ -16,14 +16,14 @@ from typing import TypeVar
 import tenacity
 
 from txsink.clickhouse.error_map import Transience, classify, short_text
-from txsink.options import OPTIONS
+from txsink.options import default_of
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 # the writer's defaults (options registry), so the CLI and the writer retry alike
-DEFAULT_RETRY_ATTEMPTS: int = OPTIONS["retry_attempts"].parse(OPTIONS["retry_attempts"].default)
-DEFAULT_RETRY_MAX_WAIT: float = OPTIONS["retry_max_wait"].parse(OPTIONS["retry_max_wait"].default)
+DEFAULT_RETRY_ATTEMPTS: int = default_of("retry_attempts")
+DEFAULT_RETRY_MAX_WAIT: float = default_of("retry_max_wait")
 
 
 @dataclass(frozen=True)
