@@ -1,12 +1,14 @@
-"""docs/options.md's tables, rendered from the options registry.
+"""The generated tables of the docs, rendered from the code that decides them.
 
-Owns the generated parts of docs/options.md: the writer options table and the CLI's
-common flags table, each between a pair of ``<!-- BEGIN GENERATED: ... -->`` /
-``<!-- END GENERATED: ... -->`` markers. Everything outside the markers is prose kept as
-it is. A unit test fails when the file is not what :func:`render` makes of it.
+Owns the generated parts of docs/options.md (the writer options table and the CLI's
+common flags table, from the options registry) and of docs/types.md (the type contract,
+from :func:`txsink.clickhouse.values.contract_table`), each between a pair of
+``<!-- BEGIN GENERATED: ... -->`` / ``<!-- END GENERATED: ... -->`` markers. Everything
+outside the markers is prose kept as it is. Unit tests fail when a file is not what
+:func:`render` makes of it.
 
-Regenerate with ``python -m txsink.options_doc docs/options.md`` (``--check`` only
-compares, exit 1 when stale).
+Regenerate with ``python -m txsink.options_doc docs/options.md docs/types.md``
+(``--check`` only compares, exit 1 when stale).
 """
 
 from __future__ import annotations
@@ -67,7 +69,13 @@ def flags_table() -> str:
     return "\n".join(lines)
 
 
-TABLES = {"options": options_table, "cli-flags": flags_table}
+def types_table() -> str:
+    from txsink.clickhouse.values import contract_table
+
+    return contract_table()
+
+
+TABLES = {"options": options_table, "cli-flags": flags_table, "types": types_table}
 
 
 def render(text: str) -> str:
@@ -84,19 +92,19 @@ def render(text: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m txsink.options_doc", description=__doc__)
-    parser.add_argument("path", nargs="?", default="docs/options.md")
-    parser.add_argument("--check", action="store_true", help="exit 1 if the file is stale")
+    parser.add_argument("paths", nargs="*", default=["docs/options.md", "docs/types.md"])
+    parser.add_argument("--check", action="store_true", help="exit 1 if a file is stale")
     args = parser.parse_args(argv)
-    path = Path(args.path)
-    text = path.read_text(encoding="utf-8")
-    fresh = render(text)
-    if args.check:
-        if fresh != text:
+    stale = 0
+    for path in map(Path, args.paths):
+        text = path.read_text(encoding="utf-8")
+        fresh = render(text)
+        if not args.check:
+            path.write_text(fresh, encoding="utf-8")
+        elif fresh != text:
             sys.stderr.write(f"{path} is stale: run python -m txsink.options_doc {path}\n")
-            return 1
-        return 0
-    path.write_text(fresh, encoding="utf-8")
-    return 0
+            stale = 1
+    return stale
 
 
 if __name__ == "__main__":

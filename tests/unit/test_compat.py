@@ -18,6 +18,7 @@ from txsink.clickhouse.chtypes import (
 )
 from txsink.clickhouse.replicated_ddl import staging_engine_clause, staging_keeper_path
 from txsink.clickhouse.sqltext import split_top_level
+from txsink.clickhouse.values import Check, plan_rules
 from txsink.ports.warehouse import ColumnInfo, TargetInfo
 
 T = "db.events"
@@ -34,6 +35,12 @@ def notes_of(spark: str, ch: str) -> list[str]:
 
 
 COMPATIBLE = [
+    ("decimal(20,0)", "UInt64"),
+    ("decimal(38,0)", "Int128"),
+    ("string", "IPv4"),
+    ("string", "IPv6"),
+    ("string", "Bool"),
+    ("string", "JSON"),
     ("bigint", "Int64"),
     ("bigint", "Int128"),
     ("bigint", "UInt64"),
@@ -87,6 +94,7 @@ INCOMPATIBLE = [
     ("decimal(10,2)", "Decimal(10, 1)"),
     ("decimal(10,2)", "Decimal(11, 4)"),
     ("decimal(10,2)", "Float64"),
+    ("decimal(10,2)", "Int64"),
     ("array<int>", "Array(Int16)"),
     ("array<int>", "Int32"),
     ("map<string,int>", "Map(Int32, Int32)"),
@@ -110,17 +118,22 @@ def test_incompatible_types_name_table_column_and_both_types(spark: str, ch: str
 
 
 @pytest.mark.parametrize(
-    ("spark", "ch", "word"),
+    ("spark", "ch", "checks"),
     [
-        ("bigint", "UInt64", "negative"),
-        ("timestamp", "DateTime", "whole seconds"),
-        ("timestamp", "DateTime64(3)", "fractional"),
-        ("string", "FixedString(4)", "longer"),
-        ("date", "Date", "2149"),
+        ("bigint", "UInt64", {Check.RANGE}),
+        ("timestamp", "DateTime", {Check.RANGE, Check.WHOLE}),
+        ("timestamp", "DateTime64(3)", {Check.RANGE, Check.WHOLE}),
+        ("timestamp_ntz", "DateTime64(6, 'Asia/Tokyo')", {Check.RANGE, Check.WALL_CLOCK}),
+        ("string", "FixedString(4)", {Check.MAX_BYTES}),
+        ("date", "Date", {Check.RANGE}),
     ],
 )
-def test_lossy_but_accepted_mappings_leave_a_note(spark: str, ch: str, word: str) -> None:
-    assert any(word in n for n in notes_of(spark, ch))
+def test_types_that_fit_only_for_some_values_get_value_rules_not_notes(
+    spark: str, ch: str, checks: set[Check]
+) -> None:
+    assert fits(spark, ch) == [] and notes_of(spark, ch) == []
+    rules = plan_rules([SparkField("c", spark, False)], [ColumnInfo("c", ch)])
+    assert {r.check for r in rules} == checks
 
 
 @given(

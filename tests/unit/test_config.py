@@ -160,3 +160,11 @@ def test_docs_options_md_is_what_the_generator_makes_of_it() -> None:
     assert "<!-- BEGIN GENERATED: options" in text and "<!-- BEGIN GENERATED: cli-flags" in text
     assert render(text) == text, "stale: run python -m txsink.options_doc docs/options.md"
     assert main(["--check", str(path)]) == 0
+
+
+def test_docs_types_md_is_the_contract_the_code_applies() -> None:
+    from txsink.options_doc import main
+
+    path = Path(__file__).parents[2] / "docs" / "types.md"
+    assert "<!-- BEGIN GENERATED: types" in path.read_text()
+    assert main(["--check", str(path)]) == 0, "stale: run make docs"

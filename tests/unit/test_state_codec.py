@@ -195,6 +195,22 @@ def test_a_record_of_a_newer_format_is_refused_naming_the_node(name: str) -> Non
         unpack_record(data, chunks_of("b00000010"), 0, "/txsink/jobs/orders/xids/b0000000x")
 
 
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("state", "SNAPSHOTTED"), ("mode", "merge"), ("visibility", "snapshot")],
+)
+def test_an_enum_value_this_release_does_not_know_is_refused_never_defaulted(
+    key: str, value: str
+) -> None:
+    data = node("xid_prepared.json")
+    if key == "visibility":
+        data = {**data, "extra": {**data.get("extra", {}), "visibility": value}}
+    else:
+        data = {**data, key: value}
+    with pytest.raises(StateFormatTooNew, match=rf"xids/b0000.*has {key} '{value}'.*upgrade"):
+        unpack_record(data, chunks_of("b00000010"), 0, "/txsink/jobs/orders/xids/b0000000x")
+
+
 @pytest.mark.parametrize("bad", ["1", 1.5, True, -1, None])
 def test_a_format_that_is_not_a_version_number_is_refused_naming_the_node(bad: Any) -> None:
     with pytest.raises(TxSinkError, match="jobs/orders/xids/b7 says its state format") as caught:

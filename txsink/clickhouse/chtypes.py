@@ -120,6 +120,7 @@ _SPARK_INT_BITS = {"tinyint": 8, "byte": 8, "smallint": 16, "short": 16, "int": 
                    "integer": 32, "bigint": 64, "long": 64}  # fmt: skip
 _DECIMAL_MAX_P = {"Decimal32": 9, "Decimal64": 18, "Decimal128": 38, "Decimal256": 76}
 _STRINGISH = {"string", "char", "varchar"}
+_PARSED_FROM_TEXT = ("UUID", "IPv4", "IPv6", "Bool", "JSON")
 
 
 @dataclass
@@ -146,17 +147,16 @@ def _compatible(spark: SparkType, ch: CHType, where: str) -> _Verdict:
     v = _Verdict()
     n = ch.name
     s = spark.name
-    bad = _Verdict(f"{s} does not fit {_fmt(ch)}")
+    bad = _Verdict(
+        f"{s} does not fit {_fmt(ch)}; cast the column in Spark to a type docs/types.md "
+        f"lists for {ch.name}, or change the column's type"
+    )
     if s in _SPARK_INT_BITS:
         bits = _SPARK_INT_BITS[s]
         if n in _SIGNED and _SIGNED[n] >= bits:
             return v
         if n in _UNSIGNED and _UNSIGNED[n] >= bits:
-            v.notes.append(
-                f"{where}: {s} into unsigned {n}: negative values will not fit; "
-                "make sure the column holds none"
-            )
-            return v
+            return v  # negatives are refused value by value (txsink.clickhouse.values)
         if n in _SIGNED or n in _UNSIGNED:
             return _Verdict(f"{s} is wider than {n}; widen the column or cast in Spark")
         return bad
@@ -172,6 +172,8 @@ def _compatible(spark: SparkType, ch: CHType, where: str) -> _Verdict:
         return bad
     if s == "decimal":
         p, sc = int(spark.args[0]), int(spark.args[1])
+        if sc == 0 and (n in _SIGNED or n in _UNSIGNED):
+            return v  # whole numbers: their range is checked value by value
         ps = _decimal_ps(ch)
         if ps is None:
             return bad
@@ -186,50 +188,26 @@ def _compatible(spark: SparkType, ch: CHType, where: str) -> _Verdict:
         if n == "String":
             return v
         if n == "FixedString":
-            v.notes.append(f"{where}: string into {_fmt(ch)}: longer values will be rejected")
-            return v
-        if n == "UUID":
-            v.notes.append(f"{where}: string into UUID: every value must be a UUID")
+            return v  # longer values: refused value by value
+        if n in _PARSED_FROM_TEXT:
+            # the server parses each value and refuses the insert at the first one it
+            # cannot read (docs/types.md): nothing is altered
             return v
         if n in ("Enum8", "Enum16", "Enum"):
-            v.notes.append(f"{where}: string into {n}: values outside the enum are rejected")
-            return v
+            return v  # values outside the enum: refused value by value
         return bad
     if s == "binary":
         if n == "String":
             return v
         if n == "FixedString":
-            v.notes.append(f"{where}: binary into {_fmt(ch)}: longer values will be rejected")
-            return v
+            return v  # longer values: refused value by value
         return bad
     if s in ("timestamp", "timestamp_ntz"):
-        if n == "DateTime64":
-            try:
-                prec = int(ch.args[0]) if ch.args else 3
-            except ValueError:
-                prec = 3
-            if prec < 6:
-                v.notes.append(
-                    f"{where}: Spark timestamps have microseconds; {_fmt(ch)} keeps {prec} "
-                    "fractional digits"
-                )
-            if s == "timestamp_ntz":
-                v.notes.append(f"{where}: timestamp_ntz is read in the column's time zone")
-            return v
-        if n == "DateTime":
-            v.notes.append(
-                f"{where}: {s} into DateTime truncates to whole seconds; use DateTime64(6) "
-                "to keep them"
-            )
-            return v
-        return bad
+        # range, precision and (timestamp_ntz) the column's zone: per value, in
+        # txsink.clickhouse.values
+        return v if n in ("DateTime", "DateTime64") else bad
     if s == "date":
-        if n == "Date32":
-            return v
-        if n == "Date":
-            v.notes.append(f"{where}: Date holds 1970-01-01..2149-06-06; Date32 holds more")
-            return v
-        return bad
+        return v if n in ("Date", "Date32") else bad  # Date's range: per value
     if s == "array":
         if n != "Array" or len(ch.args) != 1:
             return bad

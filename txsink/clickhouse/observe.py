@@ -209,7 +209,7 @@ class Observer:
             f"WHERE name IN {{names:Array(String)}}), {mvs}, "
             "(SELECT groupArray((if(zookeeper_name IN ('', 'default'), '', "
             "zookeeper_name || ':') || zookeeper_path, replica_name)) "
-            f"FROM system.replicas {sub}) "
+            f"FROM system.replicas {sub}), timezone() "
             "FROM system.tables WHERE database = {db:String} AND name = {t:String}",
             parameters={"db": db, "t": name, "names": list(MERGE_TREE_SETTING_KEYS)},
             what=f"inspect {target}",
@@ -223,7 +223,7 @@ class Observer:
             )
         (
             engine, engine_full, pkey, skey, prkey, sampling, policy, dep_dbs, dep_tables, ddl,
-            cols, idx, projs, defaults, views_found, replicas,
+            cols, idx, projs, defaults, views_found, replicas, zone,
         ) = rows[0]  # fmt: skip
         keeper_path, replica = (str(replicas[0][0]), str(replicas[0][1])) if replicas else ("", "")
         columns = tuple(ColumnInfo(n, t, k, e, c) for _, n, t, k, e, c in sorted(cols))
@@ -258,6 +258,7 @@ class Observer:
             ttl_columns=ttl_columns(str(ddl)),
             zookeeper_path=keeper_path,
             replica_name=replica,
+            server_timezone=str(zone),
         )
 
     def dependent_views(self, target: str) -> tuple[str, ...]:

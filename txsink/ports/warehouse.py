@@ -84,6 +84,9 @@ class TargetInfo:
     # name on the server txsink talks to, macros expanded; "" when not replicated
     zookeeper_path: str = ""
     replica_name: str = ""
+    # the server's time zone (timezone()): where a zone-less DateTime column reads a
+    # timestamp_ntz's wall clock; "" when unknown (UTC is assumed)
+    server_timezone: str = ""
 
     @property
     def name(self) -> str:

@@ -26,15 +26,17 @@ Rules every change of a node's layout follows:
   write replaces them whole), so they carry none.
 - Anything an older reader must NOT ignore (a changed meaning, a new top-level key of an
   xid record, a manifest layout) bumps :data:`FORMAT`. A reader refuses a node of a
-  newer format with :class:`StateFormatTooNew` naming the node, never guessing.
+  newer format, or an enum value (state, mode, visibility) it does not know, with
+  :class:`StateFormatTooNew` naming the node, never guessing.
 - Decoding never invents a fact: a missing key reads as the default that release had.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from txsink.errors import TxSinkError
 from txsink.protocol.dedup import PartitionState
@@ -46,29 +48,22 @@ FORMAT_KEY = "format"
 # Keys of an xid record's ``extra`` this release reads into typed fields.
 _FACTS = frozenset({"tables", "visibility", "aborted_tables", "cut", "seq", "committed_epoch"})
 _JOB_KEYS = frozenset(
-    {
-        "job",
-        "target",
-        "mode",
-        "url",
-        "staging_database",
-        "query_id",
-        "created_at",
-        "targets",
-        "shards",
-        "mode_changed_at",
-        FORMAT_KEY,
-    }
-)
+    {"job", "target", "mode", "url", "staging_database", "query_id", "created_at", "targets",
+     "shards", "mode_changed_at", FORMAT_KEY}
+)  # fmt: skip
 
 
 class StateFormatTooNew(TxSinkError):
-    """A Keeper node was written by a newer txsink in a format this one cannot read."""
+    """A Keeper node was written by a newer txsink in a format this one cannot read (a
+    newer format number, or, ``what`` given, an enum value this release does not know:
+    never read as a default, a guessed visibility or mode could publish wrongly)."""
 
-    def __init__(self, where: str, found: int) -> None:
+    def __init__(self, where: str, found: int, what: str = "") -> None:
+        what = (
+            what or f"is in state format {found}, newer than the format {FORMAT} this txsink reads"
+        )
         super().__init__(
-            f"Keeper node {where} is in state format {found}, newer than the format "
-            f"{FORMAT} this txsink reads; nothing was changed. A newer txsink wrote it: "
+            f"Keeper node {where} {what}; nothing was changed. A newer txsink wrote it: "
             "upgrade txsink on this driver (and every tool that reads this job) to the "
             "release that wrote it, then run again",
             code=found,
@@ -174,26 +169,41 @@ def _decode_cuts(raw: Any) -> tuple[Cut, ...]:
     return tuple(sorted(cuts, key=lambda c: c.key))
 
 
+_E = TypeVar("_E", bound=enum.Enum)
+
+
+def _known(kind: type[_E], raw: Any, name: str, where: str) -> _E:
+    try:
+        return kind(raw)
+    except ValueError:
+        known = ", ".join(repr(m.value) for m in kind)
+        what = f"has {name} {raw!r}, which this txsink does not know (it knows {known})"
+        raise StateFormatTooNew(where, FORMAT, what) from None
+
+
 def decode_record(data: Mapping[str, Any], version: int = -1, where: str = "") -> XidRecord:
     """The XidRecord of an xid node's JSON (manifest inline), ``version`` its Keeper node
     version. KeyError/ValueError/TypeError for a damaged node (the caller names it)."""
-    check_format(data, where or f"xids/{data.get('xid', '?')}")
+    where = where or f"xids/{data.get('xid', '?')}"
+    check_format(data, where)
     facts = dict(data.get("extra") or {})
     seq, committed_epoch = facts.get("seq"), facts.get("committed_epoch")
     return XidRecord(
         job=str(data["job"]),
         xid=str(data["xid"]),
         batch=None if data.get("batch") is None else int(data["batch"]),
-        state=XidState(data["state"]),
+        state=_known(XidState, data["state"], "state", where),
         epoch=int(data["epoch"]),
-        mode=Mode(data.get("mode", "attach")),
+        mode=_known(Mode, data.get("mode", "attach"), "mode", where),
         target=str(data.get("target", "")),
         manifest=tuple(decode_part(p) for p in data.get("manifest", [])),
         created_at=float(data.get("created_at", 0.0)),
         committed_at=None if data.get("committed_at") is None else float(data["committed_at"]),
         version=version,
         tables=tuple(str(t) for t in facts.get("tables") or ()),
-        visibility=Visibility(facts.get("visibility") or Visibility.PARTITION.value),
+        visibility=_known(
+            Visibility, facts.get("visibility") or Visibility.PARTITION.value, "visibility", where
+        ),
         aborted_tables=frozenset(str(t) for t in facts.get("aborted_tables") or ()),
         cuts=_decode_cuts(facts.get("cut")),
         seq=None if seq is None else int(seq),
@@ -464,12 +474,10 @@ def decode_epoch_node(data: Mapping[str, Any], where: str = "epoch") -> tuple[in
 
 
 def encode_partition_state(state: PartitionState) -> dict[str, Any]:
-    """A dedup-mode BEFORE/AFTER entry (its keys are :mod:`txsink.protocol.dedup`'s).
-
-    Unlike an xid record, an entry is never amended: every write replaces it whole with
-    a state :func:`~txsink.protocol.dedup.check_successor` allowed, so there are no facts
-    of a newer writer to carry. A newer layout an older writer must not overwrite bumps
-    :data:`FORMAT` (the older one then refuses the entry instead)."""
+    """A dedup-mode BEFORE/AFTER entry (keys: :mod:`txsink.protocol.dedup`'s). Never
+    amended: every write replaces it whole (with a state
+    :func:`~txsink.protocol.dedup.check_successor` allowed), so it carries no facts of a
+    newer writer; a layout an older writer must not overwrite bumps :data:`FORMAT`."""
     return with_format(state.to_json())
 
 

@@ -23,7 +23,7 @@ from txsink.faults import fault_point
 from txsink.protocol.ids import run_tag, staging_name
 from txsink.protocol.states import StagedPart
 from txsink.spark.messages import TxCommitMessage, WritePlan
-from txsink.spark.task import Task, check_nulls
+from txsink.spark.task import Task, check_values
 
 
 def write_attach(plan: WritePlan, task: Task, batches: Iterator[Any]) -> TxCommitMessage:
@@ -44,10 +44,11 @@ def write_attach(plan: WritePlan, task: Task, batches: Iterator[Any]) -> TxCommi
 
 
 def _guarded(plan: WritePlan, batches: Iterator[Any], block_rows: int) -> Iterator[Any]:
-    """Yield batches after the null check; fire ``executor.mid_write`` once a block went out."""
+    """Yield batches after the value checks; fire ``executor.mid_write`` once a block went
+    out."""
     sent = 0
-    for batch in batches:
-        check_nulls(plan, batch)
+    for raw in batches:
+        batch = check_values(plan, raw)
         if sent >= block_rows:
             fault_point("executor.mid_write")
         sent += batch.num_rows

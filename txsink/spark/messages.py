@@ -14,6 +14,7 @@ from typing import Any
 
 from pyspark.sql.datasource import WriterCommitMessage
 
+from txsink.clickhouse.values import Rule
 from txsink.config import WriterConfig
 from txsink.protocol.states import StagedPart
 
@@ -29,7 +30,9 @@ class WritePlan:
 
     config: WriterConfig
     mode: str  # "attach" | "dedup" (auto is resolved on the driver)
-    not_null: tuple[str, ...] = ()  # target columns that are not Nullable
+    # what each batch's values must pass (or how they are converted) before they are
+    # sent: nulls into non-Nullable types, ranges, precision (txsink.clickhouse.values)
+    values: tuple[Rule, ...] = ()
     target_info: Any = None  # the target's TargetInfo as validation saw it (attach mode)
     shard_infos: tuple[Any, ...] = ()  # a sharded job: the target on each shard, in order
     xid: str | None = None  # batch saves: fixed xid; streaming: from the batch id

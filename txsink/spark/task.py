@@ -19,7 +19,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from txsink.errors import SchemaMismatch, TxSinkError
+from txsink.clickhouse.values import apply as apply_rules
+from txsink.errors import TxSinkError
 from txsink.protocol.ids import batch_xid
 from txsink.spark.messages import (
     BATCH_ID_PROPERTY,
@@ -98,20 +99,15 @@ def current_task(plan: WritePlan) -> Task:
     return Task.of(ctx, run_id, batch_xid(batch), batch, started)
 
 
-def check_nulls(plan: WritePlan, batch: Any) -> None:
-    """Refuse nulls bound for a non-Nullable column (ClickHouse would store a default)."""
-    for name in plan.not_null:
-        idx = batch.schema.get_field_index(name)
-        if idx >= 0 and batch.column(idx).null_count:
-            raise SchemaMismatch(
-                f"column {name!r} of {plan.config.table} is not Nullable but the DataFrame has "
-                f"{batch.column(idx).null_count} null value(s) in it; fill them (df.fillna / "
-                f"coalesce) or make the column Nullable. Nothing was published."
-            )
+def check_values(plan: WritePlan, batch: Any) -> Any:
+    """``batch`` as it will be sent, after the plan's value rules: a value ClickHouse
+    would store altered (a null into a non-Nullable type, a negative into an unsigned
+    one, a lost fraction of a second, ...) raises ValueRefused naming it
+    (:mod:`txsink.clickhouse.values`)."""
+    return apply_rules(plan.values, batch, plan.config.table)
 
 
 def checked(plan: WritePlan, batches: Iterator[Any]) -> Iterator[Any]:
-    """``batches``, each after :func:`check_nulls`."""
+    """``batches``, each after :func:`check_values`."""
     for batch in batches:
-        check_nulls(plan, batch)
-        yield batch
+        yield check_values(plan, batch)

@@ -7,10 +7,12 @@ ClickHouse reachable and the target exists; the DataFrame schema fits the target
 created in the target by validation; the staging database is ensured, and Keeper's
 ``<keeper_root>/namespace`` node (the store's id) on first use.
 
-Nullability: Spark marks most source columns nullable (Parquet, Kafka, JSON), so a
-nullable DataFrame column bound for a non-Nullable ClickHouse column is accepted here
-and every block is checked for actual nulls at write time instead
-(:func:`txsink.spark.task.check_nulls`), before it is sent.
+Values: Spark marks most source columns nullable (Parquet, Kafka, JSON), so a nullable
+DataFrame column bound for a non-Nullable ClickHouse column is accepted here, and every
+batch is checked for actual nulls at write time instead, with the other checks types
+alone cannot settle (negatives into unsigned types, ranges and precision of times):
+the plan carries them (:func:`txsink.clickhouse.values.plan_rules`), the executors apply
+them before a row is sent (:func:`txsink.spark.task.check_values`).
 
 The mode is decided once per job and pinned (the rules and their table:
 :mod:`txsink.protocol.job`): this module reads the target's blockers and the job's meta
@@ -26,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pyspark.sql.types import StructType
@@ -39,6 +41,7 @@ from txsink.clickhouse.insert_settings import (
     STAGING_INSERT_SETTINGS,
     insert_settings_problems,
 )
+from txsink.clickhouse.values import Rule, plan_rules
 from txsink.config import WriterConfig
 from txsink.errors import ConfigError, SchemaMismatch, UnavailableError
 from txsink.names import parse_url
@@ -61,6 +64,17 @@ def not_nullable(columns: tuple[ColumnInfo, ...]) -> tuple[str, ...]:
         if not nullable:
             out.append(col.name)
     return tuple(out)
+
+
+def value_rules(schema: StructType, infos: Sequence[TargetInfo]) -> tuple[Rule, ...]:
+    """The value rules of writing ``schema`` into the target, on every shard (one rule
+    once, whichever shards need it)."""
+    fields = [SparkField(f.name, f.dataType.simpleString(), f.nullable) for f in schema.fields]
+    rules: dict[Rule, None] = {}
+    for info in infos:
+        zone = info.server_timezone or "UTC"
+        rules.update(dict.fromkeys(plan_rules(fields, info.columns, server_zone=zone)))
+    return tuple(rules)
 
 
 def choose_mode(
@@ -166,19 +180,25 @@ def _validate(
             over = over_cluster(config, schema, info, warehouse)
             if over is not None:
                 return over
-        strict = tuple(sorted({c for i in infos for c in not_nullable(i.columns)}))
+        strict = {c for i in infos for c in not_nullable(i.columns)}
         fields = [
             SparkField(f.name, f.dataType.simpleString(), f.nullable and f.name not in strict)
             for f in schema.fields
         ]
+        notes: list[str] = []
         for url, shard_info in zip(config.shard_urls, infos, strict=True):
-            problems = check_schema(fields, list(shard_info.columns), table=config.table)
+            problems = check_schema(
+                fields, list(shard_info.columns), table=config.table, notes=notes
+            )
             if problems:
                 where = f" on shard {url}" if config.shards else ""
                 raise SchemaMismatch(
                     f"the DataFrame does not fit {config.table}{where}; nothing was "
                     f"written:\n  - " + "\n  - ".join(problems)
                 )
+        for note in dict.fromkeys(notes):
+            log.info("job %s: %s", config.job, note)
+        values = value_rules(schema, infos)
         if config.shards:
             check_sharded(config, schema, infos)
         meta, namespace = read_job(config)
@@ -201,7 +221,7 @@ def _validate(
     return WritePlan(
         config,
         mode,
-        strict,
+        values,
         target_info=info if mode == "attach" else None,
         shard_infos=tuple(infos) if mode == "attach" and config.shards else (),
         namespace=namespace,

@@ -1,0 +1,153 @@
+"""Value rules (txsink.clickhouse.values): what ClickHouse would store altered is refused,
+naming the column, the count and an example; what fits passes untouched."""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from txsink.clickhouse.chtypes import SparkField
+from txsink.clickhouse.values import Check, ValueRefused, apply, plan_rules
+from txsink.ports.warehouse import ColumnInfo
+
+UTC = dt.UTC
+
+
+def run(spark_type: str, ch_type: str, arr: pa.Array, zone: str = "UTC") -> pa.RecordBatch:
+    rules = plan_rules([SparkField("c", spark_type)], [ColumnInfo("c", ch_type)], server_zone=zone)
+    return apply(rules, pa.record_batch({"c": arr}), "db.t")
+
+
+def refused(spark_type: str, ch_type: str, arr: pa.Array, zone: str = "UTC") -> str:
+    with pytest.raises(ValueRefused) as err:
+        run(spark_type, ch_type, arr, zone)
+    return str(err.value)
+
+
+def test_a_negative_into_an_unsigned_column_is_refused_with_count_and_example() -> None:
+    msg = refused("int", "UInt32", pa.array([1, -1, 5, -7], pa.int32()))
+    assert "column c of db.t is UInt32: 2 value(s)" in msg and "-1" in msg
+    assert "Nothing was written" in msg
+    run("int", "UInt32", pa.array([0, 2**31 - 1], pa.int32()))
+    run("int", "Int64", pa.array([-1], pa.int32()))  # fits: no rule at all
+    assert plan_rules([SparkField("c", "int", False)], [ColumnInfo("c", "Int64")]) == ()
+
+
+def test_bigint_into_uint64_and_decimal_into_integers_are_checked_at_their_bounds() -> None:
+    refused("bigint", "UInt64", pa.array([-(2**63)], pa.int64()))
+    run("bigint", "UInt64", pa.array([2**63 - 1], pa.int64()))
+    d20 = pa.decimal128(20, 0)
+    run("decimal(20,0)", "UInt64", pa.array([Decimal(2**64 - 1), Decimal(0)], d20))
+    msg = refused("decimal(20,0)", "UInt64", pa.array([Decimal(2**64)], d20))
+    assert str(2**64) in msg
+    rules = plan_rules([SparkField("c", "decimal(38,0)", False)], [ColumnInfo("c", "Int128")])
+    assert rules == ()  # every decimal(38,0) fits Int128
+
+
+@pytest.mark.parametrize(
+    ("spark_type", "ch_type", "arr", "path"),
+    [
+        ("array<int>", "Array(Int32)", pa.array([[1, None]], pa.list_(pa.int32())), "c[]"),
+        (
+            "map<string,int>",
+            "Map(String, Int32)",
+            pa.array([[("a", None)]], pa.map_(pa.string(), pa.int32())),
+            "c{value}",
+        ),
+        (
+            "struct<a:int,b:string>",
+            "Tuple(a Int32, b String)",
+            pa.array([{"a": None, "b": "x"}], pa.struct([("a", pa.int32()), ("b", pa.string())])),
+            "c.a",
+        ),
+        ("int", "Int32", pa.array([None], pa.int32()), "c"),
+    ],
+)
+def test_a_null_at_any_depth_into_a_non_nullable_type_is_refused(
+    spark_type: str, ch_type: str, arr: pa.Array, path: str
+) -> None:
+    msg = refused(spark_type, ch_type, arr)
+    assert f"column {path} of db.t" in msg and "1 value(s)" in msg and "null" in msg
+
+
+def test_nulls_into_nullable_elements_pass() -> None:
+    run("array<int>", "Array(Nullable(Int32))", pa.array([[1, None], []], pa.list_(pa.int32())))
+    # a null array itself would become []: refused
+    refused("array<int>", "Array(Nullable(Int32))", pa.array([None], pa.list_(pa.int32())))
+    run("int", "Nullable(Int32)", pa.array([None], pa.int32()))
+
+
+def ts(*values: dt.datetime, tz: str | None = "UTC") -> pa.Array:
+    return pa.array(list(values), pa.timestamp("us", tz))
+
+
+def test_sub_second_values_into_coarser_columns_are_refused_whole_ones_pass() -> None:
+    fine = dt.datetime(2024, 1, 1, 0, 0, 0, 123456, tzinfo=UTC)
+    whole = dt.datetime(2024, 1, 1, 0, 0, 1, tzinfo=UTC)
+    assert "keeps" in refused("timestamp", "DateTime", ts(whole, fine))
+    run("timestamp", "DateTime", ts(whole))
+    refused("timestamp", "DateTime64(3)", ts(fine))
+    run("timestamp", "DateTime64(3)", ts(dt.datetime(2024, 1, 1, 0, 0, 0, 123000, tzinfo=UTC)))
+    run("timestamp", "DateTime64(6)", ts(fine))
+
+
+@pytest.mark.parametrize(
+    ("ch_type", "value"),
+    [
+        ("DateTime", dt.datetime(1969, 12, 31, 23, 59, 59, tzinfo=UTC)),
+        ("DateTime", dt.datetime(2106, 2, 7, 6, 28, 16, tzinfo=UTC)),
+        ("DateTime64(6)", dt.datetime(1899, 12, 31, 23, 59, 59, tzinfo=UTC)),
+    ],
+)
+def test_instants_outside_a_columns_range_are_refused_not_clamped(
+    ch_type: str, value: dt.datetime
+) -> None:
+    assert "range" in refused("timestamp", ch_type, ts(value))
+
+
+def test_the_edges_of_datetime_pass() -> None:
+    run("timestamp", "DateTime", ts(dt.datetime(1970, 1, 1, tzinfo=UTC)))
+    run("timestamp", "DateTime", ts(dt.datetime(2106, 2, 7, 6, 28, 15, tzinfo=UTC)))
+
+
+def test_dates_outside_date_are_refused_date32_holds_them() -> None:
+    old = pa.array([dt.date(1969, 12, 31)], pa.date32())
+    refused("date", "Date", old)
+    run("date", "Date32", old)
+
+
+def test_timestamp_ntz_is_stored_as_the_instant_showing_its_wall_clock_in_the_zone() -> None:
+    wall = dt.datetime(2024, 1, 1, 2, 30, 0, 123456)
+    out = run("timestamp_ntz", "DateTime64(6, 'Asia/Tokyo')", ts(wall, tz=None))
+    instant = out.column(0)[0].as_py()
+    assert instant.astimezone(dt.timezone(dt.timedelta(hours=9))).replace(tzinfo=None) == wall
+    # a zone-less column: the server's zone
+    out = run("timestamp_ntz", "DateTime64(6)", ts(wall, tz=None), zone="Europe/Berlin")
+    assert out.column(0)[0].as_py() == dt.datetime(2024, 1, 1, 1, 30, 0, 123456, tzinfo=UTC)
+    same = ts(wall, tz=None)  # a UTC column needs no conversion
+    assert run("timestamp_ntz", "DateTime64(6, 'UTC')", same).column(0) is not None
+
+
+def test_a_wall_clock_the_zone_skips_is_refused() -> None:
+    gap = dt.datetime(2024, 3, 31, 2, 30)  # Europe/Berlin jumps 02:00 -> 03:00
+    assert "one instant" in refused("timestamp_ntz", "DateTime('Europe/Berlin')", ts(gap, tz=None))
+
+
+def test_fixed_string_and_enum_values_the_server_would_refuse_half_way_are_refused() -> None:
+    assert "4 bytes" in refused("string", "FixedString(4)", pa.array(["abcd", "abcde"]))
+    run("string", "FixedString(4)", pa.array(["abcd", "ab"]))
+    msg = refused("string", "Enum8('a' = 1, 'it''s' = 2)", pa.array(["a", "c"]))
+    assert "'c'" in msg
+    run("string", "Enum8('a' = 1, 'b\\'c' = 2)", pa.array(["a", "b'c"]))
+
+
+def test_rules_survive_pickling_to_executors() -> None:
+    import pickle
+
+    rules: Any = plan_rules([SparkField("c", "array<int>")], [ColumnInfo("c", "Array(UInt8)")])
+    assert pickle.loads(pickle.dumps(rules)) == rules
+    assert {r.check for r in rules} == {Check.NOT_NULL, Check.RANGE}

@@ -1,0 +1,426 @@
+"""Values that types alone cannot vouch for: checked, batch by batch, before a row is sent.
+
+A Spark type that fits a ClickHouse type (:mod:`txsink.clickhouse.chtypes`) can still
+carry values ClickHouse would store altered: ``-1`` into ``UInt32`` wraps, a null inside
+an array becomes ``0``, ``12:00:00.123456`` into ``DateTime`` loses its fraction,
+1969 into ``DateTime`` is clamped, a ``timestamp_ntz`` read in a column's zone moves.
+The driver plans one :class:`Rule` per such (column, nested element) from the two types
+(:func:`plan_rules`); executors apply them to every Arrow record batch (:func:`apply`)
+before it reaches a table, vectorized with ``pyarrow.compute``. A value a rule refuses
+raises :class:`ValueRefused` naming the table, the column (with its nested path), how
+many values and one of them, and the fix. One rule converts instead of refusing, because
+the user's meaning is unambiguous: a ``timestamp_ntz`` (a wall clock) is stored as the
+instant showing that wall clock in the column's time zone (or the server's).
+
+Pure (pyarrow only). Rules are plain frozen dataclasses: they travel to executors inside
+the write plan.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from txsink.clickhouse.chtypes import (
+    CHType,
+    SparkField,
+    SparkType,
+    parse_ch_type,
+    parse_spark_type,
+    unwrap,
+)
+from txsink.errors import SchemaMismatch
+from txsink.ports.warehouse import ColumnInfo
+
+US = 1_000_000
+DAY_US = 86_400 * US
+# ClickHouse's ranges (docs: DateTime, DateTime64, Date, Date32), in Spark's units
+DATETIME_US = (0, (2**32 - 1) * US)
+DATETIME64_US = (-2_208_988_800 * US, 10_413_791_999 * US + 999_999)  # 1900-01-01 .. 2299-12-31
+DATE_DAYS = (0, 65_535)  # 1970-01-01 .. 2149-06-06
+DATE32_DAYS = (-25_567, 120_529)  # 1900-01-01 .. 2299-12-31
+_INT_RANGE = {
+    **{f"Int{b}": (-(2 ** (b - 1)), 2 ** (b - 1) - 1) for b in (8, 16, 32, 64, 128, 256)},
+    **{f"UInt{b}": (0, 2**b - 1) for b in (8, 16, 32, 64, 128, 256)},
+}
+_SPARK_INTS = ("tinyint", "byte", "smallint", "short", "int", "integer", "bigint", "long")
+_TIMESTAMPS = ("timestamp", "timestamp_ntz")
+
+
+class ValueRefused(SchemaMismatch):
+    """A value ClickHouse would store altered (or refuse half-way): nothing was sent."""
+
+
+class Check(enum.Enum):
+    NOT_NULL = "not null"  # a null would become the type's default (0, '', [])
+    RANGE = "range"  # outside [low, high] would wrap or be clamped
+    WHOLE = "whole"  # finer than ``unit`` would be truncated
+    MAX_BYTES = "max bytes"  # longer than a FixedString(N) is refused by the server
+    ENUM = "enum"  # outside an Enum's names is refused by the server
+    WALL_CLOCK = "wall clock"  # timestamp_ntz: converted to the instant in ``zone``
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One check (or the one conversion) of one column's values, or of a nested element.
+
+    ``path``: steps from the top-level column to the element: ``[]`` (array element),
+    ``{key}`` / ``{value}`` (map), ``.name`` (struct field)."""
+
+    check: Check
+    column: str
+    ch_type: str  # the ClickHouse type the values go into (for the message)
+    path: tuple[str, ...] = ()
+    low: int | None = None
+    high: int | None = None
+    unit: str = ""  # WHOLE: pyarrow temporal unit ("second", "millisecond", ...)
+    multiple: int = 1
+    limit: int = 0  # MAX_BYTES
+    names: tuple[str, ...] = ()  # ENUM
+    zone: str = ""  # WALL_CLOCK
+
+    @property
+    def where(self) -> str:
+        return self.column + "".join(self.path)
+
+
+# ------------------------------------------------------------------------- planning
+
+
+def plan_rules(
+    fields: Sequence[SparkField], columns: Sequence[ColumnInfo], *, server_zone: str = "UTC"
+) -> tuple[Rule, ...]:
+    """The rules for writing ``fields`` into ``columns`` (types already found compatible
+    by :func:`txsink.clickhouse.chtypes.check_schema`). A top-level nullable Spark field
+    into a non-Nullable column gets a NOT_NULL rule; nested elements always do (Spark's
+    type string does not say whether an array may hold nulls)."""
+    by_name = {c.name: c for c in columns}
+    rules: list[Rule] = []
+    for f in fields:
+        col = by_name.get(f.name)
+        if col is None:
+            continue
+        ch, nullable = unwrap(parse_ch_type(col.type))
+        if not nullable and f.nullable:
+            rules.append(Rule(Check.NOT_NULL, f.name, col.type))
+        rules += _rules_for(parse_spark_type(f.type_string), ch, f.name, (), server_zone)
+    # conversions first: the checks then see the values as they will be stored
+    return tuple(sorted(rules, key=lambda r: r.check is not Check.WALL_CLOCK))
+
+
+def _rules_for(
+    spark: SparkType, ch: CHType, column: str, path: tuple[str, ...], server_zone: str
+) -> list[Rule]:
+    s, n, shown = spark.name, ch.name, _fmt(ch)
+    out: list[Rule] = []
+
+    def rule(check: Check, **kw: Any) -> Rule:
+        return Rule(check, column, shown, path, **kw)
+
+    if (s in _SPARK_INTS or s == "decimal") and n in _INT_RANGE:
+        low, high = _INT_RANGE[n]
+        if s == "decimal":
+            digits = int(spark.args[0]) - int(spark.args[1])
+            span = (-(10**digits) + 1, 10**digits - 1)
+        else:
+            bits = {"tinyint": 8, "byte": 8, "smallint": 16, "short": 16}.get(s, 0) or (
+                32 if s in ("int", "integer") else 64
+            )
+            span = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+        if span[0] < low or span[1] > high:
+            out.append(rule(Check.RANGE, low=low, high=high))
+    elif s in _TIMESTAMPS and n in ("DateTime", "DateTime64"):
+        zone = _zone_of(ch) or server_zone
+        if s == "timestamp_ntz" and zone not in ("UTC", "Etc/UTC", "GMT", "Zulu"):
+            out.append(rule(Check.WALL_CLOCK, zone=zone))
+        if n == "DateTime":
+            out.append(rule(Check.RANGE, low=DATETIME_US[0], high=DATETIME_US[1]))
+            out.append(rule(Check.WHOLE, unit="second"))
+        else:
+            out.append(rule(Check.RANGE, low=DATETIME64_US[0], high=DATETIME64_US[1]))
+            precision = _precision(ch)
+            if precision < 6:
+                unit, multiple = _UNITS[precision]
+                out.append(rule(Check.WHOLE, unit=unit, multiple=multiple))
+    elif s == "date" and n in ("Date", "Date32"):
+        low, high = DATE_DAYS if n == "Date" else DATE32_DAYS
+        out.append(rule(Check.RANGE, low=low, high=high))
+    elif s in ("string", "char", "varchar", "binary") and n == "FixedString":
+        out.append(rule(Check.MAX_BYTES, limit=int(ch.args[0])))
+    elif s in ("string", "char", "varchar") and n in ("Enum8", "Enum16", "Enum"):
+        out.append(rule(Check.ENUM, names=enum_names(ch)))
+    elif s == "array" and n == "Array":
+        inner, nullable = unwrap(ch.arg_type(0))
+        step = (*path, "[]")
+        if not nullable:
+            out.append(Rule(Check.NOT_NULL, column, _fmt(inner), step))
+        out += _rules_for(parse_spark_type(spark.args[0]), inner, column, step, server_zone)
+    elif s == "map" and n == "Map":
+        for i, step_name in ((0, "{key}"), (1, "{value}")):
+            inner, nullable = unwrap(ch.arg_type(i))
+            step = (*path, step_name)
+            if not nullable and i == 1:  # map keys are never null in Spark
+                out.append(Rule(Check.NOT_NULL, column, _fmt(inner), step))
+            out += _rules_for(parse_spark_type(spark.args[i]), inner, column, step, server_zone)
+    elif s == "struct" and n == "Tuple":
+        for i, (fname, ftype) in enumerate(spark.fields):
+            inner, nullable = unwrap(ch.arg_type(i))
+            step = (*path, f".{fname}")
+            if not nullable:
+                out.append(Rule(Check.NOT_NULL, column, _fmt(inner), step))
+            out += _rules_for(parse_spark_type(ftype), inner, column, step, server_zone)
+    return out
+
+
+_UNITS = {0: ("second", 1), 1: ("millisecond", 100), 2: ("millisecond", 10),
+          3: ("millisecond", 1), 4: ("microsecond", 100), 5: ("microsecond", 10)}  # fmt: skip
+
+
+def _precision(ch: CHType) -> int:
+    try:
+        return int(ch.args[0]) if ch.args else 3
+    except ValueError:
+        return 3
+
+
+def _zone_of(ch: CHType) -> str:
+    """The time zone a DateTime / DateTime64 column names ('' if none)."""
+    args = ch.args if ch.name == "DateTime" else ch.args[1:]
+    return args[0].strip().strip("'") if args else ""
+
+
+def enum_names(ch: CHType) -> tuple[str, ...]:
+    """The names of ``Enum8('a' = 1, 'b' = 2)``."""
+    names = []
+    for arg in ch.args:
+        m = re.match(r"^\s*'((?:[^'\\]|\\.)*)'", arg)
+        if m:
+            names.append(re.sub(r"\\(.)", r"\1", m.group(1)))
+    return tuple(names)
+
+
+def _fmt(t: CHType) -> str:
+    return f"{t.name}({', '.join(t.args)})" if t.args else t.name
+
+
+# ------------------------------------------------------------------------- applying
+
+
+def apply(rules: Sequence[Rule], batch: Any, table: str) -> Any:
+    """``batch`` with the conversions done; ValueRefused at the first value a rule
+    refuses (nothing of the batch has been sent)."""
+    if not rules:
+        return batch
+    import pyarrow as pa
+
+    columns = list(batch.columns)
+    names = batch.schema.names
+    for r in rules:
+        if r.column not in names:
+            continue
+        i = names.index(r.column)
+        if r.check is Check.WALL_CLOCK and not r.path:
+            columns[i] = _wall_clock(columns[i], r, table)
+            continue
+        _check(r, _leaf(columns[i], r.path), table)
+    if all(a is b for a, b in zip(columns, batch.columns, strict=True)):
+        return batch
+    return pa.RecordBatch.from_arrays(columns, schema=pa.schema(
+        [batch.schema.field(j).with_type(columns[j].type) for j in range(len(columns))]
+    ))  # fmt: skip
+
+
+def _leaf(arr: Any, path: tuple[str, ...]) -> Any:
+    import pyarrow.compute as pc
+
+    for step in path:
+        if step == "[]":
+            arr = pc.list_flatten(arr)
+        elif step in ("{key}", "{value}"):
+            import pyarrow as pa
+
+            # a map is a list of key/value structs (MapArray.keys would ignore a slice)
+            kv = pa.list_(pa.struct([arr.type.key_field, arr.type.item_field]))
+            arr = pc.list_flatten(arr.view(kv)).field(0 if step == "{key}" else 1)
+        else:
+            arr = pc.struct_field(arr, [arr.type.get_field_index(step[1:])])
+    return arr
+
+
+def _check(r: Rule, arr: Any, table: str) -> None:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if r.check is Check.NOT_NULL:
+        if arr.null_count:
+            _refuse(r, table, arr.null_count, "null", _NULL_FIX)
+        return
+    if len(arr) == arr.null_count:
+        return
+    if r.check is Check.RANGE:
+        values = _numeric(arr)
+        low, high = r.low or 0, r.high or 0
+        least, most = (v.as_py() for v in pc.min_max(values).values())
+        if least < low or most > high:  # the error path may be slow: Python ints are exact
+            found = [v for v in values.to_pylist() if v is not None and not low <= v <= high]
+            example = arr.filter(
+                pa.array([v is not None and not low <= v <= high for v in values.to_pylist()])
+            )[0].as_py()
+            _refuse(r, table, len(found), example, _range_fix(r))
+    elif r.check is Check.WHOLE:
+        plain = arr.cast(pa.timestamp(arr.type.unit)) if arr.type.tz else arr
+        floored = pc.floor_temporal(plain, multiple=r.multiple, unit=r.unit)
+        _refuse_where(r, arr, pc.not_equal(floored, plain), table, _whole_fix(r))
+    elif r.check is Check.MAX_BYTES:
+        _refuse_where(
+            r, arr, pc.greater(pc.binary_length(arr), r.limit), table,
+            f"values longer than {r.limit} bytes: trim them in Spark or widen the column "
+            f"(String keeps any length)",
+        )  # fmt: skip
+    elif r.check is Check.ENUM:
+        outside = pc.invert(pc.is_in(arr, value_set=pa.array(r.names, arr.type)))
+        _refuse_where(
+            r, arr, outside, table,
+            f"values outside the enum ({', '.join(map(repr, r.names[:8]))}"
+            f"{', ...' if len(r.names) > 8 else ''}): map them in Spark or add them to the enum",
+        )  # fmt: skip
+    elif r.check is Check.WALL_CLOCK:
+        _refuse(r, table, len(arr), "(nested)", _NESTED_NTZ_FIX.format(zone=r.zone))
+
+
+def _numeric(arr: Any) -> Any:
+    """Temporal values as integers in their own unit (timestamps: microseconds from
+    Spark; dates: days)."""
+    import pyarrow as pa
+
+    if pa.types.is_timestamp(arr.type):
+        us = arr.cast(pa.timestamp("us", arr.type.tz)) if arr.type.unit != "us" else arr
+        return us.view(pa.int64())
+    if pa.types.is_date32(arr.type):
+        return arr.view(pa.int32())
+    return arr
+
+
+def _wall_clock(arr: Any, r: Rule, table: str) -> Any:
+    """timestamp_ntz values (wall clocks) as the instants showing them in ``r.zone``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    try:
+        return pc.assume_timezone(arr, r.zone)
+    except pa.ArrowInvalid as exc:  # a wall clock the zone skips or shows twice (DST)
+        raise ValueRefused(
+            f"column {r.where} of {table} ({r.ch_type}): a timestamp_ntz value does not "
+            f"name one instant in {r.zone} ({exc}); write it as a timestamp (an instant) "
+            "instead. Nothing was written."
+        ) from None
+
+
+def _refuse_where(r: Rule, arr: Any, mask: Any, table: str, fix: str) -> None:
+    import pyarrow.compute as pc
+
+    count = pc.sum(mask).as_py() or 0
+    if count:
+        example = pc.filter(arr, mask)[0].as_py()
+        _refuse(r, table, count, example, fix)
+
+
+def _refuse(r: Rule, table: str, count: int, example: Any, fix: str) -> None:
+    raise ValueRefused(
+        f"column {r.where} of {table} is {r.ch_type}: {count} value(s) would not be stored "
+        f"as written (e.g. {example!r}): {fix}. Nothing was written."
+    )
+
+
+_NULL_FIX = (
+    "ClickHouse stores a null there as the type's default (0, '', []); fill the nulls in "
+    "Spark (coalesce / fillna) or make the element type Nullable"
+)
+_NESTED_NTZ_FIX = (
+    "a timestamp_ntz inside an array, map or struct would be read in {zone}; cast it to "
+    "timestamp in Spark (an instant), or store it in a UTC column"
+)
+
+
+def _range_fix(r: Rule) -> str:
+    if r.ch_type.startswith(("DateTime", "Date")):
+        return (
+            f"outside the range {r.ch_type} can hold, where ClickHouse would clamp or wrap "
+            "it; filter those rows in Spark or use DateTime64 / Date32, which hold 1900-2299"
+        )
+    return (
+        f"outside [{r.low}, {r.high}], where ClickHouse would wrap it; filter or fix those "
+        "rows in Spark, or widen the column (a signed or wider type)"
+    )
+
+
+def _whole_fix(r: Rule) -> str:
+    return (
+        f"finer than {r.ch_type} keeps, where ClickHouse would truncate it; round in Spark "
+        "(date_trunc) if that is meant, or use DateTime64(6) to keep microseconds"
+    )
+
+
+# ------------------------------------------------------------------------- the contract
+
+_CONTRACT: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("tinyint / smallint / int", ("Int32", "Int64", "Int16", "UInt32", "UInt64", "UInt16")),
+    ("bigint", ("Int64", "Int128", "UInt64", "Int32", "Decimal(38, 0)")),
+    ("float", ("Float32", "Float64")),
+    ("double", ("Float64", "Float32")),
+    ("decimal(10,2)", ("Decimal(10, 2)", "Decimal(18, 4)", "Decimal(10, 1)", "Int64")),
+    ("decimal(20,0)", ("UInt64", "Int128", "Decimal(20, 0)")),
+    ("decimal(38,0)", ("Int128", "Int256", "Decimal(38, 0)")),
+    ("boolean", ("Bool", "UInt8")),
+    ("string", ("String", "LowCardinality(String)", "FixedString(4)", "Enum8('a' = 1)",
+                "UUID", "IPv4", "IPv6", "Bool", "JSON", "Int64", "Date")),
+    ("binary", ("String", "FixedString(16)")),
+    ("date", ("Date", "Date32", "DateTime")),
+    ("timestamp", ("DateTime", "DateTime('Asia/Tokyo')", "DateTime64(3)", "DateTime64(6)",
+                   "DateTime64(6, 'Asia/Tokyo')", "Date")),
+    ("timestamp_ntz", ("DateTime64(6)", "DateTime64(6, 'Asia/Tokyo')", "DateTime")),
+    ("array<int>", ("Array(Int32)", "Array(Nullable(Int32))", "Array(UInt32)", "Array(Int16)")),
+    ("map<string,int>", ("Map(String, Int32)", "Map(String, Nullable(Int32))")),
+    ("struct<a:int,b:string>", ("Tuple(a Int32, b String)", "Tuple(x Int32, b String)")),
+    ("interval day to second", ("Int64",)),
+)  # fmt: skip
+
+_SAYS = {
+    Check.NOT_NULL: "nulls inside refused",
+    Check.RANGE: "values outside the column's range refused",
+    Check.WHOLE: "finer values than the column keeps refused",
+    Check.MAX_BYTES: "longer values refused",
+    Check.ENUM: "values outside the enum refused",
+    Check.WALL_CLOCK: "stored as the instant showing its wall clock in the column's zone "
+    "(or the server's)",
+}
+
+
+def contract_table() -> str:
+    """docs/types.md's table: what txsink does with each (Spark type, ClickHouse type),
+    computed by the same code that decides it at write time."""
+    from txsink.clickhouse.chtypes import check_schema
+
+    lines = ["| Spark type | ClickHouse type | what happens |", "|---|---|---|"]
+    for spark_types, targets in _CONTRACT:
+        spark = spark_types.split(" / ")[-1]
+        for ch in targets:
+            field = SparkField("c", spark, False)
+            errors = check_schema([field], [ColumnInfo("c", ch)], table="t")
+            if errors:
+                verdict = "refused: " + errors[0].split(": ", 1)[-1]
+            else:
+                rules = plan_rules([field], [ColumnInfo("c", ch)])
+                says = list(dict.fromkeys(_SAYS[r.check] for r in rules))
+                parsed = ch in ("UUID", "IPv4", "IPv6", "Bool", "JSON") and spark == "string"
+                verdict = (
+                    "parsed by ClickHouse (a value it cannot read fails the write)"
+                    if (parsed)
+                    else "exact" + (f"; {'; '.join(says)}" if says else "")
+                )
+            cell = verdict.replace("|", "\\|")
+            lines.append(f"| `{spark_types}` | `{ch}` | {cell} |")
+    return "\n".join(lines)
