@@ -427,6 +427,30 @@ NOTES = """## Where the time goes
 """
 
 
+def section_values(r: dict[str, Any]) -> list[str]:
+    values = r.get("values")
+    if not values:
+        return []
+    out = [
+        "## 5. Per-value checks",
+        "",
+        "`txsink.clickhouse.values.apply` over every 10,000-row batch of a dataset (the "
+        "checks each writer task runs before it sends a batch: docs/types.md), next to "
+        "`insert_arrow` of the same batches (median of 3). *own*: the dataset's table; "
+        "*checked*: integers unsigned and the timestamp `DateTime64(3)`, so every column "
+        "gets range and precision rules.",
+        "",
+        "| dataset | rules | rows | checks s | insert s | checks / insert |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, x in values.items():
+        out.append(
+            f"| {name} | {x['rules']} | {x['rows']:,} | {x['checks_s']:.3f} | "
+            f"{x['insert_s']:.2f} | {x['share_pct']:.2f}% |"
+        )
+    return [*out, ""]
+
+
 def render(r: dict[str, Any], plot_name: str = "trigger_sweep.png") -> str:
     lines = [
         "# Benchmarks",
@@ -448,6 +472,7 @@ def render(r: dict[str, Any], plot_name: str = "trigger_sweep.png") -> str:
     lines += section_shards(r)
     lines += section_sweep(r, plot_name)
     lines += section_memory(r)
+    lines += section_values(r)
     lines += [NOTES]
     lines += section_profile(r)
     return "\n".join(lines).rstrip() + "\n"

@@ -50,6 +50,7 @@ MODULES = {
     "sweep": "trigger_sweep",
     "memory": "memory",
     "profile": "hotpath",
+    "values": "value_checks",
 }
 
 

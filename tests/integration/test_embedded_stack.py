@@ -269,6 +269,51 @@ def test_an_insert_the_table_refuses_is_an_error_not_a_silent_zero_row_success(
     assert ch.command(f"SELECT count() FROM {fresh_db}.busy") == 3
 
 
+# (what, table definition, the Arrow block, the code a ClickHouse server answers)
+REFUSED_WHEN_WRITTEN = [
+    (
+        "CHECK constraint",
+        "(a Int64, CONSTRAINT positive CHECK a > 0) ENGINE = MergeTree ORDER BY a",
+        pa.table({"a": pa.array([1, -1], pa.int64())}),
+        469,  # VIOLATED_CONSTRAINT
+    ),
+    (
+        "unequal Nested lengths",
+        "(id Int64, n Nested(x Int32, y String)) ENGINE = MergeTree ORDER BY id",
+        pa.table(
+            {
+                "id": pa.array([1], pa.int64()),
+                "n.x": pa.array([[1, 2]], pa.list_(pa.int32())),
+                "n.y": pa.array([["a"]], pa.list_(pa.string())),
+            }
+        ),
+        190,  # SIZES_OF_ARRAYS_DONT_MATCH
+    ),
+    (
+        "too many partitions in one block",
+        "(a Int64) ENGINE = MergeTree PARTITION BY a ORDER BY a",
+        pa.table({"a": pa.array(range(150), pa.int64())}),
+        252,  # TOO_MANY_PARTS ("Too many partitions for single INSERT block")
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("what", "ddl", "block", "code"), REFUSED_WHEN_WRITTEN, ids=[r[0] for r in REFUSED_WHEN_WRITTEN]
+)
+def test_an_insert_the_engine_refuses_when_writing_is_answered_with_the_servers_code(
+    ch: Client, fresh_db: str, what: str, ddl: str, block: pa.Table, code: int
+) -> None:
+    """chdb reports these inserts as written (``written_rows`` = rows sent) with nothing
+    stored; the endpoint answers the code a ClickHouse server answers for the same
+    statement, so no writer (and no test) takes a refused insert for a success."""
+    ch.command(f"CREATE TABLE {fresh_db}.r {ddl}")
+    with pytest.raises(DatabaseError, match=f"Code: {code}"):
+        ch.insert_arrow(f"{fresh_db}.r", block)
+    assert ch.command(f"SELECT count() FROM {fresh_db}.r") == 0, what
+    assert ch.command("SELECT 1") == 1  # the endpoint still serves
+
+
 def test_insert_deduplication_token_dedups_a_repeated_insert(ch: Client, fresh_db: str) -> None:
     ch.command(
         f"CREATE TABLE {fresh_db}.d (a UInt64) ENGINE = MergeTree ORDER BY a "

@@ -71,7 +71,7 @@ def test_a_null_at_any_depth_into_a_non_nullable_type_is_refused(
     spark_type: str, ch_type: str, arr: pa.Array, path: str
 ) -> None:
     msg = refused(spark_type, ch_type, arr)
-    assert f"column {path} of db.t" in msg and "1 value(s)" in msg and "null" in msg
+    assert f"column {path} of db.t" in msg and "not Nullable" in msg and "1 null value(s)" in msg
 
 
 def test_nulls_into_nullable_elements_pass() -> None:

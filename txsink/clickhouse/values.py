@@ -256,7 +256,10 @@ def _check(r: Rule, arr: Any, table: str) -> None:
 
     if r.check is Check.NOT_NULL:
         if arr.null_count:
-            _refuse(r, table, arr.null_count, "null", _NULL_FIX)
+            raise ValueRefused(
+                f"column {r.where} of {table} is {r.ch_type}, not Nullable, but the DataFrame "
+                f"has {arr.null_count} null value(s) there: {_NULL_FIX}. Nothing was written."
+            )
         return
     if len(arr) == arr.null_count:
         return
