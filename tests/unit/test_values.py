@@ -34,7 +34,8 @@ def test_a_negative_into_an_unsigned_column_is_refused_with_count_and_example() 
     assert "Nothing was written" in msg
     run("int", "UInt32", pa.array([0, 2**31 - 1], pa.int32()))
     run("int", "Int64", pa.array([-1], pa.int32()))  # fits: no rule at all
-    assert plan_rules([SparkField("c", "int", False)], [ColumnInfo("c", "Int64")]) == ()
+    rules = plan_rules([SparkField("c", "int", False)], [ColumnInfo("c", "Int64")])
+    assert [r.check for r in rules] == [Check.NOT_NULL]  # nothing but the null count
 
 
 def test_bigint_into_uint64_and_decimal_into_integers_are_checked_at_their_bounds() -> None:
@@ -44,7 +45,9 @@ def test_bigint_into_uint64_and_decimal_into_integers_are_checked_at_their_bound
     run("decimal(20,0)", "UInt64", pa.array([Decimal(2**64 - 1), Decimal(0)], d20))
     msg = refused("decimal(20,0)", "UInt64", pa.array([Decimal(2**64)], d20))
     assert str(2**64) in msg
-    rules = plan_rules([SparkField("c", "decimal(38,0)", False)], [ColumnInfo("c", "Int128")])
+    rules = plan_rules(
+        [SparkField("c", "decimal(38,0)", False)], [ColumnInfo("c", "Nullable(Int128)")]
+    )
     assert rules == ()  # every decimal(38,0) fits Int128
 
 
@@ -139,10 +142,32 @@ def test_a_wall_clock_the_zone_skips_is_refused() -> None:
 
 def test_fixed_string_and_enum_values_the_server_would_refuse_half_way_are_refused() -> None:
     assert "4 bytes" in refused("string", "FixedString(4)", pa.array(["abcd", "abcde"]))
-    run("string", "FixedString(4)", pa.array(["abcd", "ab"]))
+    assert "pads" in refused("string", "FixedString(4)", pa.array(["abcd", "ab"]))  # 'ab\0\0'
+    run("string", "FixedString(4)", pa.array(["abcd", "wxyz"]))
+    run("binary", "FixedString(2)", pa.array([b"\x00\x01"]))
     msg = refused("string", "Enum8('a' = 1, 'it''s' = 2)", pa.array(["a", "c"]))
     assert "'c'" in msg
     run("string", "Enum8('a' = 1, 'b\\'c' = 2)", pa.array(["a", "b'c"]))
+    run("string", "Enum8('a\\nb' = 1)", pa.array(["a\nb"]))  # C escapes, as ClickHouse prints
+    refused("string", "Enum8('a\\nb' = 1)", pa.array(["anb"]))
+
+
+def test_datetime64_9_ends_in_2262() -> None:
+    late = ts(dt.datetime(2270, 1, 1, tzinfo=UTC))
+    assert "range" in refused("timestamp", "DateTime64(9)", late)
+    run("timestamp", "DateTime64(6)", late)
+
+
+@pytest.mark.parametrize("zone", ["UCT", "Etc/Universal", "Etc/GMT", "Universal"])
+def test_every_name_of_utc_needs_no_conversion(zone: str) -> None:
+    wall = pa.array([[dt.datetime(2024, 1, 1, 2, 30)]], pa.list_(pa.timestamp("us")))
+    run("array<timestamp_ntz>", f"Array(DateTime64(6, '{zone}'))", wall)
+
+
+def test_a_null_in_a_column_spark_calls_non_nullable_is_still_refused() -> None:
+    rules = plan_rules([SparkField("c", "int", False)], [ColumnInfo("c", "Int32")])
+    with pytest.raises(ValueRefused, match="not Nullable"):
+        apply(rules, pa.record_batch({"c": pa.array([None], pa.int32())}), "db.t")
 
 
 def test_rules_survive_pickling_to_executors() -> None:

@@ -40,12 +40,18 @@ DAY_US = 86_400 * US
 # ClickHouse's ranges (docs: DateTime, DateTime64, Date, Date32), in Spark's units
 DATETIME_US = (0, (2**32 - 1) * US)
 DATETIME64_US = (-2_208_988_800 * US, 10_413_791_999 * US + 999_999)  # 1900-01-01 .. 2299-12-31
+DATETIME64_9_MAX_US = 9_223_372_036_854_775  # 2262-04-11 23:47:16.854775: Int64 nanoseconds
 DATE_DAYS = (0, 65_535)  # 1970-01-01 .. 2149-06-06
 DATE32_DAYS = (-25_567, 120_529)  # 1900-01-01 .. 2299-12-31
 _INT_RANGE = {
     **{f"Int{b}": (-(2 ** (b - 1)), 2 ** (b - 1) - 1) for b in (8, 16, 32, 64, 128, 256)},
     **{f"UInt{b}": (0, 2**b - 1) for b in (8, 16, 32, 64, 128, 256)},
 }
+UTC_NAMES = frozenset(
+    f"{prefix}{name}"
+    for prefix in ("", "Etc/")
+    for name in ("UTC", "UCT", "GMT", "GMT0", "GMT+0", "GMT-0", "Zulu", "Universal", "Greenwich")
+)
 _SPARK_INTS = ("tinyint", "byte", "smallint", "short", "int", "integer", "bigint", "long")
 _TIMESTAMPS = ("timestamp", "timestamp_ntz")
 
@@ -58,7 +64,7 @@ class Check(enum.Enum):
     NOT_NULL = "not null"  # a null would become the type's default (0, '', [])
     RANGE = "range"  # outside [low, high] would wrap or be clamped
     WHOLE = "whole"  # finer than ``unit`` would be truncated
-    MAX_BYTES = "max bytes"  # longer than a FixedString(N) is refused by the server
+    EXACT_BYTES = "exact bytes"  # FixedString(N): longer is refused, shorter padded with \0
     ENUM = "enum"  # outside an Enum's names is refused by the server
     WALL_CLOCK = "wall clock"  # timestamp_ntz: converted to the instant in ``zone``
 
@@ -78,7 +84,7 @@ class Rule:
     high: int | None = None
     unit: str = ""  # WHOLE: pyarrow temporal unit ("second", "millisecond", ...)
     multiple: int = 1
-    limit: int = 0  # MAX_BYTES
+    limit: int = 0  # EXACT_BYTES
     names: tuple[str, ...] = ()  # ENUM
     zone: str = ""  # WALL_CLOCK
 
@@ -104,7 +110,7 @@ def plan_rules(
         if col is None:
             continue
         ch, nullable = unwrap(parse_ch_type(col.type))
-        if not nullable and f.nullable:
+        if not nullable:  # even if Spark says non-nullable: a null count costs nothing
             rules.append(Rule(Check.NOT_NULL, f.name, col.type))
         rules += _rules_for(parse_spark_type(f.type_string), ch, f.name, (), server_zone)
     # conversions first: the checks then see the values as they will be stored
@@ -134,14 +140,15 @@ def _rules_for(
             out.append(rule(Check.RANGE, low=low, high=high))
     elif s in _TIMESTAMPS and n in ("DateTime", "DateTime64"):
         zone = _zone_of(ch) or server_zone
-        if s == "timestamp_ntz" and zone not in ("UTC", "Etc/UTC", "GMT", "Zulu"):
+        if s == "timestamp_ntz" and zone not in UTC_NAMES:
             out.append(rule(Check.WALL_CLOCK, zone=zone))
         if n == "DateTime":
             out.append(rule(Check.RANGE, low=DATETIME_US[0], high=DATETIME_US[1]))
             out.append(rule(Check.WHOLE, unit="second"))
         else:
-            out.append(rule(Check.RANGE, low=DATETIME64_US[0], high=DATETIME64_US[1]))
             precision = _precision(ch)
+            high = DATETIME64_9_MAX_US if precision >= 9 else DATETIME64_US[1]
+            out.append(rule(Check.RANGE, low=DATETIME64_US[0], high=high))
             if precision < 6:
                 unit, multiple = _UNITS[precision]
                 out.append(rule(Check.WHOLE, unit=unit, multiple=multiple))
@@ -149,7 +156,7 @@ def _rules_for(
         low, high = DATE_DAYS if n == "Date" else DATE32_DAYS
         out.append(rule(Check.RANGE, low=low, high=high))
     elif s in ("string", "char", "varchar", "binary") and n == "FixedString":
-        out.append(rule(Check.MAX_BYTES, limit=int(ch.args[0])))
+        out.append(rule(Check.EXACT_BYTES, limit=int(ch.args[0])))
     elif s in ("string", "char", "varchar") and n in ("Enum8", "Enum16", "Enum"):
         out.append(rule(Check.ENUM, names=enum_names(ch)))
     elif s == "array" and n == "Array":
@@ -192,13 +199,26 @@ def _zone_of(ch: CHType) -> str:
     return args[0].strip().strip("'") if args else ""
 
 
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "b": "\b", "f": "\f", "a": "\a",
+            "v": "\v", "e": "\x1b"}  # fmt: skip
+_ESCAPES_RE = re.compile(r"\\(x[0-9A-Fa-f]{2}|.)", re.DOTALL)
+
+
+def _unescape(m: re.Match[str]) -> str:
+    """One C-style escape of a quoted ClickHouse literal (as system.columns prints it)."""
+    code = m.group(1)
+    if len(code) == 3 and code[0] == "x":
+        return chr(int(code[1:], 16))
+    return _ESCAPES.get(code, code)
+
+
 def enum_names(ch: CHType) -> tuple[str, ...]:
     """The names of ``Enum8('a' = 1, 'b' = 2)``."""
     names = []
     for arg in ch.args:
         m = re.match(r"^\s*'((?:[^'\\]|\\.)*)'", arg)
         if m:
-            names.append(re.sub(r"\\(.)", r"\1", m.group(1)))
+            names.append(_ESCAPES_RE.sub(_unescape, m.group(1)))
     return tuple(names)
 
 
@@ -218,15 +238,17 @@ def apply(rules: Sequence[Rule], batch: Any, table: str) -> Any:
 
     columns = list(batch.columns)
     names = batch.schema.names
+    converted = False
     for r in rules:
         if r.column not in names:
             continue
         i = names.index(r.column)
         if r.check is Check.WALL_CLOCK and not r.path:
             columns[i] = _wall_clock(columns[i], r, table)
+            converted = True
             continue
         _check(r, _leaf(columns[i], r.path), table)
-    if all(a is b for a, b in zip(columns, batch.columns, strict=True)):
+    if not converted:
         return batch
     return pa.RecordBatch.from_arrays(columns, schema=pa.schema(
         [batch.schema.field(j).with_type(columns[j].type) for j in range(len(columns))]
@@ -246,7 +268,13 @@ def _leaf(arr: Any, path: tuple[str, ...]) -> Any:
             kv = pa.list_(pa.struct([arr.type.key_field, arr.type.item_field]))
             arr = pc.list_flatten(arr.view(kv)).field(0 if step == "{key}" else 1)
         else:
-            arr = pc.struct_field(arr, [arr.type.get_field_index(step[1:])])
+            index = arr.type.get_field_index(step[1:])
+            if index < 0:  # Spark allows two fields of one name; a Tuple check cannot
+                raise ValueRefused(
+                    f"struct column {path[0] if path else ''} has more than one field named "
+                    f"{step[1:]!r}: rename them in Spark (each value is checked by name)"
+                )
+            arr = pc.struct_field(arr, [index])
     return arr
 
 
@@ -277,11 +305,11 @@ def _check(r: Rule, arr: Any, table: str) -> None:
         plain = arr.cast(pa.timestamp(arr.type.unit)) if arr.type.tz else arr
         floored = pc.floor_temporal(plain, multiple=r.multiple, unit=r.unit)
         _refuse_where(r, arr, pc.not_equal(floored, plain), table, _whole_fix(r))
-    elif r.check is Check.MAX_BYTES:
+    elif r.check is Check.EXACT_BYTES:
         _refuse_where(
-            r, arr, pc.greater(pc.binary_length(arr), r.limit), table,
-            f"values longer than {r.limit} bytes: trim them in Spark or widen the column "
-            f"(String keeps any length)",
+            r, arr, pc.not_equal(pc.binary_length(arr), r.limit), table,
+            f"values that are not exactly {r.limit} bytes: ClickHouse refuses longer ones "
+            "and pads shorter ones with zero bytes; use String, or pad or trim in Spark",
         )  # fmt: skip
     elif r.check is Check.ENUM:
         outside = pc.invert(pc.is_in(arr, value_set=pa.array(r.names, arr.type)))
@@ -300,7 +328,8 @@ def _numeric(arr: Any) -> Any:
     import pyarrow as pa
 
     if pa.types.is_timestamp(arr.type):
-        us = arr.cast(pa.timestamp("us", arr.type.tz)) if arr.type.unit != "us" else arr
+        # range only: a sub-microsecond rest (never from Spark) cannot move a bound
+        us = arr.cast(pa.timestamp("us", arr.type.tz), safe=False) if arr.type.unit != "us" else arr
         return us.view(pa.int64())
     if pa.types.is_date32(arr.type):
         return arr.view(pa.int32())
@@ -395,7 +424,7 @@ _SAYS = {
     Check.NOT_NULL: "nulls inside refused",
     Check.RANGE: "values outside the column's range refused",
     Check.WHOLE: "finer values than the column keeps refused",
-    Check.MAX_BYTES: "longer values refused",
+    Check.EXACT_BYTES: "values of another length refused (shorter ones would be padded)",
     Check.ENUM: "values outside the enum refused",
     Check.WALL_CLOCK: "stored as the instant showing its wall clock in the column's zone "
     "(or the server's)",
@@ -417,7 +446,8 @@ def contract_table() -> str:
                 verdict = "refused: " + errors[0].split(": ", 1)[-1]
             else:
                 rules = plan_rules([field], [ColumnInfo("c", ch)])
-                says = list(dict.fromkeys(_SAYS[r.check] for r in rules))
+                nested = [r for r in rules if r.path or r.check is not Check.NOT_NULL]
+                says = list(dict.fromkeys(_SAYS[r.check] for r in nested))
                 parsed = ch in ("UUID", "IPv4", "IPv6", "Bool", "JSON") and spark == "string"
                 verdict = (
                     "parsed by ClickHouse (a value it cannot read fails the write)"

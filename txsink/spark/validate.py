@@ -41,7 +41,7 @@ from txsink.clickhouse.insert_settings import (
     STAGING_INSERT_SETTINGS,
     insert_settings_problems,
 )
-from txsink.clickhouse.values import Rule, plan_rules
+from txsink.clickhouse.values import Check, Rule, plan_rules
 from txsink.config import WriterConfig
 from txsink.errors import ConfigError, SchemaMismatch, UnavailableError
 from txsink.names import parse_url
@@ -71,10 +71,22 @@ def value_rules(schema: StructType, infos: Sequence[TargetInfo]) -> tuple[Rule, 
     once, whichever shards need it)."""
     fields = [SparkField(f.name, f.dataType.simpleString(), f.nullable) for f in schema.fields]
     rules: dict[Rule, None] = {}
+    conversions: set[tuple[Rule, ...]] = set()
     for info in infos:
         zone = info.server_timezone or "UTC"
-        rules.update(dict.fromkeys(plan_rules(fields, info.columns, server_zone=zone)))
-    return tuple(rules)
+        mine = plan_rules(fields, info.columns, server_zone=zone)
+        conversions.add(tuple(r for r in mine if r.check is Check.WALL_CLOCK))
+        rules.update(dict.fromkeys(mine))
+    if len(conversions) > 1:
+        zones = sorted({i.server_timezone or "UTC" for i in infos})
+        raise ConfigError(
+            f"the shards of {infos[0].name} run in different time zones ({', '.join(zones)}): "
+            "a timestamp_ntz column bound for a DateTime column without a zone would show "
+            "another wall clock on each. Name the zone in the column's type "
+            "(DateTime64(6, 'Europe/Berlin')) or write a timestamp. Nothing was written"
+        )
+    # conversions first: every check sees the values as they will be stored
+    return tuple(sorted(rules, key=lambda r: r.check is not Check.WALL_CLOCK))
 
 
 def choose_mode(
