@@ -300,8 +300,7 @@ def decode_job_meta(data: Mapping[str, Any] | None, where: str = "job meta") -> 
 def as_job_meta(
     meta: JobMeta | Mapping[str, Any] | None, where: str = "job meta"
 ) -> JobMeta | None:
-    """``meta`` typed: a JobMeta as it is, a job node's mapping decoded (callers that still
-    build meta as a dict, and tests), None as None."""
+    """``meta`` typed: a JobMeta as it is, a job node's mapping decoded, None as None."""
     if meta is None or isinstance(meta, JobMeta):
         return meta
     return decode_job_meta(meta, where)
@@ -360,8 +359,7 @@ _LEDGER_KEYS = frozenset(
 
 
 def encode_ledger(ledger: Ledger) -> dict[str, Any]:
-    """The ledger node: the format-0 keys (``shards``, ``tables``, ``evicted_tables``
-    only when not empty), never ``key_prefix``."""
+    """The ledger node: format-0 keys (``shards``/``tables``/``evicted_tables`` if any)."""
     out: dict[str, Any] = {**ledger.unknown, FORMAT_KEY: FORMAT}
     out.update(
         seq=ledger.seq,
@@ -491,8 +489,7 @@ def decode_partition_state(
 
 
 def with_format(data: Mapping[str, Any]) -> dict[str, Any]:
-    """``data`` (a node this codec has no record type for, e.g. a dedup entry or the
-    ledger, whose own modules own their keys) stamped with the current format."""
+    """``data`` (a node whose keys another module owns) stamped with the current format."""
     return {**data, FORMAT_KEY: FORMAT}
 
 
