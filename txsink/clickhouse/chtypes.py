@@ -40,6 +40,11 @@ class CHType:
     def arg_type(self, i: int) -> CHType:
         return parse_ch_type(_strip_element_name(self.args[i]))
 
+    @property
+    def text(self) -> str:
+        """The type as ClickHouse spells it: ``Decimal(10, 2)``."""
+        return f"{self.name}({', '.join(self.args)})" if self.args else self.name
+
 
 def parse_ch_type(s: str) -> CHType:
     s = s.strip()
@@ -116,11 +121,11 @@ def parse_spark_type(s: str) -> SparkType:
 
 _SIGNED = {"Int8": 8, "Int16": 16, "Int32": 32, "Int64": 64, "Int128": 128, "Int256": 256}
 _UNSIGNED = {"UInt8": 8, "UInt16": 16, "UInt32": 32, "UInt64": 64, "UInt128": 128, "UInt256": 256}
-_SPARK_INT_BITS = {"tinyint": 8, "byte": 8, "smallint": 16, "short": 16, "int": 32,
+SPARK_INT_BITS = {"tinyint": 8, "byte": 8, "smallint": 16, "short": 16, "int": 32,
                    "integer": 32, "bigint": 64, "long": 64}  # fmt: skip
 _DECIMAL_MAX_P = {"Decimal32": 9, "Decimal64": 18, "Decimal128": 38, "Decimal256": 76}
-_STRINGISH = {"string", "char", "varchar"}
-_PARSED_FROM_TEXT = ("UUID", "IPv4", "IPv6", "Bool", "JSON")
+STRINGISH = {"string", "char", "varchar"}
+PARSED_FROM_TEXT = ("UUID", "IPv4", "IPv6", "Bool", "JSON")
 
 
 @dataclass
@@ -148,11 +153,11 @@ def _compatible(spark: SparkType, ch: CHType, where: str) -> _Verdict:
     n = ch.name
     s = spark.name
     bad = _Verdict(
-        f"{s} does not fit {_fmt(ch)}; cast the column in Spark to a type docs/types.md "
+        f"{s} does not fit {ch.text}; cast the column in Spark to a type docs/types.md "
         f"lists for {ch.name}, or change the column's type"
     )
-    if s in _SPARK_INT_BITS:
-        bits = _SPARK_INT_BITS[s]
+    if s in SPARK_INT_BITS:
+        bits = SPARK_INT_BITS[s]
         if n in _SIGNED and _SIGNED[n] >= bits:
             return v
         if n in _UNSIGNED and _UNSIGNED[n] >= bits:
@@ -181,15 +186,15 @@ def _compatible(spark: SparkType, ch: CHType, where: str) -> _Verdict:
         if cp - cs >= p - sc and cs >= sc:
             return v
         return _Verdict(
-            f"decimal({p},{sc}) does not fit {_fmt(ch)}: need at least {p - sc} integer "
+            f"decimal({p},{sc}) does not fit {ch.text}: need at least {p - sc} integer "
             f"and {sc} fractional digits; widen the column or cast in Spark"
         )
-    if s in _STRINGISH:
+    if s in STRINGISH:
         if n == "String":
             return v
         if n == "FixedString":
             return v  # longer values: refused value by value
-        if n in _PARSED_FROM_TEXT:
+        if n in PARSED_FROM_TEXT:
             # the server parses each value and refuses the insert at the first one it
             # cannot read (docs/types.md): nothing is altered
             return v
@@ -225,7 +230,7 @@ def _compatible(spark: SparkType, ch: CHType, where: str) -> _Verdict:
     if s == "struct":
         if n != "Tuple" or len(ch.args) != len(spark.fields):
             return _Verdict(
-                f"struct with {len(spark.fields)} fields does not fit {_fmt(ch)}; "
+                f"struct with {len(spark.fields)} fields does not fit {ch.text}; "
                 "use a Tuple with the same fields"
             )
         for i, (fname, ftype) in enumerate(spark.fields):
@@ -247,10 +252,6 @@ def _nested(spark: SparkType, ch: CHType, where: str) -> _Verdict:
     if v.error:
         v.error = f"{where}: {v.error}"
     return v
-
-
-def _fmt(t: CHType) -> str:
-    return f"{t.name}({', '.join(t.args)})" if t.args else t.name
 
 
 def check_schema(

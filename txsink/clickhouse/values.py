@@ -25,6 +25,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from txsink.clickhouse.chtypes import (
+    PARSED_FROM_TEXT,
+    SPARK_INT_BITS,
+    STRINGISH,
     CHType,
     SparkField,
     SparkType,
@@ -52,7 +55,6 @@ UTC_NAMES = frozenset(
     for prefix in ("", "Etc/")
     for name in ("UTC", "UCT", "GMT", "GMT0", "GMT+0", "GMT-0", "Zulu", "Universal", "Greenwich")
 )
-_SPARK_INTS = ("tinyint", "byte", "smallint", "short", "int", "integer", "bigint", "long")
 _TIMESTAMPS = ("timestamp", "timestamp_ntz")
 
 
@@ -100,9 +102,9 @@ def plan_rules(
     fields: Sequence[SparkField], columns: Sequence[ColumnInfo], *, server_zone: str = "UTC"
 ) -> tuple[Rule, ...]:
     """The rules for writing ``fields`` into ``columns`` (types already found compatible
-    by :func:`txsink.clickhouse.chtypes.check_schema`). A top-level nullable Spark field
-    into a non-Nullable column gets a NOT_NULL rule; nested elements always do (Spark's
-    type string does not say whether an array may hold nulls)."""
+    by :func:`txsink.clickhouse.chtypes.check_schema`). Every non-Nullable column and
+    nested element gets a NOT_NULL rule, whatever Spark's nullability says (its type
+    string does not say whether an array may hold nulls; a null count costs nothing)."""
     by_name = {c.name: c for c in columns}
     rules: list[Rule] = []
     for f in fields:
@@ -110,7 +112,7 @@ def plan_rules(
         if col is None:
             continue
         ch, nullable = unwrap(parse_ch_type(col.type))
-        if not nullable:  # even if Spark says non-nullable: a null count costs nothing
+        if not nullable:
             rules.append(Rule(Check.NOT_NULL, f.name, col.type))
         rules += _rules_for(parse_spark_type(f.type_string), ch, f.name, (), server_zone)
     # conversions first: the checks then see the values as they will be stored
@@ -120,21 +122,19 @@ def plan_rules(
 def _rules_for(
     spark: SparkType, ch: CHType, column: str, path: tuple[str, ...], server_zone: str
 ) -> list[Rule]:
-    s, n, shown = spark.name, ch.name, _fmt(ch)
+    s, n, shown = spark.name, ch.name, ch.text
     out: list[Rule] = []
 
     def rule(check: Check, **kw: Any) -> Rule:
         return Rule(check, column, shown, path, **kw)
 
-    if (s in _SPARK_INTS or s == "decimal") and n in _INT_RANGE:
+    if (s in SPARK_INT_BITS or s == "decimal") and n in _INT_RANGE:
         low, high = _INT_RANGE[n]
         if s == "decimal":
             digits = int(spark.args[0]) - int(spark.args[1])
             span = (-(10**digits) + 1, 10**digits - 1)
         else:
-            bits = {"tinyint": 8, "byte": 8, "smallint": 16, "short": 16}.get(s, 0) or (
-                32 if s in ("int", "integer") else 64
-            )
+            bits = SPARK_INT_BITS[s]
             span = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
         if span[0] < low or span[1] > high:
             out.append(rule(Check.RANGE, low=low, high=high))
@@ -155,29 +155,29 @@ def _rules_for(
     elif s == "date" and n in ("Date", "Date32"):
         low, high = DATE_DAYS if n == "Date" else DATE32_DAYS
         out.append(rule(Check.RANGE, low=low, high=high))
-    elif s in ("string", "char", "varchar", "binary") and n == "FixedString":
+    elif (s in STRINGISH or s == "binary") and n == "FixedString":
         out.append(rule(Check.EXACT_BYTES, limit=int(ch.args[0])))
-    elif s in ("string", "char", "varchar") and n in ("Enum8", "Enum16", "Enum"):
+    elif s in STRINGISH and n in ("Enum8", "Enum16", "Enum"):
         out.append(rule(Check.ENUM, names=enum_names(ch)))
     elif s == "array" and n == "Array":
         inner, nullable = unwrap(ch.arg_type(0))
         step = (*path, "[]")
         if not nullable:
-            out.append(Rule(Check.NOT_NULL, column, _fmt(inner), step))
+            out.append(Rule(Check.NOT_NULL, column, inner.text, step))
         out += _rules_for(parse_spark_type(spark.args[0]), inner, column, step, server_zone)
     elif s == "map" and n == "Map":
         for i, step_name in ((0, "{key}"), (1, "{value}")):
             inner, nullable = unwrap(ch.arg_type(i))
             step = (*path, step_name)
             if not nullable and i == 1:  # map keys are never null in Spark
-                out.append(Rule(Check.NOT_NULL, column, _fmt(inner), step))
+                out.append(Rule(Check.NOT_NULL, column, inner.text, step))
             out += _rules_for(parse_spark_type(spark.args[i]), inner, column, step, server_zone)
     elif s == "struct" and n == "Tuple":
         for i, (fname, ftype) in enumerate(spark.fields):
             inner, nullable = unwrap(ch.arg_type(i))
             step = (*path, f".{fname}")
             if not nullable:
-                out.append(Rule(Check.NOT_NULL, column, _fmt(inner), step))
+                out.append(Rule(Check.NOT_NULL, column, inner.text, step))
             out += _rules_for(parse_spark_type(ftype), inner, column, step, server_zone)
     return out
 
@@ -222,10 +222,6 @@ def enum_names(ch: CHType) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _fmt(t: CHType) -> str:
-    return f"{t.name}({', '.join(t.args)})" if t.args else t.name
-
-
 # ------------------------------------------------------------------------- applying
 
 
@@ -256,14 +252,13 @@ def apply(rules: Sequence[Rule], batch: Any, table: str) -> Any:
 
 
 def _leaf(arr: Any, path: tuple[str, ...]) -> Any:
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     for step in path:
         if step == "[]":
             arr = pc.list_flatten(arr)
         elif step in ("{key}", "{value}"):
-            import pyarrow as pa
-
             # a map is a list of key/value structs (MapArray.keys would ignore a slice)
             kv = pa.list_(pa.struct([arr.type.key_field, arr.type.item_field]))
             arr = pc.list_flatten(arr.view(kv)).field(0 if step == "{key}" else 1)
@@ -296,11 +291,8 @@ def _check(r: Rule, arr: Any, table: str) -> None:
         low, high = r.low or 0, r.high or 0
         least, most = (v.as_py() for v in pc.min_max(values).values())
         if least < low or most > high:  # the error path may be slow: Python ints are exact
-            found = [v for v in values.to_pylist() if v is not None and not low <= v <= high]
-            example = arr.filter(
-                pa.array([v is not None and not low <= v <= high for v in values.to_pylist()])
-            )[0].as_py()
-            _refuse(r, table, len(found), example, _range_fix(r))
+            outside = pa.array([v is not None and not low <= v <= high for v in values.to_pylist()])
+            _refuse_where(r, arr, outside, table, _range_fix(r))
     elif r.check is Check.WHOLE:
         plain = arr.cast(pa.timestamp(arr.type.unit)) if arr.type.tz else arr
         floored = pc.floor_temporal(plain, multiple=r.multiple, unit=r.unit)
@@ -448,7 +440,7 @@ def contract_table() -> str:
                 rules = plan_rules([field], [ColumnInfo("c", ch)])
                 nested = [r for r in rules if r.path or r.check is not Check.NOT_NULL]
                 says = list(dict.fromkeys(_SAYS[r.check] for r in nested))
-                parsed = ch in ("UUID", "IPv4", "IPv6", "Bool", "JSON") and spark == "string"
+                parsed = ch in PARSED_FROM_TEXT and spark == "string"
                 verdict = (
                     "parsed by ClickHouse (a value it cannot read fails the write)"
                     if (parsed)
