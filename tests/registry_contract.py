@@ -112,6 +112,13 @@ class RegistryContract:
         assert registry.ensure_job("only-epoch", {"target": "t"}) == JobMeta(target="t")
         assert registry.list_jobs() == ["only-epoch"]
 
+    def test_a_job_with_only_dedup_state_is_listed(self, registry: Registry) -> None:
+        # a dedup job whose first batch stopped half-way: rows in the target, no meta yet
+        registry.put_blob("half-job", "dedup/b0/p1", {"status": "BEFORE", "blocks": []})
+        registry.put_blob("other", "notes", {"a": 1})
+        assert registry.list_jobs() == ["half-job"]
+        assert registry.job_meta("half-job") is None
+
     # -- epochs -----------------------------------------------------------------------
 
     def test_first_epoch_is_number_one(self, registry: Registry) -> None:

@@ -12,6 +12,8 @@ errors here and keep the server's error code in ``code``.
   automatically: run ``txsink recover`` which inspects and finishes it.
 - :class:`RecoveryAlarm`: recovery found a state it must not repair automatically.
 - :class:`ContentChanged`: dedup mode saw a replayed batch whose content differs.
+- :class:`HalfVisibleBatch`: dedup mode refused a batch because another batch of the job
+  stopped half-way (some of its rows are in the target); nothing was written.
 - :class:`DedupWindowExceeded`: dedup mode refused a block the target's dedup window may
   no longer recognise (or may not hold until a replay).
 - :class:`UnavailableError`: ClickHouse or Keeper cannot be reached.
@@ -56,6 +58,11 @@ class RecoveryAlarm(TxSinkError):
 
 class ContentChanged(TxSinkError):
     """A replayed dedup-mode batch differs from what was recorded for it."""
+
+
+class HalfVisibleBatch(TxSinkError):
+    """Dedup mode: another batch of the job stopped half-way, part of its rows visible;
+    no other batch is written until it is rerun or discarded by the operator."""
 
 
 class UnavailableError(TxSinkError):

@@ -63,6 +63,10 @@ EXACT: list[tuple[str, str, str, str, Any]] = [
     ("flag", "'true'", "Bool", "{c}", True),
     ("uid", "'61f0c404-5cb3-11e7-907b-a6006ad3dba0'", "UUID", "toString({c})",
      "61f0c404-5cb3-11e7-907b-a6006ad3dba0"),
+    ("var", """parse_json('{"a": 1, "b": [true, null], "c": {"d": "x"}}')""", "JSON",
+     "toJSONString({c})", '{"a":"1","b":[true,null],"c":{"d":"x"}}'),
+    ("span", "interval '1 02:03:04.000005' day to second", "Int64", "{c}",
+     ((24 + 2) * 3600 + 3 * 60 + 4) * 1_000_000 + 5),
 ]  # fmt: skip
 
 # (what, Spark expression, ClickHouse type, a word the refusal must hold)
@@ -116,16 +120,32 @@ def _save(df: Any, stack: Any, table: str, mode: str) -> str:
     return job
 
 
-@pytest.mark.parametrize("mode", ["attach", "dedup"])
+def _transaction(spark: Any, df: Any, stack: Any, table: str) -> None:
+    """The same write through ``txsink.transaction`` (mapInArrow: Spark's other Arrow
+    conversion; attach mode only)."""
+    import txsink
+
+    job = f"vc-{uuid.uuid4().hex[:8]}"
+    with txsink.transaction(spark, txn_version=1, url=stack.url, keeper=stack.keeper,
+                            job=job) as tx:  # fmt: skip
+        tx.write(df, table=table)
+
+
+@pytest.mark.parametrize(
+    ("mode", "api"), [("attach", "save"), ("dedup", "save"), ("attach", "transaction")]
+)
 def test_every_pair_of_the_contract_round_trips_value_by_value(
-    new_york: Any, stack: Any, ch: Any, fresh_db: str, mode: str
+    new_york: Any, stack: Any, ch: Any, fresh_db: str, mode: str, api: str
 ) -> None:
     table = f"{fresh_db}.exact"
     ch.command(_ddl(table, [(n, t) for n, _, t, _, _ in EXACT], mode))
     df = new_york.sql(
         "SELECT cast(1 as bigint) AS id, " + ", ".join(f"{e} AS `{n}`" for n, e, *_ in EXACT)
     )
-    _save(df, stack, table, mode)
+    if api == "save":  # format("clickhouse_tx") and foreach_batch (its batch save)
+        _save(df, stack, table, mode)
+    else:
+        _transaction(new_york, df, stack, table)
     reads = ", ".join(r.format(c=f"`{n}`") for n, _, _, r, _ in EXACT)
     assert ch.query(f"SELECT count() FROM {table}").result_rows[0][0] == 1
     got = (None, *ch.query(f"SELECT {reads} FROM {table}").result_rows[0])
@@ -134,7 +154,7 @@ def test_every_pair_of_the_contract_round_trips_value_by_value(
         for (n, _, _, _, want), v in zip(EXACT, got[1:], strict=True)
         if v != want and not (isinstance(want, tuple) and tuple(v.values()) == want)
     }
-    assert wrong == {}, f"column: (stored, written) in {mode} mode"
+    assert wrong == {}, f"column: (stored, written) in {mode} mode through {api}"
 
 
 @pytest.mark.parametrize("mode", ["attach", "dedup"])

@@ -15,6 +15,7 @@ import pytest
 
 from txsink import driver
 from txsink.config import WriterConfig
+from txsink.errors import HalfVisibleBatch
 from txsink.ports.registry_memory import MemoryRegistry
 from txsink.protocol.ids import dedup_token
 from txsink.spark.dedup_write import write_dedup
@@ -113,6 +114,61 @@ def test_a_failing_dedup_task_hands_its_error_to_the_pool_which_closes_not_lends
     with pytest.raises(RuntimeError):
         write_dedup(plan(), task(0), dying())
     assert "back keeper" not in loans and "back clickhouse" not in loans
+
+
+# ------------------------------------------------------- a batch stopped half-way fences
+
+
+def _task(xid: str, batch: int | None, partition: int = 0) -> Task:
+    return Task("run", xid, batch, partition, 0, 1, "q", 0.0)
+
+
+def test_another_xid_stopped_half_way_fences_the_job_until_it_is_rerun(
+    stores: tuple[MemoryRegistry, Warehouse, list[str]],
+) -> None:
+    registry, warehouse, _ = stores
+
+    def failing() -> Iterator[pa.RecordBatch]:
+        yield from rows(5)  # two blocks of two rows are sent, then the task dies
+        raise RuntimeError("executor lost")
+
+    with pytest.raises(RuntimeError):
+        write_dedup(plan(), _task("b0", 0), failing())
+    assert [n for _, n, _ in warehouse.inserts] == [2, 2]
+    warehouse.inserts.clear()
+    for other in (_task("b1", 1), _task("u0123456789ab", None)):
+        with pytest.raises(HalfVisibleBatch, match="b0 of this job stopped half-way") as caught:
+            write_dedup(plan(), other, rows(3))
+        assert "2 to 4 row(s) from 1 Spark partition(s), 0 of them finished" in str(caught.value)
+    assert warehouse.inserts == []  # nothing of another xid was sent
+    write_dedup(plan(), _task("b0", 0, partition=1), rows(1))  # its own xid still writes
+    write_dedup(plan(), _task("b0", 0), rows(5))  # the rerun resumes
+    # once b0 is committed its leftover records no longer fence (a crash before cleanup)
+    _commit(registry, "b0", 0)
+    write_dedup(plan(), _task("b1", 1), rows(3))
+
+
+def _commit(registry: MemoryRegistry, xid: str, batch: int) -> None:
+    from txsink.protocol.states import Mode, XidRecord, XidState
+
+    epoch = registry.take_epoch("j", "driver")
+    record = XidRecord("j", xid, batch, XidState.PREPARED, epoch.number, Mode.DEDUP, "db.t")
+    record = registry.prepare(epoch, record)
+    registry.commit(epoch, record, 2.0)
+
+
+def test_a_discarded_xid_is_never_written_again_and_fences_nothing(
+    stores: tuple[MemoryRegistry, Warehouse, list[str]],
+) -> None:
+    registry, warehouse, _ = stores
+    entry = {"status": "BEFORE", "blocks": [[0, 2, "b2:x"]], "rows": 2, "attempt": 0}
+    registry.put_blob("j", "dedup/b0/p0", entry)
+    registry.put_blob("j", "dedup/b0/discarded", {"by": "txsink-recover@h:1", "rows": 2})
+    with pytest.raises(HalfVisibleBatch, match="discarded by the operator"):
+        write_dedup(plan(), _task("b0", 0, partition=5), rows(3))
+    assert warehouse.inserts == []
+    write_dedup(plan(), _task("b1", 1), rows(3))  # the discarded b0 fences nothing
+    assert [n for _, n, _ in warehouse.inserts] == [2, 1]
 
 
 # ------------------------------------------------------------------ entries via the codec

@@ -230,3 +230,45 @@ def test_a_job_node_created_blank_refuses_no_writer_at_takeover(shards) -> None:
         options |= {"shards": ",".join(shards), "shard_by": "id"}
     handle = job_handle(WriterConfig.from_options(options), registry, MemoryWarehouse())
     epoch_for_run(handle, "run-1", "attach")  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------- dedup batches stopped half-way
+
+C, P, AB = XidState.COMMITTED, XidState.PREPARED, XidState.ABORTED
+
+
+@pytest.mark.parametrize(
+    ("state", "batch", "last", "is_open"),
+    [
+        (None, 7, None, True),  # never prepared: stopped half-way (or in flight)
+        (AB, 7, 9, True),  # Spark aborted the save: its blocks stay
+        (None, None, 9, True),  # a save without txn_version
+        (P, 7, None, False),  # every task finished: a roll-forward commits it
+        (C, 7, None, False),  # committed: the records are cleanup leftovers
+        (None, 7, 7, False),  # committed and pruned (batch ids are monotonic)
+        (None, 8, 7, True),
+    ],
+)
+def test_which_dedup_records_mean_a_batch_stopped_half_way(
+    state: XidState | None, batch: int | None, last: int | None, is_open: bool
+) -> None:
+    assert rules.is_open_dedup(state, batch, last) is is_open
+
+
+def test_a_batch_stopped_half_way_fences_every_other_xid_and_names_both_ways_out() -> None:
+    from txsink.protocol.dedup import BlockFingerprint as F
+    from txsink.protocol.dedup import OpenBatch, after, before, open_batch
+
+    half = open_batch(
+        "b5", [after([F(0, 10, "x")], 0, 1.0), before([F(0, 10, "y"), F(1, 4, "z")], 0, 1.0)]
+    )
+    assert half == OpenBatch("b5", partitions=2, finished=1, rows_at_least=20, rows_at_most=24)
+    assert rules.open_dedup_refusal(J, "b5", T, [half]) is None  # its own rerun writes
+    assert rules.open_dedup_refusal(J, "b6", T, []) is None
+    why = rules.open_dedup_refusal(J, "b6", T, [half]) or ""
+    assert "xid b6 was not written into db.t" in why and "20 to 24 row(s)" in why
+    assert "txn_version=5" in why and "--discard-dedup b5" in why
+    adhoc = rules.open_dedup_refusal(J, "b6", T, [OpenBatch("u12", 1, 1, 3, 3)]) or ""
+    assert "impossible for a save without txn_version" in adhoc and "3 row(s)" in adhoc
+    gone = rules.discarded_refusal(J, "b5", T, {"by": "txsink-recover@h:1", "rows": 24})
+    assert "discarded by the operator (txsink-recover@h:1, 24 row(s)" in gone

@@ -132,3 +132,28 @@ def test_status_shows_cadence_and_threshold_and_warns_of_a_stale_owner() -> None
     [w] = gone.warnings
     assert w.kind == "stale-owner"
     assert "45s ago (> 30s, 3 x its 2s commit cadence, within [30, 600]s)" in w.message
+
+
+def test_status_names_a_dedup_batch_stopped_half_way_unless_a_live_writer_has_it_in_flight() -> (
+    None
+):
+    from txsink.protocol.dedup import OpenBatch
+
+    reg, clock = run_writer(every=2.0, commits=3)
+    half = OpenBatch("b9", partitions=4, finished=3, rows_at_least=150, rows_at_most=160)
+    common = {
+        "meta": {"target": TARGET, "mode": "dedup"},
+        "epoch": reg.current_epoch(JOB),
+        "owner": reg.owner(JOB),
+        "ledger": reg.ledger(JOB),
+        "records": reg.list(JOB),
+        "staging_sizes": {},
+        "staging_view": {},
+        "open_dedup": [half],
+    }
+    in_flight = assess(JOB, now=clock.t + 1, **common)  # type: ignore[arg-type]
+    assert in_flight.live and in_flight.warnings == []
+    gone = assess(JOB, now=clock.t + 45, **common)  # type: ignore[arg-type]
+    [w] = [w for w in gone.warnings if w.kind == "half-visible-dedup"]
+    assert w.xid == "b9" and "150 to 160 row(s) from 4 Spark partition(s)" in w.message
+    assert "--discard-dedup b9" in w.message and TARGET in w.message

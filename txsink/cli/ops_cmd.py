@@ -7,7 +7,8 @@ Exit statuses:
 
 - ``status``: 0 (informational); 1 when the job named by ``--job`` does not exist.
 - ``recover``: 0 clean afterwards (or nothing to do, or ``--dry-run``); 3 refused (a live
-  writer holds the job and no ``--force``, or no confirmation); 4 alarms remain.
+  writer holds the job and no ``--force``, or no confirmation); 4 alarms remain (or a
+  dedup batch stopped half-way, named, which only a rerun or ``--discard-dedup`` settles).
 - ``verify``: 0 clean; 1 anomalies.
 - ``tune``: 0.
 - any: 2 for a txsink error (unreachable Keeper/ClickHouse, bad arguments), see
@@ -76,6 +77,12 @@ def register(subparsers: Any) -> None:
         default=st.DEFAULT_STALE_AFTER,
         help="a writer whose heartbeat is younger than this many seconds is live (default: "
         "follows the job's commit cadence, see `txsink status`)",
+    )
+    p.add_argument(
+        "--discard-dedup",
+        metavar="XID",
+        help="give up a dedup batch stopped half-way (with --job; delete its rows from the "
+        "target first): the job writes other batches again and XID is never written again",
     )
     p.set_defaults(func=run_recover)
 

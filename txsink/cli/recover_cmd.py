@@ -1,7 +1,8 @@
 """``txsink recover``: show each job's recovery plan, confirm, carry it out, render the outcome.
 
 Exit statuses: 0 clean afterwards (or nothing to do, or ``--dry-run``); 3 refused (a live
-writer holds the job and no ``--force``, or no confirmation); 4 alarms remain. The plan
+writer holds the job and no ``--force``, or no confirmation); 4 alarms remain, or a dedup
+batch stopped half-way that only a rerun or ``--discard-dedup`` settles. The plan
 and its execution are :mod:`txsink.ops`'; this module asks and renders.
 """
 
@@ -9,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import asdict
 from typing import Any
 
 from txsink.cli.common import open_stores
 from txsink.cli.output import Output, age
+from txsink.errors import ConfigError
 from txsink.ops import recovery as rc
 from txsink.ops.stores import resolve_jobs
 
@@ -42,7 +45,13 @@ def _render_plan(v: rc.RecoveryPlanView, staging_db: str) -> list[str]:
         for t in p.dropped_leftovers
     ]
     lines += [f"  expected alarm: {a}" for a in v.expected_alarms]
-    if v.empty:
+    lines += [
+        f"  half-visible    dedup batch {b.xid}: {b.describe()} may be in the target; recovery "
+        f"cannot finish it: rerun that batch, or delete its rows and run `txsink recover --job "
+        f"{v.job} --discard-dedup {b.xid}` (docs/modes.md#a-dedup-batch-stopped-half-way)"
+        for b in v.open_dedup
+    ]
+    if v.empty and not v.open_dedup:
         lines.append("  nothing to do")
     return lines
 
@@ -51,6 +60,8 @@ def run_recover(args: argparse.Namespace, out: Output) -> int:
     lines: list[str] = []
     entries: dict[str, dict[str, Any]] = {}
     code = 0
+    if args.discard_dedup:
+        return _discard(args, out)
     with open_stores(args) as stores:
         jobs = resolve_jobs(stores.registry, args.job, args.keeper_root)
         views = [rc.plan_job_recovery(stores, j, stale_after=args.stale_after) for j in jobs]
@@ -83,19 +94,7 @@ def run_recover(args: argparse.Namespace, out: Output) -> int:
         allowed = []
         for v in todo:
             if v.live and not args.force:
-                why = (
-                    f"refusing to recover job {v.job}: writer {v.owner} (epoch {v.epoch}) "
-                    f"heartbeat {v.heartbeat_age:.1f}s ago is fresher than "
-                    + (
-                        f"--stale-after {v.stale_after_s:g}s"
-                        if args.stale_after is not None
-                        else f"its stale threshold {v.stale_after_s:g}s (commit cadence "
-                        + (f"{v.cadence_s:g}s" if v.cadence_s is not None else "unknown")
-                        + ")"
-                    )
-                    + ", so it may be mid-batch. Stop that query (or wait "
-                    "until its heartbeat is stale), or re-run with --force to fence it"
-                )
+                why = _live_refusal(args, v)
                 entries[v.job]["refused"] = why
                 lines.append(why)
                 code = EXIT_REFUSED
@@ -119,9 +118,63 @@ def run_recover(args: argparse.Namespace, out: Output) -> int:
             entries[v.job].update(outcome=outcome.to_json(), report=outcome.report.to_json())
             if not outcome.clean:
                 code = EXIT_ALARMS
+        if code == 0 and any(v.open_dedup and not v.live for v in views):
+            code = EXIT_ALARMS  # named above; only a rerun or --discard-dedup settles it
     clean = code == 0
     out.emit({"dry_run": False, "jobs": list(entries.values()), "clean": clean}, "\n".join(lines))
     return code
+
+
+def _live_refusal(args: argparse.Namespace, v: rc.RecoveryPlanView) -> str:
+    return (
+        f"refusing to recover job {v.job}: writer {v.owner} (epoch {v.epoch}) "
+        f"heartbeat {v.heartbeat_age:.1f}s ago is fresher than "
+        + (
+            f"--stale-after {v.stale_after_s:g}s"
+            if args.stale_after is not None
+            else f"its stale threshold {v.stale_after_s:g}s (commit cadence "
+            + (f"{v.cadence_s:g}s" if v.cadence_s is not None else "unknown")
+            + ")"
+        )
+        + ", so it may be mid-batch. Stop that query (or wait "
+        "until its heartbeat is stale), or re-run with --force to fence it"
+    )
+
+
+def _discard(args: argparse.Namespace, out: Output) -> int:
+    """``--discard-dedup XID``: give up one half-visible dedup batch (see
+    :func:`txsink.ops.recovery.discard_dedup`)."""
+    xid = args.discard_dedup
+    if not args.job:
+        raise ConfigError("--discard-dedup needs --job (the job whose batch to discard)")
+    with open_stores(args) as stores:
+        v = rc.plan_job_recovery(stores, args.job, stale_after=args.stale_after)
+        lines = [
+            f"job {v.job}: discard dedup batch {xid}: its partition records are kept and "
+            f"marked discarded; the job then writes other batches again and {xid} is never "
+            "written again. Rows of it still in the target stay there: delete them first"
+        ]
+        entry: dict[str, Any] = {"job": v.job, "discard": xid, "refused": None, "outcome": None}
+        refusal = None
+        if v.live and not args.force:
+            refusal = _live_refusal(args, v)
+        elif args.dry_run:
+            lines.append("dry run: nothing was changed")
+        elif not args.yes:
+            refusal = _confirm(args, out, [v], lines)
+        if refusal or args.dry_run:
+            if refusal:
+                lines.append(refusal)
+            entry["refused"] = refusal
+            out.emit({"dry_run": args.dry_run, "jobs": [entry], "clean": False}, "\n".join(lines))
+            return 0 if args.dry_run else EXIT_REFUSED
+        epoch, batch = rc.discard_dedup(stores, args.job, xid)
+        lines.append(
+            f"job {v.job}: took writer epoch {epoch}; discarded {xid} ({batch.describe()})"
+        )
+        entry["outcome"] = {"epoch": epoch, "discarded": asdict(batch)}
+    out.emit({"dry_run": False, "jobs": [entry], "clean": True}, "\n".join(lines))
+    return 0
 
 
 def _confirm(

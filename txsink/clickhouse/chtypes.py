@@ -242,6 +242,18 @@ def _compatible(spark: SparkType, ch: CHType, where: str) -> _Verdict:
                 return sub
             v.notes.extend(sub.notes)
         return v
+    if s == "variant":
+        # Spark sends a variant as its binary encoding (value, metadata); the server
+        # decodes it into JSON's paths and types
+        return v if n == "JSON" else bad
+    if s.startswith("interval"):
+        if "year" in s or "month" in s:
+            return _Verdict(
+                f"{s} has no Arrow form in Spark; cast it to a whole number of months "
+                "(e.g. `year * 12 + month`) first"
+            )
+        # a day-time interval travels as its count of microseconds (Arrow duration[us])
+        return v if n == "Int64" else bad
     if s in ("void", "null"):
         return v
     return _Verdict(f"Spark type {s} is not supported by txsink; cast it in Spark")

@@ -58,6 +58,9 @@ UTC_NAMES = frozenset(
 _TIMESTAMPS = ("timestamp", "timestamp_ntz")
 
 
+NOTHING_WRITTEN = "Nothing was written."  # every refusal ends so (dedup mode amends it)
+
+
 class ValueRefused(SchemaMismatch):
     """A value ClickHouse would store altered (or refuse half-way): nothing was sent."""
 
@@ -281,7 +284,7 @@ def _check(r: Rule, arr: Any, table: str) -> None:
         if arr.null_count:
             raise ValueRefused(
                 f"column {r.where} of {table} is {r.ch_type}, not Nullable, but the DataFrame "
-                f"has {arr.null_count} null value(s) there: {_NULL_FIX}. Nothing was written."
+                f"has {arr.null_count} null value(s) there: {_NULL_FIX}. " + NOTHING_WRITTEN
             )
         return
     if len(arr) == arr.null_count:
@@ -339,7 +342,7 @@ def _wall_clock(arr: Any, r: Rule, table: str) -> Any:
         raise ValueRefused(
             f"column {r.where} of {table} ({r.ch_type}): a timestamp_ntz value does not "
             f"name one instant in {r.zone} ({exc}); write it as a timestamp (an instant) "
-            "instead. Nothing was written."
+            "instead. " + NOTHING_WRITTEN
         ) from None
 
 
@@ -355,7 +358,7 @@ def _refuse_where(r: Rule, arr: Any, mask: Any, table: str, fix: str) -> None:
 def _refuse(r: Rule, table: str, count: int, example: Any, fix: str) -> None:
     raise ValueRefused(
         f"column {r.where} of {table} is {r.ch_type}: {count} value(s) would not be stored "
-        f"as written (e.g. {example!r}): {fix}. Nothing was written."
+        f"as written (e.g. {example!r}): {fix}. " + NOTHING_WRITTEN
     )
 
 
@@ -409,7 +412,9 @@ _CONTRACT: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("array<int>", ("Array(Int32)", "Array(Nullable(Int32))", "Array(UInt32)", "Array(Int16)")),
     ("map<string,int>", ("Map(String, Int32)", "Map(String, Nullable(Int32))")),
     ("struct<a:int,b:string>", ("Tuple(a Int32, b String)", "Tuple(x Int32, b String)")),
-    ("interval day to second", ("Int64",)),
+    ("variant", ("JSON", "String")),
+    ("interval day to second", ("Int64", "UInt64")),
+    ("interval year to month", ("Int32",)),
 )  # fmt: skip
 
 _SAYS = {
@@ -446,6 +451,8 @@ def contract_table() -> str:
                     if (parsed)
                     else "exact" + (f"; {'; '.join(says)}" if says else "")
                 )
+                if spark.startswith("interval"):
+                    verdict += ", as its count of microseconds"
             cell = verdict.replace("|", "\\|")
             lines.append(f"| `{spark_types}` | `{ch}` | {cell} |")
     return "\n".join(lines)

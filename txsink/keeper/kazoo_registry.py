@@ -137,9 +137,14 @@ class KazooRegistry(KazooXids):
     def list_jobs(self) -> list[str]:
         with self._conn.mapped(f"list {self._jobs_root()}"):
             names = self._conn.wait(self._client.get_children_async(self._jobs_root()))
-            # A job exists once ensure_job stored its meta (MemoryRegistry's definition);
-            # take_epoch alone leaves an empty parent node.
-            return sorted(n for n in names if self._has_meta(n))
+            # A job exists once ensure_job stored its meta, or once a dedup task recorded
+            # state (a first batch that stopped half-way has rows in the target and must
+            # be seen): MemoryRegistry's definition. take_epoch alone leaves an empty
+            # parent node.
+            return sorted(n for n in names if self._has_meta(n) or self._has_dedup(n))
+
+    def _has_dedup(self, job: str) -> bool:
+        return self._conn.wait(self._client.exists_async(self._blob_path(job, "dedup"))) is not None
 
     def _has_meta(self, job: str) -> bool:
         found = self._conn.read(f"{self._jobs_root()}/{job}")

@@ -28,6 +28,7 @@ from txsink.ops.status import recover_owner, writer_is_live
 from txsink.ops.stores import Stores
 from txsink.protocol.dedup import xid_key as dedup_xid_key
 from txsink.protocol.states import Mode, XidState
+from txsink.transactor import open_dedup_batches
 
 MODES = tuple(m.value for m in Mode)
 
@@ -91,8 +92,7 @@ def change_mode(
             f"job {job} has PREPARED xid(s) {', '.join(prepared)} staged in mode {old}; run "
             f"`txsink recover --job {job}` first, then change the mode"
         )
-    committed = {r.xid for r in registry.list(job) if r.state is XidState.COMMITTED}
-    open_dedup = [x for x in registry.blob_children(job, "dedup") if x not in committed]
+    open_dedup = [b.xid for b in open_dedup_batches(registry, job)]
     if meta.pinned_mode is Mode.DEDUP and open_dedup:
         raise ConfigError(
             f"job {job} has half-written dedup batch(es) {', '.join(open_dedup)}: their rows "

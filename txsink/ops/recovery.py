@@ -9,19 +9,22 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from txsink.errors import ConfigError
 from txsink.ops.liveness import (
     STALE_CAP,
 )
 from txsink.ops.status import DEFAULT_STALE_AFTER, RECOVERED_STATE, liveness_of, recover_owner
 from txsink.ops.stores import Stores
 from txsink.protocol.codec import JobMeta
+from txsink.protocol.dedup import OpenBatch
+from txsink.protocol.dedup import xid_key as dedup_xid_key
 from txsink.protocol.ops import Alarm
 from txsink.protocol.planner import plan_publish
 from txsink.protocol.states import Epoch, Mode
-from txsink.transactor import RecoveryReport, Transactor
+from txsink.transactor import DISCARDED, RecoveryReport, Transactor, open_dedup_batches
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +45,8 @@ class RecoveryPlanView:
     stale_after_s: float = STALE_CAP
     expected_alarms: list[str] = field(default_factory=list)
     roll_forward_rows: dict[str, int] = field(default_factory=dict)
+    # dedup batches stopped half-way: recovery cannot finish them, only name them
+    open_dedup: list[OpenBatch] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
@@ -60,6 +65,7 @@ class RecoveryPlanView:
             "plan": self.plan.to_json(),
             "expected_alarms": list(self.expected_alarms),
             "roll_forward_rows": dict(self.roll_forward_rows),
+            "open_dedup": [asdict(b) for b in self.open_dedup],
             "empty": self.empty,
         }
 
@@ -94,6 +100,7 @@ def plan_job_recovery(
         report,
         cadence_s=verdict.cadence_s,
         stale_after_s=verdict.stale_after_s,
+        open_dedup=open_dedup_batches(registry, job),
     )
     for xid in report.rolled_forward:
         record = registry.get(job, xid)
@@ -181,3 +188,35 @@ def carry_out_recovery(
         report,
         remaining,
     )
+
+
+def discard_dedup(stores: Stores, job: str, xid: str) -> tuple[int, OpenBatch]:
+    """Give up the half-visible dedup batch ``xid`` of ``job`` (the operator deleted its
+    rows from the target, or keeps them knowingly): mark it discarded, so that the job
+    writes other batches again and this xid is never written again. Fences the writer
+    first (a new epoch), then looks: a task that wrote between a check and the epoch
+    would otherwise slip through. Returns (the epoch taken, the batch discarded).
+
+    The partition records stay beside the mark (what was sent, for the audit). A task of
+    this xid still running somewhere (a zombie executor) is not fenced by the epoch: dedup
+    mode's tasks never are (docs/modes.md#a-dedup-batch-stopped-half-way)."""
+    registry = stores.registry
+    epoch = registry.take_epoch(job, recover_owner())
+    registry.heartbeat(epoch, {"state": "discarding", "xid": xid})
+    registry.sync(job)
+    found = {b.xid: b for b in open_dedup_batches(registry, job)}
+    batch = found.get(xid)
+    if batch is None:
+        raise ConfigError(
+            f"job {job}: {xid} is not a dedup batch stopped half-way"
+            + (f" (those are: {', '.join(found)})" if found else " (the job has none)")
+            + "; nothing was changed. `txsink status --job "
+            + f"{job}` lists them"
+        )
+    mark = {"by": epoch.owner, "at": time.time(), "rows": batch.rows_at_most, "epoch": epoch.number}
+    registry.put_blob(job, f"{dedup_xid_key(xid)}/{DISCARDED}", mark)
+    registry.heartbeat(
+        epoch, {"state": RECOVERED_STATE, "discarded": xid, "recovered_at": time.time()}
+    )
+    log.warning("job %s: discarded half-visible dedup batch %s (%s)", job, xid, batch.describe())
+    return epoch.number, batch

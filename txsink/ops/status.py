@@ -30,7 +30,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -47,10 +47,12 @@ from txsink.ops.liveness import (
 from txsink.ops.stores import Stores, resolve_jobs
 from txsink.ports.ledger import LEDGER_PARTITIONS
 from txsink.protocol.codec import JobMeta, Ledger, OwnerInfo, as_job_meta, as_ledger, as_owner
+from txsink.protocol.dedup import OpenBatch
 from txsink.protocol.ids import parse_staging, staging_prefix
 from txsink.protocol.ops import Alarm
 from txsink.protocol.planner import plan_publish
 from txsink.protocol.states import Epoch, Mode, XidRecord, XidState
+from txsink.transactor import open_dedup_batches
 
 log = logging.getLogger(__name__)
 
@@ -179,8 +181,12 @@ def assess(
     stuck_after: float = DEFAULT_STUCK_AFTER,
     stale_after: float | None = DEFAULT_STALE_AFTER,
     staging_database: str = DEFAULT_STAGING_DB,
+    open_dedup: Sequence[OpenBatch] = (),
 ) -> JobStatus:
     """The status of one job from what Keeper and ClickHouse show (pure).
+
+    ``open_dedup``: the job's dedup batches stopped half-way
+    (:func:`txsink.transactor.open_dedup_batches`).
 
     ``staging_view`` holds rows per partition of the staging tables PREPARED xids need
     (None for a missing table), as :meth:`ClickHouseWarehouse.staging_view` returns it.
@@ -285,6 +291,22 @@ def assess(
                     xid=r.xid,
                 )
             )
+    state_of = {r.xid: r.state for r in records}
+    for b in open_dedup:
+        if live and state_of.get(b.xid) is not XidState.ABORTED:
+            continue  # the live writer's batch in flight
+        w.append(
+            Finding(
+                "half-visible-dedup",
+                "warn",
+                f"dedup-mode batch {b.xid} of job {job} stopped half-way: {b.describe()} "
+                f"may be in {job_meta.target or 'the target'}. The job writes no other "
+                f"batch until it is rerun (it then resumes and commits exactly once) or, "
+                f"after its rows are deleted, discarded with `txsink recover --job {job} "
+                f"--discard-dedup {b.xid}`: see docs/modes.md#a-dedup-batch-stopped-half-way",
+                xid=b.xid,
+            )
+        )
     if not live:
         for st in status.staging:
             if st.referenced_by == "prepared":
@@ -386,6 +408,7 @@ def job_status(
         stuck_after=stuck_after,
         stale_after=stale_after,
         staging_database=warehouse.staging_db,
+        open_dedup=open_dedup_batches(registry, job),
     )
 
 

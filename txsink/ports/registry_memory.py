@@ -90,7 +90,10 @@ class MemoryRegistry:
         return decode_job_meta(self._jobs.get(job), self._path(job, ""))
 
     def list_jobs(self) -> builtins.list[str]:
-        return sorted(self._jobs)
+        """Jobs with meta, and jobs whose only trace is dedup state (a first batch that
+        stopped half-way)."""
+        dedup = {job for job, key in self._blobs if key.startswith("dedup/")}
+        return sorted(set(self._jobs) | dedup)
 
     def set_job_meta(self, job: str, meta: JobMeta) -> None:
         """Replace an existing job's meta (operator actions such as `txsink mode`)."""

@@ -74,6 +74,7 @@ __all__ = [
     "BlockFingerprint",
     "BlockStep",
     "Decision",
+    "OpenBatch",
     "PartitionPlan",
     "PartitionState",
     "Refusal",
@@ -87,6 +88,7 @@ __all__ = [
     "decide_end",
     "decide_partition",
     "needs_before_record",
+    "open_batch",
     "partition_key",
     "summarize",
     "unmarked",
@@ -186,6 +188,39 @@ def after(
     """The AFTER record written once every one of ``blocks`` was acknowledged."""
     rows = sum(b.rows for b in blocks)
     return PartitionState(Status.AFTER, tuple(blocks), rows, attempt, now, track)
+
+
+@dataclass(frozen=True)
+class OpenBatch:
+    """An xid's dedup records as a whole, for an xid that has no PREPARED or COMMITTED
+    record: a batch stopped half-way (or still in flight). The rows of its recorded
+    blocks may be in the target; the last block of a BEFORE record may not have landed,
+    hence a range."""
+
+    xid: str
+    partitions: int  # Spark partitions with a record
+    finished: int  # of them, AFTER: every block acknowledged
+    rows_at_least: int
+    rows_at_most: int
+
+    def describe(self) -> str:
+        rows = (
+            f"{self.rows_at_most} row(s)"
+            if self.rows_at_least == self.rows_at_most
+            else f"{self.rows_at_least} to {self.rows_at_most} row(s)"
+        )
+        return f"{rows} from {self.partitions} Spark partition(s), {self.finished} of them finished"
+
+
+def open_batch(xid: str, states: Sequence[PartitionState]) -> OpenBatch:
+    """The summary of ``xid``'s partition records (see :class:`OpenBatch`)."""
+    least = most = 0
+    for s in states:
+        most += s.rows
+        pending = s.blocks[-1].rows if s.status is Status.BEFORE and s.blocks else 0
+        least += s.rows - pending
+    finished = sum(1 for s in states if s.status is Status.AFTER)
+    return OpenBatch(xid, len(states), finished, least, most)
 
 
 def partition_key(xid: str, partition: int) -> str:

@@ -50,6 +50,16 @@ A batch is committed in one mode: every task reports the mode it wrote in and
 when it has no record and is not newer than the ledger's last committed batch (batch
 ids are monotonic; retention pruned its record): :func:`is_replay`. A task finding
 its xid PREPARED in another mode is refused (:func:`task_replay`).
+
+**Half-visible dedup batches.** In dedup mode blocks reach the target as they are
+sent, so a batch that fails (a refused value, a lost task) may leave part of its rows
+visible, recorded under ``dedup/<xid>``. Such an xid (:func:`is_open_dedup`: dedup
+records, no PREPARED or COMMITTED record, not a pruned committed batch) fences the job:
+a dedup task of any *other* xid refuses to send its first block
+(:func:`open_dedup_refusal`), so no new ``txn_version``, plain save or reset
+checkpoint can add those rows a second time. The ways out are a rerun of that batch
+(it resumes and commits) or the operator's ``txsink recover --discard-dedup``, which
+marks the xid so that it is never written again (:func:`discarded_refusal`).
 """
 
 from __future__ import annotations
@@ -60,6 +70,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from txsink.protocol.codec import JobMeta, as_job_meta
+from txsink.protocol.dedup import OpenBatch
+from txsink.protocol.ids import xid_batch
 from txsink.protocol.states import Mode, XidState
 
 _MODES = frozenset(m.value for m in Mode)
@@ -341,6 +353,58 @@ class TaskVerdict(enum.StrEnum):
 class TaskReplay:
     verdict: TaskVerdict
     reason: str = ""
+
+
+def is_open_dedup(state: XidState | None, batch: int | None, last_batch: int | None) -> bool:
+    """Do an xid's dedup records mean a batch stopped half-way? Not once it is PREPARED
+    (every task finished; a roll-forward commits it) or committed (:func:`is_replay`:
+    the records are leftovers of the cleanup); yes with no record or an ABORTED one."""
+    if state is XidState.PREPARED:
+        return False
+    return not is_replay(state, batch, last_batch)
+
+
+def open_dedup_refusal(
+    job: str, xid: str, table: str, open_batches: Sequence[OpenBatch]
+) -> str | None:
+    """Why a dedup task of ``xid`` must not send its first block: another xid of the
+    job stopped half-way (``open_batches``, see :func:`is_open_dedup`); None if none."""
+    others = [b for b in open_batches if b.xid != xid]
+    if not others:
+        return None
+    b = others[0]
+    batch = xid_batch(b.xid)
+    rerun = (
+        f"restart the streaming query from its checkpoint, or save again with txn_version={batch}"
+        if batch is not None
+        else "impossible for a save without txn_version (each save draws a new xid)"
+    )
+    more = f" (and {len(others) - 1} more)" if len(others) > 1 else ""
+    return (
+        f"job {job}: xid {xid} was not written into {table}: dedup-mode batch {b.xid}"
+        f"{more} of this job stopped half-way and {b.describe()} may be in {table}, with "
+        f"no record of which rows are there. Writing another batch now could insert them "
+        f"a second time, so nothing of xid {xid} was written. Ways out: (1) rerun batch "
+        f"{b.xid} until it commits ({rerun}) with the same rows in the same Spark "
+        f"partitions, a refused value corrected in place: it resumes and commits exactly "
+        f"once; (2) if it will never be rerun, delete its rows from {table} yourself, then "
+        f"run `txsink recover --job {job} --discard-dedup {b.xid}`. See "
+        f"docs/modes.md#a-dedup-batch-stopped-half-way"
+    )
+
+
+def discarded_refusal(job: str, xid: str, table: str, mark: Mapping[str, Any]) -> str:
+    """Why a task of an xid the operator discarded (``recover --discard-dedup``) must not
+    write: its rows may have been deleted from the target, and the target's dedup window
+    would drop a rerun's blocks as duplicates of them (rows lost, batch committed)."""
+    return (
+        f"job {job}: xid {xid} was discarded by the operator ({mark.get('by', '?')}, "
+        f"{mark.get('rows', '?')} row(s) of it were in {table}); it is never written "
+        f"again, because the target may still recognise its blocks and drop them as "
+        f"duplicates. Nothing was written. Write this data as a new batch (a new "
+        f"txn_version or a plain save; a streaming query: see "
+        f"docs/modes.md#a-dedup-batch-stopped-half-way)"
+    )
 
 
 def task_replay(

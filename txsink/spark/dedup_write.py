@@ -50,15 +50,18 @@ from pyarrow import ipc
 
 from txsink.clickhouse.blocks import iter_blocks
 from txsink.clickhouse.dedup_insert import NO_BYTE_LIMIT, DedupTarget
-from txsink.errors import ConfigError, ContentChanged, DedupWindowExceeded
+from txsink.clickhouse.values import NOTHING_WRITTEN, ValueRefused
+from txsink.errors import ConfigError, ContentChanged, DedupWindowExceeded, HalfVisibleBatch
 from txsink.faults import fault_point
 from txsink.ports.registry import CREATE, BlobConflict
 from txsink.protocol import dedup
 from txsink.protocol import dedup_window as dw
+from txsink.protocol import job as rules
 from txsink.protocol.codec import decode_partition_state, encode_partition_state
 from txsink.protocol.states import StagedPart
 from txsink.spark.messages import TxCommitMessage, WritePlan
 from txsink.spark.task import Task, checked
+from txsink.transactor import discarded, open_dedup_batches
 
 log = logging.getLogger(__name__)
 
@@ -237,18 +240,38 @@ def write_dedup(plan: WritePlan, task: Task, batches: Iterator[Any]) -> TxCommit
     if cfg.dedup_order_by:
         rows = sorted_partition(plan, rows, task.partition)
     blocks = iter_blocks(rows, block_rows=cfg.block_rows, block_bytes=NO_BYTE_LIMIT)
-    # the first block before any borrowing: a bad partition (nulls, a missing sort column)
-    # fails here and leaves the pooled connections healthy and lendable
-    first = next(blocks, None)
-    with contextlib.ExitStack() as stack:
-        registry = stack.enter_context(borrowed_registry(cfg))
+    try:
+        # the first block before any borrowing: a bad partition (nulls, a missing sort
+        # column) fails here and leaves the pooled connections healthy and lendable
+        first = next(blocks, None)
+        with contextlib.ExitStack() as stack:
+            registry = stack.enter_context(borrowed_registry(cfg))
 
-        def target() -> DedupTarget:  # borrowed only once a block is to be sent
-            warehouse = stack.enter_context(borrowed_warehouse(cfg))
-            return DedupTarget(warehouse, cfg.table)
+            def target() -> DedupTarget:  # borrowed only once a block is to be sent
+                warehouse = stack.enter_context(borrowed_warehouse(cfg))
+                return DedupTarget(warehouse, cfg.table)
 
-        message = _write(plan, task, first, blocks, registry, target)
-    return message
+            return _write(plan, task, first, blocks, registry, target)
+    except ValueRefused as exc:  # checked as blocks are cut: earlier ones may be sent
+        raise ValueRefused(str(exc).replace(NOTHING_WRITTEN, half_written(plan, task))) from None
+
+
+def half_written(plan: WritePlan, task: Task) -> str:
+    """What a value refusal leaves in dedup mode, and the way out."""
+    cfg = plan.config
+    if task.batch is None:
+        rerun = "a save without txn_version cannot be rerun under its xid: see the link"
+    elif plan.xid is not None and not cfg.micro_batch:
+        rerun = f"save again with txn_version={task.batch}"
+    else:
+        rerun = "restart the streaming query from its checkpoint"
+    return (
+        f"Nothing from the refused value on was sent by this task, but in dedup mode blocks "
+        f"of xid {task.xid} sent before it (by this task or others) may be in {cfg.table}. "
+        f"Rerun this batch with the value corrected in place, same rows in the same order "
+        f"({rerun}): it resumes and commits exactly once; until then job {cfg.job} writes no "
+        f"other batch (docs/modes.md#a-dedup-batch-stopped-half-way)."
+    )
 
 
 def _write(
@@ -283,6 +306,14 @@ def _write(
         if refusal is not None:
             raise changed(initial, refusal)
         return task.message(plan)
+    # another batch of the job stopped half-way: writing this one could add its rows again
+    fence = open_dedup_batches(registry, cfg.job, skip=xid)
+    why = rules.open_dedup_refusal(cfg.job, xid, cfg.table, fence)
+    if why is not None:
+        raise HalfVisibleBatch(why)
+    mark = discarded(registry, cfg.job, xid)
+    if mark is not None:
+        raise HalfVisibleBatch(rules.discarded_refusal(cfg.job, xid, cfg.table, mark))
     guard: DedupTarget = target()
     track: dw.Track | None = None  # this attempt's view of the window bookkeeping
     prev_counter: int | None = None
