@@ -64,7 +64,7 @@ EXACT: list[tuple[str, str, str, str, Any]] = [
     ("uid", "'61f0c404-5cb3-11e7-907b-a6006ad3dba0'", "UUID", "toString({c})",
      "61f0c404-5cb3-11e7-907b-a6006ad3dba0"),
     ("var", """parse_json('{"a": 1, "b": [true, null], "c": {"d": "x"}}')""", "JSON",
-     "toJSONString({c})", '{"a":"1","b":[true,null],"c":{"d":"x"}}'),
+     "toJSONString({c})", '{"a":1,"b":[true,null],"c":{"d":"x"}}'),
     ("span", "interval '1 02:03:04.000005' day to second", "Int64", "{c}",
      ((24 + 2) * 3600 + 3 * 60 + 4) * 1_000_000 + 5),
 ]  # fmt: skip

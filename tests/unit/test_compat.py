@@ -35,6 +35,9 @@ def notes_of(spark: str, ch: str) -> list[str]:
 
 
 COMPATIBLE = [
+    ("interval day", "Int64"),
+    ("interval day to second", "Int64"),
+    ("variant", "JSON"),
     ("decimal(20,0)", "UInt64"),
     ("decimal(38,0)", "Int128"),
     ("string", "IPv4"),
@@ -100,7 +103,10 @@ INCOMPATIBLE = [
     ("map<string,int>", "Map(Int32, Int32)"),
     ("struct<a:int,b:string>", "Tuple(a Int32)"),
     ("struct<a:int,b:string>", "Tuple(x Int32, b String)"),
-    ("interval day", "Int64"),
+    ("interval year to month", "Int32"),
+    ("interval day to second", "UInt64"),
+    ("variant", "String"),
+    ("array<variant>", "Array(JSON)"),
 ]
 
 

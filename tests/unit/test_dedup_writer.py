@@ -209,3 +209,38 @@ def test_a_dedup_entry_written_now_carries_the_format_and_a_v0_entry_still_reads
     done = dataclasses.replace(cell.state, status=Status.AFTER)
     assert cell.propose(done)
     assert registry.get_blob("j", "dedup/b1/p0")["format"] == 1
+
+
+# ------------------------------------------------------------ fingerprints of sliced blocks
+
+
+def test_a_block_digest_depends_on_its_rows_only_not_on_the_batch_it_was_cut_from() -> None:
+    from txsink.spark.dedup_write import fingerprint
+
+    def front(n: int, nulls: bool) -> pa.Table:  # the first two rows of an n-row batch
+        s = [f"s{i}" if not (nulls and i == n - 1) else None for i in range(n)]
+        return pa.table({"id": list(range(n)), "s": s}).slice(0, 2)
+
+    two = [pa.record_batch({"id": [i], "s": [f"s{i}"]}) for i in range(2)]
+    digests = {
+        fingerprint(0, block).digest
+        for block in (front(4, False), front(50, True), pa.Table.from_batches(two))
+    }
+    assert len(digests) == 1 and next(iter(digests)).startswith("b3:")
+
+
+def test_a_partition_recorded_with_the_old_digest_still_replays_as_the_same(
+    stores: tuple[MemoryRegistry, Warehouse, list[str]],
+) -> None:
+    from txsink.protocol import dedup
+    from txsink.protocol.codec import encode_partition_state
+    from txsink.spark.dedup_write import fingerprint
+
+    registry, warehouse, _ = stores
+    table = pa.table({"id": list(range(5))})
+    blocks = [table.slice(0, 2), table.slice(2, 2), table.slice(4, 1)]
+    old = [fingerprint(i, b, legacy=True) for i, b in enumerate(blocks)]
+    assert old[0].digest.startswith("b2:") and old[0] != fingerprint(0, blocks[0])
+    registry.put_blob("j", "dedup/b0/p3", encode_partition_state(dedup.after(old, 0, 1.0)))
+    replay = write_dedup(plan(), task(1), rows(5))
+    assert replay.extra["decision"] == "SAME" and warehouse.inserts == []

@@ -176,3 +176,28 @@ def test_rules_survive_pickling_to_executors() -> None:
     rules: Any = plan_rules([SparkField("c", "array<int>")], [ColumnInfo("c", "Array(UInt8)")])
     assert pickle.loads(pickle.dumps(rules)) == rules
     assert {r.check for r in rules} == {Check.NOT_NULL, Check.RANGE}
+
+
+def test_a_variant_column_is_sent_as_its_json_text_and_a_null_stays_null() -> None:
+    import pyarrow as pa
+    from pyspark.sql.types import VariantVal
+
+    from txsink.clickhouse.chtypes import SparkField
+    from txsink.clickhouse.values import Check, apply, plan_rules
+    from txsink.ports.warehouse import ColumnInfo
+
+    rules = plan_rules([SparkField("v", "variant", True)], [ColumnInfo("v", "JSON")])
+    assert [r.check for r in rules] == [Check.VARIANT_JSON, Check.NOT_NULL]  # converted first
+    # {"a": 1} in Spark's variant encoding (as parse_json writes it)
+    value, metadata = b"\x02\x01\x00\x00\x02\x0c\x01", b"\x01\x01\x00\x01a"
+    assert VariantVal(value, metadata).toJson() == '{"a":1}'
+    struct = pa.array(
+        [{"value": value, "metadata": metadata}],
+        pa.struct([("value", pa.binary()), ("metadata", pa.binary())]),
+    )
+    batch = pa.record_batch({"v": struct})
+    out = apply(rules, batch, "db.t")
+    assert out.column(0).type == pa.string() and out.column(0).to_pylist() == ['{"a":1}']
+    nullable = plan_rules([SparkField("v", "variant", True)], [ColumnInfo("v", "Nullable(JSON)")])
+    with_null = pa.record_batch({"v": pa.array([None], struct.type)})
+    assert apply(nullable, with_null, "db.t").column(0).to_pylist() == [None]

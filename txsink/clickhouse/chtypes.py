@@ -260,6 +260,11 @@ def _compatible(spark: SparkType, ch: CHType, where: str) -> _Verdict:
 
 
 def _nested(spark: SparkType, ch: CHType, where: str) -> _Verdict:
+    if spark.name == "variant":
+        return _Verdict(
+            f"{where}: a variant inside an array, map or struct is not supported; write it "
+            "as a column of its own, or to_json() it into a string"
+        )
     v = _compatible(spark, ch, where)
     if v.error:
         v.error = f"{where}: {v.error}"

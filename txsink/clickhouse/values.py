@@ -72,6 +72,7 @@ class Check(enum.Enum):
     EXACT_BYTES = "exact bytes"  # FixedString(N): longer is refused, shorter padded with \0
     ENUM = "enum"  # outside an Enum's names is refused by the server
     WALL_CLOCK = "wall clock"  # timestamp_ntz: converted to the instant in ``zone``
+    VARIANT_JSON = "variant as JSON"  # variant: converted to its JSON text (server parses)
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,7 @@ def plan_rules(
             rules.append(Rule(Check.NOT_NULL, f.name, col.type))
         rules += _rules_for(parse_spark_type(f.type_string), ch, f.name, (), server_zone)
     # conversions first: the checks then see the values as they will be stored
-    return tuple(sorted(rules, key=lambda r: r.check is not Check.WALL_CLOCK))
+    return tuple(sorted(rules, key=lambda r: r.check not in CONVERSIONS))
 
 
 def _rules_for(
@@ -155,6 +156,8 @@ def _rules_for(
             if precision < 6:
                 unit, multiple = _UNITS[precision]
                 out.append(rule(Check.WHOLE, unit=unit, multiple=multiple))
+    elif s == "variant" and n == "JSON" and not path:
+        out.append(rule(Check.VARIANT_JSON))
     elif s == "date" and n in ("Date", "Date32"):
         low, high = DATE_DAYS if n == "Date" else DATE32_DAYS
         out.append(rule(Check.RANGE, low=low, high=high))
@@ -244,6 +247,10 @@ def apply(rules: Sequence[Rule], batch: Any, table: str) -> Any:
         i = names.index(r.column)
         if r.check is Check.WALL_CLOCK and not r.path:
             columns[i] = _wall_clock(columns[i], r, table)
+            converted = True
+            continue
+        if r.check is Check.VARIANT_JSON:
+            columns[i] = _variant_json(columns[i])
             converted = True
             continue
         _check(r, _leaf(columns[i], r.path), table)
@@ -346,6 +353,21 @@ def _wall_clock(arr: Any, r: Rule, table: str) -> Any:
         ) from None
 
 
+def _variant_json(arr: Any) -> Any:
+    """Variant values (Spark's binary encoding: a struct of value and metadata) as their
+    JSON text, which the server parses into the JSON column. The server would otherwise
+    store the struct itself, bytes and all. One Python call per value: variant columns
+    are rare, and no vectorized decoder exists."""
+    import pyarrow as pa
+    from pyspark.sql.types import VariantVal
+
+    texts = [
+        None if v is None else VariantVal(v["value"], v["metadata"]).toJson()
+        for v in arr.to_pylist()
+    ]
+    return pa.array(texts, pa.string())
+
+
 def _refuse_where(r: Rule, arr: Any, mask: Any, table: str, fix: str) -> None:
     import pyarrow.compute as pc
 
@@ -425,7 +447,10 @@ _SAYS = {
     Check.ENUM: "values outside the enum refused",
     Check.WALL_CLOCK: "stored as the instant showing its wall clock in the column's zone "
     "(or the server's)",
+    Check.VARIANT_JSON: "sent as its JSON text (Spark's `to_json`), typed by the server "
+    "path by path",
 }
+CONVERSIONS = (Check.WALL_CLOCK, Check.VARIANT_JSON)
 
 
 def contract_table() -> str:

@@ -65,7 +65,8 @@ from txsink.transactor import discarded, open_dedup_batches
 
 log = logging.getLogger(__name__)
 
-DIGEST_PREFIX = "b2:"  # the hash in use; a stored digest of another kind never matches
+DIGEST_PREFIX = "b3:"  # the hash in use; a stored digest of another kind never matches
+LEGACY_PREFIX = "b2:"  # before 0.x: the IPC of the block as sliced (see fingerprint)
 
 
 class _HashSink(io.RawIOBase):
@@ -82,17 +83,32 @@ class _HashSink(io.RawIOBase):
         return len(data)
 
 
-def fingerprint(index: int, block: pa.Table) -> dedup.BlockFingerprint:
+def fingerprint(index: int, block: pa.Table, *, legacy: bool = False) -> dedup.BlockFingerprint:
     """Content digest of one block; independent of how its rows were chunked.
 
+    Each column is made one compact array first: Arrow's IPC writer sends the whole
+    buffers of a slice that starts at offset 0, so hashing a block cut from the front of
+    a longer Spark batch as it is would hash rows that are not in the block (the digest
+    would change with the rows after it, and with ``maxRecordsPerBatch``). ``legacy``
+    computes the digest the way releases before this one recorded it (prefix ``b2:``),
+    so that a replay of a batch they recorded still matches.
+
     hashlib releases the GIL on large buffers; about 25 ms per million narrow rows
-    (4 columns, 31 MB) here, against about 200 ms to insert them.
+    (4 columns, 31 MB) here, plus about as much for the copy, against about 200 ms to
+    insert them.
     """
     digest = hashlib.blake2b(digest_size=16)
-    table = block.combine_chunks()
+    if legacy:
+        table = block.combine_chunks()
+    else:
+        table = pa.table(
+            [pa.concat_arrays([*c.chunks, pa.array([], c.type)]) for c in block.columns],
+            schema=block.schema,
+        )
     with ipc.new_stream(pa.PythonFile(_HashSink(digest), mode="w"), table.schema) as writer:
         writer.write_table(table)
-    return dedup.BlockFingerprint(index, block.num_rows, DIGEST_PREFIX + digest.hexdigest())
+    prefix = LEGACY_PREFIX if legacy else DIGEST_PREFIX
+    return dedup.BlockFingerprint(index, block.num_rows, prefix + digest.hexdigest())
 
 
 def sorted_partition(plan: WritePlan, batches: Iterator[Any], partition: int) -> Iterator[Any]:
@@ -325,7 +341,9 @@ def _write(
         yield from blocks
 
     for index, block in enumerate(chained()):
-        fp = fingerprint(index, block)
+        recorded = cell.state.blocks if cell.state else ()
+        legacy = index < len(recorded) and recorded[index].digest.startswith(LEGACY_PREFIX)
+        fp = fingerprint(index, block, legacy=legacy)
         while True:
             stored = cell.state
             step = dedup.decide_block(stored, index, fp)
