@@ -39,6 +39,7 @@ import tenacity
 from txsink.errors import (
     CommitOutcomeUnknown,
     ConfigError,
+    ContentChanged,
     RecoveryAlarm,
     RetryableConflict,
     TxSinkError,
@@ -278,6 +279,14 @@ class Transactor:
         decision = decide(existing)
         if decision.action is plans.BatchAction.PREPARE and mode is Mode.ATTACH:
             self._refuse_dedup_leftovers(xid)
+        if decision.action is plans.BatchAction.PREPARE and mode is Mode.DEDUP:
+            mark = discarded(self.registry, self.job, xid)
+            if mark is not None and streaming:  # its tasks skipped: Spark moves on
+                log.warning("job %s: xid %s was discarded by the operator", self.job, xid)
+                return CommitResult(xid, "discarded", seconds=self.clock() - started)
+            if mark is not None:
+                raise ConfigError(rules.discarded_refusal(self.job, xid, target, mark))
+            self._check_dedup_coverage(xid, parts)
         if decision.action is plans.BatchAction.PREPARE:
             self.fault("driver.before_prepare")
             try:
@@ -423,6 +432,18 @@ class Transactor:
                 f"switch back"
             )
 
+    def _check_dedup_coverage(self, xid: str, parts: Sequence[StagedPart]) -> None:
+        """A dedup batch commits only if every Spark partition with a record came back:
+        a rerun over fewer partitions would otherwise commit, and the cleanup would then
+        erase the record of rows the missing partitions already sent."""
+        names = self.registry.blob_children(self.job, dedup_xid_key(xid))
+        recorded = {n[1:] for n in names if n.startswith("p") and n[1:].isdigit()}
+        why = rules.dedup_coverage_refusal(
+            self.job, xid, recorded, {p.partition_id for p in parts if p.rows > 0}
+        )
+        if why is not None:
+            raise ContentChanged(why)
+
     def _check_fence(self, epoch: Epoch) -> None:
         """FencedError unless ``epoch`` still holds the job (synced)."""
         self.runner.check_fence(epoch)
@@ -479,12 +500,20 @@ class Transactor:
     def prune(self, epoch: Epoch) -> list[str]:
         records = self.registry.list(self.job)
         doomed = plans.plan_prune(records, self.retention, now=self.clock())
-        if doomed:
-            self.registry.delete(epoch, doomed)
         dedup_xids = {r.xid for r in records if r.mode is Mode.DEDUP}
+        kept = []
         for xid in doomed:
             if xid in dedup_xids:  # normally gone already; left by a crash after COMMITTED
-                self.forget_dedup_state(xid)
+                # first, and strictly: dedup state without its COMMITTED record would read
+                # as a batch stopped half-way (rules.is_open_dedup) and fence the job
+                try:
+                    self.registry.delete_blobs(self.job, dedup_xid_key(xid))
+                except TxSinkError as exc:
+                    log.warning("job %s: keeping xid %s for now: %s", self.job, xid, exc)
+                    kept.append(xid)
+        doomed = [x for x in doomed if x not in kept]
+        if doomed:
+            self.registry.delete(epoch, doomed)
         return doomed
 
     def forget_dedup_state(self, xid: str) -> None:

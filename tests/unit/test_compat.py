@@ -35,6 +35,9 @@ def notes_of(spark: str, ch: str) -> list[str]:
 
 
 COMPATIBLE = [
+    ("bigint", "Float64"),  # beyond 2^53: refused value by value
+    ("bigint", "Decimal(38, 0)"),
+    ("int", "Decimal(9, 2)"),  # beyond 7 integer digits: refused value by value
     ("interval day", "Int64"),
     ("interval day to second", "Int64"),
     ("variant", "JSON"),
@@ -82,8 +85,6 @@ COMPATIBLE = [
 
 INCOMPATIBLE = [
     ("bigint", "Int32"),
-    ("bigint", "Float64"),
-    ("bigint", "Decimal(38, 0)"),
     ("bigint", "String"),
     ("int", "UInt16"),
     ("double", "Float32"),

@@ -164,8 +164,9 @@ def test_a_discarded_xid_is_never_written_again_and_fences_nothing(
     entry = {"status": "BEFORE", "blocks": [[0, 2, "b2:x"]], "rows": 2, "attempt": 0}
     registry.put_blob("j", "dedup/b0/p0", entry)
     registry.put_blob("j", "dedup/b0/discarded", {"by": "txsink-recover@h:1", "rows": 2})
+    saving = dataclasses.replace(plan(), xid="b0", batch=0)  # a save with txn_version=0
     with pytest.raises(HalfVisibleBatch, match="discarded by the operator"):
-        write_dedup(plan(), _task("b0", 0, partition=5), rows(3))
+        write_dedup(saving, _task("b0", 0, partition=5), rows(3))
     assert warehouse.inserts == []
     write_dedup(plan(), _task("b1", 1), rows(3))  # the discarded b0 fences nothing
     assert [n for _, n, _ in warehouse.inserts] == [2, 1]
@@ -244,3 +245,110 @@ def test_a_partition_recorded_with_the_old_digest_still_replays_as_the_same(
     registry.put_blob("j", "dedup/b0/p3", encode_partition_state(dedup.after(old, 0, 1.0)))
     replay = write_dedup(plan(), task(1), rows(5))
     assert replay.extra["decision"] == "SAME" and warehouse.inserts == []
+
+
+# ------------------------------------------- the fence's edges (an adversarial review's)
+
+
+def _half_write(xid: str, batch: int | None, partition: int = 0) -> None:
+    def failing() -> Iterator[pa.RecordBatch]:
+        yield from rows(5)
+        raise RuntimeError("executor lost")
+
+    with pytest.raises(RuntimeError):
+        write_dedup(plan(), _task(xid, batch, partition), failing())
+
+
+def test_a_discarded_streaming_batch_is_skipped_by_its_tasks_and_its_commit(
+    stores: tuple[MemoryRegistry, Warehouse, list[str]],
+) -> None:
+    from txsink.ops.recovery import discard_dedup
+    from txsink.ports.warehouse_memory import MemoryWarehouse
+    from txsink.protocol.states import Mode
+    from txsink.transactor import Transactor
+
+    registry, warehouse, _ = stores
+    _half_write("b7", 7)
+    discard_dedup(type("S", (), {"registry": registry})(), "j", "b7")  # type: ignore[arg-type]
+    warehouse.inserts.clear()
+    message = write_dedup(plan(), _task("b7", 7), rows(5))  # Spark replays batch 7
+    assert message.skipped and warehouse.inserts == []
+    epoch = registry.take_epoch("j", "run-2")
+    result = Transactor(registry, MemoryWarehouse(), "j").commit_batch(
+        epoch, "b7", 7, "db.t", message.parts, Mode.DEDUP, streaming=True
+    )
+    assert result.action == "discarded" and registry.get("j", "b7") is None
+    saving = dataclasses.replace(plan(), xid="b7", batch=7)  # a save with txn_version=7
+    with pytest.raises(HalfVisibleBatch, match="discarded"):
+        write_dedup(saving, _task("b7", 7), rows(5))
+
+
+def test_a_committed_plain_save_whose_cleanup_failed_never_reads_as_half_visible(
+    stores: tuple[MemoryRegistry, Warehouse, list[str]],
+) -> None:
+    from txsink.errors import UnavailableError
+    from txsink.ports.warehouse_memory import MemoryWarehouse
+    from txsink.transactor import Transactor, open_dedup_batches
+
+    registry, _, _ = stores
+    write_dedup(plan(), _task("u0123456789ab", None), rows(5))
+    _commit(registry, "u0123456789ab", None)
+    transactor = Transactor(registry, MemoryWarehouse(), "j", retention=0)
+    epoch = registry.take_epoch("j", "driver-2")
+    real = registry.delete_blobs
+
+    def lost(job: str, key: str) -> None:
+        raise UnavailableError("connection loss")
+
+    registry.delete_blobs = lost  # type: ignore[method-assign]
+    assert transactor.prune(epoch) == []  # the record stays while its dedup state does
+    registry.delete_blobs = real  # type: ignore[method-assign]
+    assert open_dedup_batches(registry, "j") == []
+    assert transactor.prune(epoch) == ["u0123456789ab"]
+    assert registry.blob_children("j", "dedup") == []
+
+
+def test_the_rerun_of_an_open_batch_writes_while_another_is_open(
+    stores: tuple[MemoryRegistry, Warehouse, list[str]],
+) -> None:
+    registry, _, _ = stores
+    _half_write("b0", 0)
+    registry.put_blob("j", "dedup/b1/p0", registry.get_blob("j", "dedup/b0/p0") or {})
+    write_dedup(plan(), _task("b0", 0), rows(5))
+    write_dedup(plan(), _task("b1", 1), rows(5))
+    with pytest.raises(HalfVisibleBatch):  # a third xid is still fenced
+        write_dedup(plan(), _task("b2", 2), rows(5))
+
+
+def test_a_rerun_over_fewer_partitions_is_not_committed(
+    stores: tuple[MemoryRegistry, Warehouse, list[str]],
+) -> None:
+    from txsink.errors import ContentChanged
+    from txsink.ports.warehouse_memory import MemoryWarehouse
+    from txsink.protocol.states import Mode
+    from txsink.transactor import Transactor
+
+    registry, _, _ = stores
+    _half_write("b0", 0, partition=0)
+    _half_write("b0", 0, partition=1)  # p1 sent up to 4 rows
+    message = write_dedup(plan(), _task("b0", 0, partition=0), rows(5))  # the rerun: p0 only
+    epoch = registry.take_epoch("j", "driver")
+    with pytest.raises(ContentChanged, match=r"Spark partition\(s\) 1 of it recorded"):
+        Transactor(registry, MemoryWarehouse(), "j").commit_batch(
+            epoch, "b0", 0, "db.t", message.parts, Mode.DEDUP, streaming=True
+        )
+    assert registry.get("j", "b0") is None and registry.blob_children("j", "dedup/b0")
+
+
+def test_a_discard_of_the_wrong_xid_fences_nobody(
+    stores: tuple[MemoryRegistry, Warehouse, list[str]],
+) -> None:
+    from txsink.errors import ConfigError
+    from txsink.ops.recovery import discard_dedup
+
+    registry, _, _ = stores
+    writer = registry.take_epoch("j", "streaming-driver")
+    with pytest.raises(ConfigError, match="nothing was changed"):
+        discard_dedup(type("S", (), {"registry": registry})(), "j", "b99")  # type: ignore[arg-type]
+    current = registry.current_epoch("j")
+    assert current is not None and current.number == writer.number

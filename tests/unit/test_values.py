@@ -201,3 +201,27 @@ def test_a_variant_column_is_sent_as_its_json_text_and_a_null_stays_null() -> No
     nullable = plan_rules([SparkField("v", "variant", True)], [ColumnInfo("v", "Nullable(JSON)")])
     with_null = pa.record_batch({"v": pa.array([None], struct.type)})
     assert apply(nullable, with_null, "db.t").column(0).to_pylist() == [None]
+
+
+def test_whole_numbers_into_floats_and_decimals_are_refused_where_they_would_not_fit() -> None:
+    import pyarrow as pa
+
+    from txsink.clickhouse.chtypes import SparkField
+    from txsink.clickhouse.values import Check, ValueRefused, apply, plan_rules
+    from txsink.ports.warehouse import ColumnInfo
+
+    def rules(spark: str, ch: str) -> tuple:  # type: ignore[type-arg]
+        return plan_rules([SparkField("c", spark, False)], [ColumnInfo("c", ch)])
+
+    assert [r.check for r in rules("int", "Float64")] == [Check.NOT_NULL]  # always exact
+    assert [r.check for r in rules("int", "Decimal(12, 2)")] == [Check.NOT_NULL]
+    for spark, ch, ok, bad in [
+        ("bigint", "Float64", 2**53, 2**53 + 1),
+        ("int", "Float32", -(2**24), -(2**24) - 1),
+        ("int", "Decimal(8, 2)", 999_999, 1_000_000),
+    ]:
+        planned = rules(spark, ch)
+        kind = pa.int64() if spark == "bigint" else pa.int32()
+        apply(planned, pa.record_batch({"c": pa.array([ok], kind)}), "db.t")
+        with pytest.raises(ValueRefused, match=f"e.g. {bad}"):
+            apply(planned, pa.record_batch({"c": pa.array([ok, bad], kind)}), "db.t")

@@ -46,9 +46,15 @@ def _render_plan(v: rc.RecoveryPlanView, staging_db: str) -> list[str]:
     ]
     lines += [f"  expected alarm: {a}" for a in v.expected_alarms]
     lines += [
-        f"  half-visible    dedup batch {b.xid}: {b.describe()} may be in the target; recovery "
-        f"cannot finish it: rerun that batch, or delete its rows and run `txsink recover --job "
-        f"{v.job} --discard-dedup {b.xid}` (docs/modes.md#a-dedup-batch-stopped-half-way)"
+        (
+            f"  in flight       dedup batch {b.xid}: {b.describe()} so far (the live writer's;"
+            f" if it is stuck, it is a half-visible batch)"
+            if v.live
+            else f"  half-visible    dedup batch {b.xid}: {b.describe()} may be in the target; "
+            f"recovery cannot finish it: rerun that batch, or delete its rows and run `txsink "
+            f"recover --job {v.job} --discard-dedup {b.xid}` "
+            f"(docs/modes.md#a-dedup-batch-stopped-half-way)"
+        )
         for b in v.open_dedup
     ]
     if v.empty and not v.open_dedup:
@@ -86,8 +92,9 @@ def run_recover(args: argparse.Namespace, out: Output) -> int:
                         "without --force"
                     )
             lines.append("dry run: nothing was changed")
+            half = any(v.open_dedup and not v.live for v in views)
             out.emit(
-                {"dry_run": True, "jobs": list(entries.values()), "clean": not todo},
+                {"dry_run": True, "jobs": list(entries.values()), "clean": not todo and not half},
                 "\n".join(lines),
             )
             return 0

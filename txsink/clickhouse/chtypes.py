@@ -134,7 +134,7 @@ class _Verdict:
     notes: list[str] = field(default_factory=list)
 
 
-def _decimal_ps(t: CHType) -> tuple[int, int] | None:
+def decimal_ps(t: CHType) -> tuple[int, int] | None:
     try:
         if t.name == "Decimal" and len(t.args) == 2:
             return int(t.args[0]), int(t.args[1])
@@ -164,6 +164,8 @@ def _compatible(spark: SparkType, ch: CHType, where: str) -> _Verdict:
             return v  # negatives are refused value by value (txsink.clickhouse.values)
         if n in _SIGNED or n in _UNSIGNED:
             return _Verdict(f"{s} is wider than {n}; widen the column or cast in Spark")
+        if n in ("Float32", "Float64") or decimal_ps(ch) is not None:
+            return v  # whole numbers beyond what the type holds exactly: per value
         return bad
     if s == "boolean":
         return v if n in ("Bool", "Boolean", "UInt8", "Int8") else bad
@@ -179,7 +181,7 @@ def _compatible(spark: SparkType, ch: CHType, where: str) -> _Verdict:
         p, sc = int(spark.args[0]), int(spark.args[1])
         if sc == 0 and (n in _SIGNED or n in _UNSIGNED):
             return v  # whole numbers: their range is checked value by value
-        ps = _decimal_ps(ch)
+        ps = decimal_ps(ch)
         if ps is None:
             return bad
         cp, cs = ps

@@ -31,6 +31,7 @@ from txsink.clickhouse.chtypes import (
     CHType,
     SparkField,
     SparkType,
+    decimal_ps,
     parse_ch_type,
     parse_spark_type,
     unwrap,
@@ -46,6 +47,8 @@ DATETIME64_US = (-2_208_988_800 * US, 10_413_791_999 * US + 999_999)  # 1900-01-
 DATETIME64_9_MAX_US = 9_223_372_036_854_775  # 2262-04-11 23:47:16.854775: Int64 nanoseconds
 DATE_DAYS = (0, 65_535)  # 1970-01-01 .. 2149-06-06
 DATE32_DAYS = (-25_567, 120_529)  # 1900-01-01 .. 2299-12-31
+# whole numbers a float type holds exactly: +-2^24 (Float32), +-2^53 (Float64)
+_WHOLE_RANGE = {"Float32": (-(2**24), 2**24), "Float64": (-(2**53), 2**53)}
 _INT_RANGE = {
     **{f"Int{b}": (-(2 ** (b - 1)), 2 ** (b - 1) - 1) for b in (8, 16, 32, 64, 128, 256)},
     **{f"UInt{b}": (0, 2**b - 1) for b in (8, 16, 32, 64, 128, 256)},
@@ -132,8 +135,10 @@ def _rules_for(
     def rule(check: Check, **kw: Any) -> Rule:
         return Rule(check, column, shown, path, **kw)
 
-    if (s in SPARK_INT_BITS or s == "decimal") and n in _INT_RANGE:
-        low, high = _INT_RANGE[n]
+    if ((s in SPARK_INT_BITS or s == "decimal") and n in _INT_RANGE) or (
+        s in SPARK_INT_BITS and n in _WHOLE_RANGE
+    ):
+        low, high = _INT_RANGE[n] if n in _INT_RANGE else _WHOLE_RANGE[n]
         if s == "decimal":
             digits = int(spark.args[0]) - int(spark.args[1])
             span = (-(10**digits) + 1, 10**digits - 1)
@@ -142,6 +147,11 @@ def _rules_for(
             span = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
         if span[0] < low or span[1] > high:
             out.append(rule(Check.RANGE, low=low, high=high))
+    elif s in SPARK_INT_BITS and (ps := decimal_ps(ch)) is not None:
+        digits = ps[0] - ps[1]  # whole numbers into a decimal: its integer digits
+        bits = SPARK_INT_BITS[s]
+        if 2 ** (bits - 1) > 10**digits - 1:
+            out.append(rule(Check.RANGE, low=-(10**digits) + 1, high=10**digits - 1))
     elif s in _TIMESTAMPS and n in ("DateTime", "DateTime64"):
         zone = _zone_of(ch) or server_zone
         if s == "timestamp_ntz" and zone not in UTC_NAMES:
@@ -400,6 +410,16 @@ def _range_fix(r: Rule) -> str:
             f"outside the range {r.ch_type} can hold, where ClickHouse would clamp or wrap "
             "it; filter those rows in Spark or use DateTime64 / Date32, which hold 1900-2299"
         )
+    if r.ch_type.startswith("Float"):
+        return (
+            f"outside [{r.low}, {r.high}], where {r.ch_type} would round it to another whole "
+            "number; use an integer or Decimal column, or Float64 for values up to 2^53"
+        )
+    if r.ch_type.startswith("Decimal"):
+        return (
+            f"outside [{r.low}, {r.high}], more integer digits than {r.ch_type} has; widen "
+            "the column's precision or filter those rows in Spark"
+        )
     return (
         f"outside [{r.low}, {r.high}], where ClickHouse would wrap it; filter or fix those "
         "rows in Spark, or widen the column (a signed or wider type)"
@@ -416,8 +436,9 @@ def _whole_fix(r: Rule) -> str:
 # ------------------------------------------------------------------------- the contract
 
 _CONTRACT: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("tinyint / smallint / int", ("Int32", "Int64", "Int16", "UInt32", "UInt64", "UInt16")),
-    ("bigint", ("Int64", "Int128", "UInt64", "Int32", "Decimal(38, 0)")),
+    ("tinyint / smallint / int", ("Int32", "Int64", "Int16", "UInt32", "UInt64", "UInt16",
+                                  "Float64", "Float32", "Decimal(12, 2)", "Decimal(9, 2)")),
+    ("bigint", ("Int64", "Int128", "UInt64", "Int32", "Decimal(38, 0)", "Float64")),
     ("float", ("Float32", "Float64")),
     ("double", ("Float64", "Float32")),
     ("decimal(10,2)", ("Decimal(10, 2)", "Decimal(18, 4)", "Decimal(10, 1)", "Int64")),

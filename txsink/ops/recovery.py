@@ -201,18 +201,22 @@ def discard_dedup(stores: Stores, job: str, xid: str) -> tuple[int, OpenBatch]:
     this xid still running somewhere (a zombie executor) is not fenced by the epoch: dedup
     mode's tasks never are (docs/modes.md#a-dedup-batch-stopped-half-way)."""
     registry = stores.registry
+
+    def the_batch() -> OpenBatch:
+        found = {b.xid: b for b in open_dedup_batches(registry, job)}
+        if xid not in found:
+            raise ConfigError(
+                f"job {job}: {xid} is not a dedup batch stopped half-way"
+                + (f" (those are: {', '.join(found)})" if found else " (the job has none)")
+                + f"; nothing was changed. `txsink status --job {job}` lists them"
+            )
+        return found[xid]
+
+    the_batch()  # a wrong xid fences nobody
     epoch = registry.take_epoch(job, recover_owner())
     registry.heartbeat(epoch, {"state": "discarding", "xid": xid})
     registry.sync(job)
-    found = {b.xid: b for b in open_dedup_batches(registry, job)}
-    batch = found.get(xid)
-    if batch is None:
-        raise ConfigError(
-            f"job {job}: {xid} is not a dedup batch stopped half-way"
-            + (f" (those are: {', '.join(found)})" if found else " (the job has none)")
-            + "; nothing was changed. `txsink status --job "
-            + f"{job}` lists them"
-        )
+    batch = the_batch()  # again, behind the epoch: it may have committed meanwhile
     mark = {"by": epoch.owner, "at": time.time(), "rows": batch.rows_at_most, "epoch": epoch.number}
     registry.put_blob(job, f"{dedup_xid_key(xid)}/{DISCARDED}", mark)
     registry.heartbeat(

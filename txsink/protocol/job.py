@@ -393,6 +393,24 @@ def open_dedup_refusal(
     )
 
 
+def dedup_coverage_refusal(
+    job: str, xid: str, recorded: Iterable[str], reported: Iterable[str]
+) -> str | None:
+    """Why a dedup batch must not commit: Spark partitions with a record (``recorded``,
+    their ids) that no task of this run reported rows for (``reported``): their rows
+    may be in the target, and committing would drop the record of them."""
+    missing = sorted(set(recorded) - set(reported), key=lambda p: (len(p), p))
+    if not missing:
+        return None
+    return (
+        f"job {job}: xid {xid} is not committed: Spark partition(s) {', '.join(missing)} "
+        f"of it recorded blocks in an earlier attempt but sent nothing in this run (the "
+        f"rerun has fewer partitions, or other rows in them). Their rows may be in the "
+        f"target. Rerun the batch with its original partitioning "
+        f"(docs/modes.md#a-dedup-batch-stopped-half-way)"
+    )
+
+
 def discarded_refusal(job: str, xid: str, table: str, mark: Mapping[str, Any]) -> str:
     """Why a task of an xid the operator discarded (``recover --discard-dedup``) must not
     write: its rows may have been deleted from the target, and the target's dedup window

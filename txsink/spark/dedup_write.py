@@ -282,11 +282,11 @@ def half_written(plan: WritePlan, task: Task) -> str:
     else:
         rerun = "restart the streaming query from its checkpoint"
     return (
-        f"Nothing from the refused value on was sent by this task, but in dedup mode blocks "
-        f"of xid {task.xid} sent before it (by this task or others) may be in {cfg.table}. "
-        f"Rerun this batch with the value corrected in place, same rows in the same order "
-        f"({rerun}): it resumes and commits exactly once; until then job {cfg.job} writes no "
-        f"other batch (docs/modes.md#a-dedup-batch-stopped-half-way)."
+        f"Nothing from the refused value on was sent by this task. In dedup mode, blocks of "
+        f"xid {task.xid} sent before it (by this task or others), if any, are in "
+        f"{cfg.table}; then job {cfg.job} writes no other batch until this one is rerun with "
+        f"the value corrected in place, same rows in the same order ({rerun}): it resumes "
+        f"and commits exactly once (docs/modes.md#a-dedup-batch-stopped-half-way)."
     )
 
 
@@ -322,14 +322,29 @@ def _write(
         if refusal is not None:
             raise changed(initial, refusal)
         return task.message(plan)
-    # another batch of the job stopped half-way: writing this one could add its rows again
-    fence = open_dedup_batches(registry, cfg.job, skip=xid)
-    why = rules.open_dedup_refusal(cfg.job, xid, cfg.table, fence)
-    if why is not None:
-        raise HalfVisibleBatch(why)
-    mark = discarded(registry, cfg.job, xid)
-    if mark is not None:
-        raise HalfVisibleBatch(rules.discarded_refusal(cfg.job, xid, cfg.table, mark))
+    listed = registry.blob_children(cfg.job, "dedup")
+    if xid in listed:
+        # records of this xid exist: written by a task that passed the fence (a sibling
+        # or an earlier attempt); finishing the xid adds nothing new, so no fence, but
+        # the operator may have given it up
+        mark = discarded(registry, cfg.job, xid)
+        if mark is not None:
+            if plan.streaming:  # Spark replays it on every restart: let the batch pass
+                log.warning("job %s: xid %s was discarded by the operator; skipped", cfg.job, xid)
+                for _ in blocks:
+                    pass
+                return task.message(plan, skipped=True, extra={"discarded": True})
+            raise HalfVisibleBatch(rules.discarded_refusal(cfg.job, xid, cfg.table, mark))
+    elif listed:
+        # another batch of the job stopped half-way: writing this one could add its rows
+        # again. A lagging Keeper server may still show one just committed: sync first.
+        fence = open_dedup_batches(registry, cfg.job, skip=xid)
+        if fence:
+            registry.sync(cfg.job)
+            fence = open_dedup_batches(registry, cfg.job, skip=xid)
+        why = rules.open_dedup_refusal(cfg.job, xid, cfg.table, fence)
+        if why is not None:
+            raise HalfVisibleBatch(why)
     guard: DedupTarget = target()
     track: dw.Track | None = None  # this attempt's view of the window bookkeeping
     prev_counter: int | None = None
