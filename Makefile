@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python >= 3.11 is required)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,bench,connect]'
+	$(PY) -m pip install -q -e '.[dev,bench,connect,embedded]'
 	touch $(STAMP)
 
 setup: $(STAMP) zookeeper ## Create .venv, install txsink with dev extras, install ZooKeeper if missing
@@ -55,7 +55,7 @@ test: setup ## Everything CI runs: lint, typecheck, unit and integration tests
 	$(MAKE) --no-print-directory lint typecheck
 	$(PY) -m pytest tests -q
 
-test-matrix: setup ## Slow, not in `test`: build the wheel, install it into fresh venvs for Python 3.11/3.12/3.13, run unit + end-to-end tests in each
+test-matrix: setup ## Slow, not in `test`: the built wheel in fresh venvs: Python 3.11/3.12/3.13, and pyspark 3.5/4.0/4.x installed before it (unchanged by it); unit + end-to-end tests in each
 	$(PY) scripts/test_matrix.py
 
 demo: setup ## Run the main job: streaming into ClickHouse with injected crashes, then verify

@@ -1,21 +1,25 @@
-"""``make test-matrix``: the built wheel, installed into fresh venvs, on every Python we claim.
+"""``make test-matrix``: the built wheel, installed into fresh venvs, on every Python and
+every Spark we claim.
 
-For each Python version (default 3.11, 3.12, 3.13) this builds nothing from the source
-tree at test time: it
+It builds one wheel (``python -m build --wheel``) from a copy of the repository's
+sources, then runs *lanes*, each in a fresh venv:
 
-1. builds one wheel (``python -m build --wheel``) from a copy of the repository's sources,
-2. creates a fresh venv with that version's interpreter (``pythonX.Y`` on PATH, else
-   ``$PYENV_ROOT/versions/X.Y.*``; a missing version is skipped with a message),
-3. installs ``<wheel>[dev,connect]`` into it,
-4. copies ``tests/`` (with ``docs/`` and ``pyproject.toml``, which tests and pytest's
-   configuration read) into a directory that holds no ``txsink/``, checks that ``import
-   txsink`` resolves inside the venv, and runs there, without ``PYTHONPATH``:
-   the unit tests, one end-to-end streaming test (a ``foreach_batch`` driver crashed
-   after PREPARE and restarted, from ``test_spark_crashes.py``) and the Spark Connect test,
+- **Python lanes** (3.11, 3.12, 3.13): ``<wheel>[dev,connect,embedded]``; the unit tests,
+  one end-to-end streaming test (a ``foreach_batch`` driver crashed after PREPARE and
+  restarted) and the Spark Connect test.
+- **Spark lanes** (pyspark 3.5 latest patch, 4.0 latest patch, the newest 4.x; Python
+  3.11): pyspark is installed *first*, as a cluster provides it, then
+  ``<wheel>[dev,embedded]``; the lane fails if installing the wheel changed pyspark's
+  version. Then the unit tests, the ``foreach_batch`` crash test, the
+  ``txsink.transaction`` tests and ``test_spark_versions.py`` (``format("clickhouse_tx")``
+  works, or is refused naming the version). The 3.5 lane also pins every core
+  dependency to its floor in pyproject.toml, so the floors are tested.
 
-then prints one row per version. Exit status 1 if any step failed (skips are not failures).
-Logs of every step are kept under ``--work`` (default: a temporary directory, kept when a
-step failed or with ``--keep``).
+Tests run from a directory that holds no ``txsink/`` (``import txsink`` must resolve
+inside the venv) and without ``PYTHONPATH``. One row per lane; exit status 1 if any
+step failed (a lane whose interpreter is missing is skipped, and says so). Logs of every
+step are kept under ``--work`` (default: a temporary directory, kept when a step failed
+or with ``--keep``).
 """
 
 from __future__ import annotations
@@ -33,15 +37,46 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_VERSIONS = ("3.11", "3.12", "3.13")
+E2E_FOREACH = [
+    "tests/integration/test_spark_crashes.py",
+    "-k",
+    "test_foreach_batch_helper_crashed_after_prepare_is_exact",
+]
 STEPS: dict[str, list[str]] = {
     "unit": ["tests/unit"],
-    "e2e streaming": [
-        "tests/integration/test_spark_crashes.py",
-        "-k",
-        "test_foreach_batch_helper_crashed_after_prepare_is_exact",
-    ],
+    "e2e streaming": E2E_FOREACH,
     "spark connect": ["tests/integration/test_spark_connect.py"],
 }
+SPARK_STEPS: dict[str, list[str]] = {
+    "unit": ["tests/unit"],
+    "e2e foreach_batch": E2E_FOREACH,
+    "e2e transaction": ["tests/integration/test_multi_table.py"],
+    "format": ["tests/integration/test_spark_versions.py"],
+}
+# the floors of pyproject.toml's core dependencies, installed in the oldest Spark lane
+FLOORS = ["clickhouse-connect==0.8.0", "kazoo==2.9.0", "tenacity==8.2.0", "pyarrow==15.0.0"]
+
+
+@dataclass(frozen=True)
+class Lane:
+    name: str
+    python: str
+    extras: str
+    steps: dict[str, list[str]]
+    first: tuple[str, ...] = ()  # installed before the wheel: the cluster's pyspark
+    pins: tuple[str, ...] = ()  # installed with the wheel (dependency floors)
+
+
+def python_lane(version: str) -> Lane:
+    return Lane(f"python {version}", version, "dev,connect,embedded", STEPS)
+
+
+SPARK_LANES = (
+    Lane("spark 3.5", "3.11", "dev,embedded", SPARK_STEPS,
+         ("pyspark==3.5.9", "pandas>=2,<3"), tuple(FLOORS)),
+    Lane("spark 4.0", "3.11", "dev,embedded", SPARK_STEPS, ("pyspark==4.0.5", "pandas>=2,<3")),
+    Lane("spark 4.x", "3.11", "dev,embedded", SPARK_STEPS, ("pyspark>=4.1,<5", "pandas>=2,<3")),
+)  # fmt: skip
 INSTALL_TIMEOUT = 1800
 PROBE = "import sys, ssl, venv; print('%d.%d' % sys.version_info[:2], sys.executable)"
 TEST_TIMEOUT = 1200
@@ -49,8 +84,9 @@ TEST_TIMEOUT = 1200
 
 @dataclass
 class Row:
-    version: str
+    lane: str
     interpreter: str = "-"
+    pyspark: str = "-"
     cells: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
     failed: bool = False
@@ -168,37 +204,61 @@ def stage_tests(work: Path) -> Path:
     return tree
 
 
-def run_version(version: str, wheel: Path, tree: Path, work: Path) -> Row:
-    row = Row(version)
+def pyspark_version(venv: Path, env: dict[str, str], cwd: Path) -> str:
+    probe = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import pyspark; print(pyspark.__version__)"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return probe.stdout.strip() if probe.returncode == 0 else "none"
+
+
+def run_lane(lane: Lane, wheel: Path, tree: Path, work: Path) -> Row:
+    row = Row(lane.name)
     started = time.monotonic()
-    interpreter = find_interpreter(version)
+    tag = lane.name.replace(" ", "-")
+    interpreter = find_interpreter(lane.python)
     if interpreter is None:
-        print(f"[{version}] skipped: no python{version} on PATH or under pyenv", flush=True)
-        row.cells = {step: "skipped: no interpreter" for step in ("install", *STEPS)}
+        print(f"[{lane.name}] skipped: no python{lane.python} on PATH or under pyenv", flush=True)
+        row.cells = {step: "skipped: no interpreter" for step in ("install", *lane.steps)}
         return row
     row.interpreter = str(interpreter)
-    venv = work / f"venv-{version}"
+    venv = work / f"venv-{tag}"
     logs = work / "logs"
     logs.mkdir(exist_ok=True)
     if venv.exists():
         shutil.rmtree(venv)
-    print(
-        f"[{version}] {interpreter}: fresh venv, installing {wheel.name}[dev,connect]", flush=True
-    )
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install"]
+    print(f"[{lane.name}] {interpreter}: fresh venv", flush=True)
     code, last = run_logged(
-        [str(interpreter), "-m", "venv", str(venv)],
-        logs / f"{version}-venv.log",
-        cwd=work,
-        timeout=300,
+        [str(interpreter), "-m", "venv", str(venv)], logs / f"{tag}-venv.log", cwd=work, timeout=300
     )
-    if code == 0:
+    env = clean_env(venv)
+    before = ""
+    if code == 0 and lane.first:
+        print(f"[{lane.name}] the cluster's Spark first: {' '.join(lane.first)}", flush=True)
         code, last = run_logged(
-            [str(venv / "bin" / "python"), "-m", "pip", "install", f"{wheel}[dev,connect]"],
-            logs / f"{version}-install.log",
+            [*pip, *lane.first], logs / f"{tag}-spark.log", cwd=work, timeout=INSTALL_TIMEOUT
+        )
+        before = pyspark_version(venv, env, work)
+    if code == 0:
+        print(f"[{lane.name}] installing {wheel.name}[{lane.extras}]", flush=True)
+        code, last = run_logged(
+            [*pip, f"{wheel}[{lane.extras}]", *lane.pins],
+            logs / f"{tag}-install.log",
             cwd=work,
             timeout=INSTALL_TIMEOUT,
         )
-    env = clean_env(venv)
+    if code == 0 and before:
+        after = pyspark_version(venv, env, work)
+        row.pyspark = after
+        if after != before:
+            code, last = 1, f"installing the wheel changed pyspark {before} -> {after}"
+    elif code == 0:
+        row.pyspark = pyspark_version(venv, env, work)
     if code == 0:  # the tests must see the installed wheel, never the source tree
         probe = subprocess.run(
             [str(venv / "bin" / "python"), "-c", "import txsink; print(txsink.__file__)"],
@@ -214,13 +274,13 @@ def run_version(version: str, wheel: Path, tree: Path, work: Path) -> Row:
     if code != 0:
         row.failed = True
         row.cells["install"] = f"FAIL: {last[:80]}"
-        row.cells.update({step: "not run" for step in STEPS})
+        row.cells.update({step: "not run" for step in lane.steps})
         row.seconds = time.monotonic() - started
         return row
     row.cells["install"] = "ok"
-    for step, args in STEPS.items():
-        print(f"[{version}] {step}", flush=True)
-        log = logs / f"{version}-{step.replace(' ', '-')}.log"
+    for step, args in lane.steps.items():
+        print(f"[{lane.name}] {step}", flush=True)
+        log = logs / f"{tag}-{step.replace(' ', '-')}.log"
         code, last = run_logged(
             [str(venv / "bin" / "python"), "-m", "pytest", *args, "-q", "-p", "no:cacheprovider"],
             log,
@@ -229,21 +289,23 @@ def run_version(version: str, wheel: Path, tree: Path, work: Path) -> Row:
             timeout=TEST_TIMEOUT,
         )
         summary = pytest_summary(last)
-        passed = code == 0 and "passed" in summary
+        passed = code == 0 and "passed" in summary and "skipped" not in summary
         row.cells[step] = ("pass: " if passed else "FAIL: ") + summary
         if not passed:
             row.failed = True
-            print(f"[{version}] {step} failed, log: {log}", flush=True)
+            print(f"[{lane.name}] {step} failed, log: {log}", flush=True)
     row.seconds = time.monotonic() - started
     return row
 
 
 def print_table(rows: list[Row]) -> None:
-    headers = ["python", "interpreter", "install", *STEPS, "seconds"]
+    steps = list(dict.fromkeys(k for r in rows for k in r.cells if k != "install"))
+    headers = ["lane", "pyspark", "install", *steps, "seconds"]
     table = [
-        [r.version, r.interpreter, *(r.cells.get(h, "") for h in headers[2:-1]), f"{r.seconds:.0f}"]
+        [r.lane, r.pyspark, r.cells.get("install", ""), *(r.cells.get(h, "-") for h in steps),
+         f"{r.seconds:.0f}"]
         for r in rows
-    ]
+    ]  # fmt: skip
     widths = [max(len(h), *(len(t[i]) for t in table)) for i, h in enumerate(headers)]
     line = "| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |"
     print(line)
@@ -256,7 +318,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="scripts/test_matrix.py", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--versions", default=",".join(DEFAULT_VERSIONS))
+    parser.add_argument(
+        "--versions", default=",".join(DEFAULT_VERSIONS), help="Python lanes ('' for none)"
+    )
+    parser.add_argument(
+        "--spark",
+        default=",".join(lane.name.split()[1] for lane in SPARK_LANES),
+        help="Spark lanes by version: 3.5,4.0,4.x ('' for none)",
+    )
     parser.add_argument("--work", type=Path, help="work directory (default: a temporary one)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args(argv)
@@ -266,7 +335,10 @@ def main(argv: list[str] | None = None) -> int:
     wheel = build_wheel(work)
     print(f"wheel: {wheel}", flush=True)
     tree = stage_tests(work)
-    rows = [run_version(v.strip(), wheel, tree, work) for v in args.versions.split(",") if v]
+    lanes = [python_lane(v.strip()) for v in args.versions.split(",") if v.strip()]
+    wanted = {v.strip() for v in args.spark.split(",") if v.strip()}
+    lanes += [lane for lane in SPARK_LANES if lane.name.split()[1] in wanted]
+    rows = [run_lane(lane, wheel, tree, work) for lane in lanes]
     print()
     print_table(rows)
     failed = any(r.failed for r in rows)

@@ -24,9 +24,22 @@ if TYPE_CHECKING:
 
 
 def register(spark: SparkSession) -> None:
-    """Register the ``clickhouse_tx`` Python data source with ``spark``."""
-    from txsink.spark.datasource import ClickHouseTxDataSource
+    """Register the ``clickhouse_tx`` Python data source with ``spark`` (Spark 4.0+; on an
+    older Spark a ConfigError names the version and what works there instead)."""
+    try:
+        from txsink.spark.datasource import ClickHouseTxDataSource
+    except ImportError as exc:  # an older Spark: no Python data source with Arrow writers
+        import pyspark
 
+        from txsink.errors import ConfigError
+
+        raise ConfigError(
+            f"format('clickhouse_tx') needs Spark's Python data source API with Arrow "
+            f"writers, which pyspark {pyspark.__version__} does not have ({exc}). On this "
+            f"Spark, write with txsink.foreach_batch(...) inside writeStream.foreachBatch, "
+            f"or with txsink.transaction(...): both run on Spark 3.5 and later "
+            f"(docs/install.md#spark-versions)"
+        ) from None
     spark.dataSource.register(ClickHouseTxDataSource)
 
 

@@ -277,45 +277,24 @@ def test_cli_error_output_holds_no_secret(
 # --------------------------------------------------------------------------- foreach_batch
 
 
-class FakeWriter:
-    """Spark's DataFrameWriter, recording the options foreach_batch hands to it."""
-
-    def __init__(self) -> None:
-        self.sent: dict[str, str] = {}
-
-    def format(self, name: str) -> FakeWriter:
-        return self
-
-    def options(self, **kw: str) -> FakeWriter:
-        self.sent.update(kw)
-        return self
-
-    def mode(self, name: str) -> FakeWriter:
-        return self
-
-    def save(self) -> None:
-        return None
-
-
 class FakeSession:
     def __init__(self) -> None:
-        self.dataSource = self
         self.sparkContext = self
-
-    def register(self, cls: Any) -> None:
-        return None
 
     def getLocalProperty(self, key: str) -> str:
         return "run-1"
 
 
-def test_foreach_batch_keeps_url_userinfo_out_of_the_spark_options() -> None:
-    from txsink.spark.foreach import make_foreach_batch
+def test_foreach_batch_keeps_url_userinfo_out_of_the_url_it_writes_with(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from txsink.spark import foreach
 
-    writer = FakeWriter()
-    df = type("DF", (), {"sparkSession": FakeSession(), "write": writer})()
-    make_foreach_batch(**BASE, url=f"http://alice:{SECRET}@h:8123")(df, 7)
-    sent = writer.sent
-    assert sent["url"] == "http://h:8123" and sent["user"] == "alice"
-    assert sent["password"] == SECRET  # Spark masks a key named password, not a url
-    assert (sent["txn_version"], sent["run_id"]) == ("7", "run-1")
+    saved: list[Any] = []
+    monkeypatch.setattr(foreach, "save", lambda df, config: saved.append(config))
+    df = type("DF", (), {"sparkSession": FakeSession()})()
+    foreach.make_foreach_batch(**BASE, url=f"http://alice:{SECRET}@h:8123")(df, 7)
+    [config] = saved
+    assert config.url == "http://h:8123" and config.user == "alice"
+    assert config.password == SECRET
+    assert (config.txn_version, config.run_id, config.micro_batch) == (7, "run-1", True)

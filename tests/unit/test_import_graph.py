@@ -10,6 +10,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import txsink
 
 ROOT = Path(txsink.__file__).parent
@@ -126,3 +128,46 @@ def test_the_spark_layer_and_the_protocol_stay_apart() -> None:
             outside = {t for t in targets if not t.startswith("txsink.protocol")}
             assert outside <= {"txsink.errors"}, (module, targets)
     assert not any(t.startswith("txsink.spark") for t in graph["txsink.committer"])
+
+
+LEAN = """
+import sys
+
+class Missing:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("chdb", "pyspark", "pandas", "lz4"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, Missing())
+import txsink, txsink.driver, txsink.committer, txsink.transactor, txsink.ops.recovery
+from txsink.cli.main import main
+assert main(["status", "--help"]) == 0
+"""
+
+
+def test_a_lean_install_imports_and_its_cli_runs_without_chdb_pyspark_pandas_or_lz4() -> None:
+    """An operator's box or an executor image without the extras (docs/install.md)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", LEAN], capture_output=True, text=True, check=False, timeout=60
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_embedded_stack_without_chdb_names_the_extra_to_install(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import importlib.util
+
+    from txsink.embedded import stack
+    from txsink.errors import ConfigError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "chdb" else real(name, *a)
+    )
+    with pytest.raises(ConfigError, match=r"pip install 'txsink\[embedded\]'"):
+        stack.up(tmp_path)

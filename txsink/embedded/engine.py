@@ -57,10 +57,6 @@ TRACK_IGNORED = frozenset({"database"})  # chdb reports it as a changed setting;
 
 # system.query_log, as every ClickHouse server has it by default: the evidence that an
 # ATTACH of visibility=batch landed (docs/modes.md#visibility); flushed each second.
-QUERY_LOG_CONFIG = (
-    "<query_log><database>system</database><table>query_log</table>"
-    "<flush_interval_milliseconds>1000</flush_interval_milliseconds></query_log>"
-)
 
 
 @dataclass

@@ -48,7 +48,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from txsink.embedded.crash import cut_move_if_armed
-from txsink.embedded.engine import QUERY_LOG_CONFIG, Engine, EngineConn, Session
+from txsink.embedded.engine import Engine, EngineConn, Session
 from txsink.embedded.http_errors import (
     CANNOT_PARSE_INPUT,
     HTTP_LENGTH_REQUIRED,
@@ -76,6 +76,7 @@ from txsink.embedded.sqlscan import (
     split_params,
     statement_kind,
 )
+from txsink.embedded.stack import QUERY_LOG_CONFIG
 from txsink.embedded.transfer import Body, Compressor, negotiate_encoding
 
 log = logging.getLogger("txsink.embedded.server")

@@ -23,6 +23,7 @@ another program is reported, never fought over.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import signal
@@ -36,8 +37,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from txsink.embedded import zookeeper
-from txsink.embedded.engine import QUERY_LOG_CONFIG
 from txsink.errors import ConfigError, UnavailableError
+
+# the server's query log, flushed every second (tests read it); in every config written
+QUERY_LOG_CONFIG = (
+    "<query_log><database>system</database><table>query_log</table>"
+    "<flush_interval_milliseconds>1000</flush_interval_milliseconds></query_log>"
+)
 
 DEFAULT_CLICKHOUSE_PORT = 18123
 DEFAULT_ZOOKEEPER_PORT = 12181
@@ -317,6 +323,11 @@ def up(
     applies to endpoints started now."""
     root = Path(dir) if dir is not None else default_dir()
     root = root.resolve()
+    if importlib.util.find_spec("chdb") is None:
+        raise ConfigError(
+            "the embedded stack runs the chdb engine, which is not installed in this Python: "
+            "pip install 'txsink[embedded]' (a production install does not need it)"
+        )
     root.mkdir(parents=True, exist_ok=True)
     zookeeper.check_installed()
     running = [n for n in _shard_names(root) if _is_ours(root, n, (_read_pid(root, n) or (0,))[0])]

@@ -13,13 +13,17 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from pyspark.sql.datasource import (
+from pyspark.sql.datasource import (  # batch writes: pyspark 4.0+
     DataSource,
     DataSourceArrowWriter,
-    DataSourceStreamArrowWriter,
     WriterCommitMessage,
 )
 from pyspark.sql.types import StructType
+
+try:  # streaming writes through Arrow: pyspark 4.1+
+    from pyspark.sql.datasource import DataSourceStreamArrowWriter
+except ImportError:  # pragma: no cover - pyspark 4.0 (make test-matrix)
+    DataSourceStreamArrowWriter = None  # type: ignore[assignment,misc]
 
 from txsink import committer
 from txsink.config import WriterConfig
@@ -61,6 +65,16 @@ class ClickHouseTxDataSource(DataSource):
         )
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> ClickHouseTxStreamWriter:
+        if DataSourceStreamArrowWriter is None:
+            import pyspark
+
+            raise ConfigError(
+                f"writeStream.format('clickhouse_tx') needs pyspark 4.1 or newer (a Python "
+                f"streaming data source with Arrow batches); this is pyspark "
+                f"{pyspark.__version__}, where batch saves work. For streaming here, use "
+                f"writeStream.foreachBatch(txsink.foreach_batch(...)) "
+                f"(docs/install.md#spark-versions)"
+            )
         if overwrite:
             raise ConfigError("clickhouse_tx streaming supports outputMode('append') only")
         from txsink.spark.validate import validate
@@ -84,7 +98,7 @@ class ClickHouseTxBatchWriter(DataSourceArrowWriter):
         committer.abort_batch(self.plan, reports(messages), self.plan.batch)
 
 
-class ClickHouseTxStreamWriter(DataSourceStreamArrowWriter):
+class ClickHouseTxStreamWriter(DataSourceStreamArrowWriter or object):  # type: ignore[misc]
     """One micro-batch = one transaction, xid ``b<batchId>``."""
 
     def __init__(self, plan: WritePlan) -> None:

@@ -1,9 +1,11 @@
 """``txsink.foreach_batch(**options)``: the sink for users who transform in foreachBatch.
 
-Each call writes the micro-batch DataFrame with the batch data source, using the
-streaming batch id as ``txn_version`` (so the xid is ``b<batchId>``, as with
-``format("clickhouse_tx")``) and the streaming run id for fencing. A replayed batch is
-therefore a no-op, exactly as in the streaming sink.
+Each call writes the micro-batch DataFrame through ``mapInArrow``
+(:func:`txsink.spark.multi.save`: the executor write and the commit of the data source,
+on every Spark version, 3.5 included), using the streaming batch id as ``txn_version``
+(so the xid is ``b<batchId>``, as with ``format("clickhouse_tx")``) and the streaming
+run id for fencing. A replayed batch is therefore a no-op, exactly as in the streaming
+sink.
 
 A second call for the same job and batch in the same run (two saves in one foreachBatch
 call) is refused before it writes anything, in this process: on a restart, Spark replays
@@ -27,7 +29,7 @@ from typing import Any
 from txsink.config import WriterConfig
 from txsink.credentials import split_url
 from txsink.errors import ConfigError
-from txsink.spark.datasource import FORMAT, ClickHouseTxDataSource
+from txsink.spark.multi import save
 
 # (keeper, root, job) -> (run id, batch id) of the last save in this process
 _LAST_BATCH: dict[tuple[str, str, str], tuple[str, int]] = {}
@@ -43,16 +45,12 @@ def make_foreach_batch(**options: Any) -> Callable[[Any, int], None]:
             options["user"] = creds.user
         if creds.password is not None:
             options["password"] = creds.password
-    registered: set[int] = set()
     config = WriterConfig.from_options(options)
     job_key = (config.keeper, config.keeper_root, config.job)
     own_run: list[str] = []  # Spark Connect: this run's id, drawn on the first batch
 
     def write_batch(df: Any, batch_id: int) -> None:
         spark = df.sparkSession
-        if id(spark) not in registered:
-            spark.dataSource.register(ClickHouseTxDataSource)
-            registered.add(id(spark))
         try:
             run_id = spark.sparkContext.getLocalProperty("spark.jobGroup.id") or ""
         except Exception:  # noqa: BLE001 - Spark Connect sessions have no SparkContext
@@ -73,6 +71,6 @@ def make_foreach_batch(**options: Any) -> Callable[[Any, int], None]:
         opts["micro_batch"] = "true"
         if run_id:
             opts["run_id"] = run_id
-        df.write.format(FORMAT).options(**opts).mode("append").save()
+        save(df, WriterConfig.from_options(opts))
 
     return write_batch

@@ -12,7 +12,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyspark.sql.datasource import WriterCommitMessage
+try:  # the Python data source API (Spark 4.0+); the mapInArrow routes need none of it
+    from pyspark.sql.datasource import WriterCommitMessage
+except ImportError:  # pragma: no cover - Spark 3.5 (make test-matrix)
+
+    class WriterCommitMessage:  # type: ignore[no-redef]
+        """Stand-in base where Spark has no Python data source (Spark 3.5)."""
+
 
 from txsink.clickhouse.values import Rule
 from txsink.config import WriterConfig

@@ -55,6 +55,30 @@ _PLACEHOLDER = "txsink.transaction"
 _INTERNAL = ("table", "txn_version", "micro_batch", "run_id")
 
 
+def save(df: Any, config: WriterConfig) -> dict[str, Any] | None:
+    """One table, one xid, through ``mapInArrow``: :func:`txsink.foreach_batch`'s write on
+    every Spark version (3.5 has no Python data source). The same executor write and the
+    same commit as ``format("clickhouse_tx")``; where a task fails (or the commit raises)
+    the batch's staging is rolled back as Spark's ``abort`` would (tombstone first)."""
+    from txsink.spark.validate import validate
+
+    if config.txn_version is None:
+        raise ConfigError("txsink's mapInArrow save needs a txn_version (the batch id)")
+    plan = validate(config, df.schema)
+    batch = config.txn_version
+    run_id = config.run_id or f"save-{uuid.uuid4().hex}"
+    plan = dataclasses.replace(plan, xid=batch_xid(batch), run_id=run_id, batch=batch)
+    messages: list[TxCommitMessage] = []
+    try:
+        messages = stage(plan, df)
+        return committer.commit_batch(plan, messages, batch)
+    except BaseException:
+        # safe whatever the outcome: a landed prepare keeps its manifest's staging, and
+        # staging of tasks whose messages were lost is found by its xid and run
+        committer.abort_batch(plan, messages, batch)
+        raise
+
+
 def stage(plan: WritePlan, df: Any) -> list[TxCommitMessage]:
     """Run the executor write of ``plan`` over ``df``; the task messages, on the driver."""
     import pyarrow as pa
