@@ -9,12 +9,17 @@ lets the first N arrivals pass (so a crash can land in a later batch) and
 ``TXSINK_FAULT_TIMES=K`` crashes only K times after that (so a retried task can
 succeed). Arrivals are counted per process unless ``TXSINK_FAULT_STATE=<file>`` names a
 counter file shared by processes (Spark runs writers in several Python workers).
+
+``TXSINK_PAUSE=<point>:<seconds>[,...]`` makes every arrival at a point sleep that long
+instead: tests widen a window so that something outside the process (a ``kill -9`` of an
+executor JVM, a server restart) lands inside it. Unset, it costs one lookup too.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import time
 
 POINTS = (
     "executor.mid_write",
@@ -53,7 +58,14 @@ def _arrivals(point: str) -> int:
 
 
 def fault_point(point: str) -> None:
-    """Hard-exit the process here when ``TXSINK_FAULT`` names ``point``."""
+    """Hard-exit the process here when ``TXSINK_FAULT`` names ``point`` (sleep here when
+    ``TXSINK_PAUSE`` does)."""
+    pauses = os.environ.get("TXSINK_PAUSE")
+    if pauses:
+        for item in pauses.split(","):
+            name, _, seconds = item.partition(":")
+            if name == point:
+                time.sleep(float(seconds or 1))
     wanted = os.environ.get("TXSINK_FAULT")
     if not wanted or point not in wanted.split(","):
         return
