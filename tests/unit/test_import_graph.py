@@ -135,7 +135,7 @@ import sys
 
 class Missing:
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("chdb", "pyspark", "pandas", "lz4"):
+        if name.split(".")[0] in ("chdb", "pyspark", "pandas"):
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
         return None
 
@@ -146,7 +146,7 @@ assert main(["status", "--help"]) == 0
 """
 
 
-def test_a_lean_install_imports_and_its_cli_runs_without_chdb_pyspark_pandas_or_lz4() -> None:
+def test_a_lean_install_imports_and_its_cli_runs_without_chdb_pyspark_or_pandas() -> None:
     """An operator's box or an executor image without the extras (docs/install.md)."""
     import subprocess
     import sys

@@ -7,6 +7,7 @@ idempotent. The sleep is injectable, so tests never wait.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from collections.abc import Callable
@@ -19,6 +20,14 @@ from txsink.clickhouse.error_map import Transience, classify, short_text
 from txsink.options import default_of
 
 log = logging.getLogger(__name__)
+
+# the first wait: ``multiplier`` from tenacity 9.1 (``initial`` deprecated), ``initial``
+# before (the floor, 8.2, has only that)
+_FIRST_WAIT = (
+    "multiplier"
+    if "multiplier" in inspect.signature(tenacity.wait_exponential_jitter).parameters
+    else "initial"
+)
 T = TypeVar("T")
 
 # the writer's defaults (options registry), so the CLI and the writer retry alike
@@ -60,7 +69,7 @@ class RetryPolicy:
         retrying = tenacity.Retrying(
             stop=tenacity.stop_after_attempt(self.attempts),
             wait=tenacity.wait_exponential_jitter(
-                multiplier=self.initial_wait, max=self.max_wait, jitter=self.initial_wait
+                **{_FIRST_WAIT: self.initial_wait}, max=self.max_wait, jitter=self.initial_wait
             ),
             retry=tenacity.retry_if_exception(retryable),
             sleep=self.sleep,
