@@ -164,6 +164,13 @@ def run_logged(
     return code, last
 
 
+def summary_line(log: Path) -> str:
+    """pytest's own summary line (log lines of background threads may come after it)."""
+    pattern = re.compile(r"\b\d+ (passed|failed|errors?|skipped|deselected)\b.* in [0-9.]+s")
+    lines = log.read_text(errors="replace").splitlines()
+    return next((ln for ln in reversed(lines) if pattern.search(ln)), "")
+
+
 def pytest_summary(last_line: str) -> str:
     """'12 passed, 1 skipped in 3.2s' out of pytest's last line."""
     match = re.search(r"=*\s*(.*?)\s*=*$", last_line)
@@ -288,7 +295,7 @@ def run_lane(lane: Lane, wheel: Path, tree: Path, work: Path) -> Row:
             env=env,
             timeout=TEST_TIMEOUT,
         )
-        summary = pytest_summary(last)
+        summary = pytest_summary(summary_line(log) or last)
         passed = code == 0 and "passed" in summary
         row.cells[step] = ("pass: " if passed else "FAIL: ") + summary
         if not passed:
