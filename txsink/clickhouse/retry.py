@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 # the first wait: ``multiplier`` from tenacity 9.1 (``initial`` deprecated), ``initial``
 # before (the floor, 8.2, has only that)
-_FIRST_WAIT = (
+FIRST_WAIT = (
     "multiplier"
     if "multiplier" in inspect.signature(tenacity.wait_exponential_jitter).parameters
     else "initial"
@@ -69,7 +69,7 @@ class RetryPolicy:
         retrying = tenacity.Retrying(
             stop=tenacity.stop_after_attempt(self.attempts),
             wait=tenacity.wait_exponential_jitter(
-                **{_FIRST_WAIT: self.initial_wait}, max=self.max_wait, jitter=self.initial_wait
+                **{FIRST_WAIT: self.initial_wait}, max=self.max_wait, jitter=self.initial_wait
             ),
             retry=tenacity.retry_if_exception(retryable),
             sleep=self.sleep,

@@ -144,7 +144,8 @@ def job_main(argv: Sequence[str] | None = None) -> int:
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    txsink.register(spark)
+    if not (args.foreach or args.two_tables):  # foreach_batch and transaction need none
+        txsink.register(spark)
     options = {
         "url": args.url,
         "keeper": args.keeper,

@@ -29,6 +29,7 @@ Invariants:
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import threading
@@ -64,6 +65,12 @@ DEFAULT_RETRY_S = 30.0
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
+# tenacity 9.1 renamed the first wait ``multiplier``; the floor (8.2) calls it ``initial``
+_FIRST_WAIT = (
+    "multiplier"
+    if "multiplier" in inspect.signature(tenacity.wait_exponential_jitter).parameters
+    else "initial"
+)
 
 _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     KazooConnectionLoss,
@@ -271,7 +278,7 @@ class KazooConn:
         retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception_type(UnavailableError),
             stop=tenacity.stop_after_delay(self.retry_s),
-            wait=tenacity.wait_exponential_jitter(multiplier=0.1, max=2.0, jitter=0.1),
+            wait=tenacity.wait_exponential_jitter(**{_FIRST_WAIT: 0.1}, max=2.0, jitter=0.1),
             sleep=self._sleep,
             before_sleep=before_sleep,
             reraise=True,
