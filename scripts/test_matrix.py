@@ -211,16 +211,22 @@ def stage_tests(work: Path) -> Path:
     return tree
 
 
-def pyspark_version(venv: Path, env: dict[str, str], cwd: Path) -> str:
+def in_venv(venv: Path, env: dict[str, str], cwd: Path, code: str) -> tuple[int, str, str]:
+    """Run a Python snippet in the venv: (exit status, stdout stripped, stderr)."""
     probe = subprocess.run(
-        [str(venv / "bin" / "python"), "-c", "import pyspark; print(pyspark.__version__)"],
+        [str(venv / "bin" / "python"), "-c", code],
         cwd=cwd,
         env=env,
         capture_output=True,
         text=True,
         check=False,
     )
-    return probe.stdout.strip() if probe.returncode == 0 else "none"
+    return probe.returncode, probe.stdout.strip(), probe.stderr
+
+
+def pyspark_version(venv: Path, env: dict[str, str], cwd: Path) -> str:
+    code, out, _ = in_venv(venv, env, cwd, "import pyspark; print(pyspark.__version__)")
+    return out if code == 0 else "none"
 
 
 def run_lane(lane: Lane, wheel: Path, tree: Path, work: Path) -> Row:
@@ -267,17 +273,9 @@ def run_lane(lane: Lane, wheel: Path, tree: Path, work: Path) -> Row:
     elif code == 0:
         row.pyspark = pyspark_version(venv, env, work)
     if code == 0:  # the tests must see the installed wheel, never the source tree
-        probe = subprocess.run(
-            [str(venv / "bin" / "python"), "-c", "import txsink; print(txsink.__file__)"],
-            cwd=tree,
-            env=env,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        where = probe.stdout.strip()
-        if probe.returncode != 0 or not where.startswith(str(venv)):
-            code, last = 1, f"txsink imported from {where or probe.stderr[-300:]!r}, not the venv"
+        status, where, err = in_venv(venv, env, tree, "import txsink; print(txsink.__file__)")
+        if status != 0 or not where.startswith(str(venv)):
+            code, last = 1, f"txsink imported from {where or err[-300:]!r}, not the venv"
     if code != 0:
         row.failed = True
         row.cells["install"] = f"FAIL: {last[:80]}"

@@ -6,6 +6,8 @@ heartbeats and ``committed_at`` times are the ones a writer leaves in Keeper.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from txsink.ops import liveness as lv
@@ -112,10 +114,10 @@ def test_recovery_mark_and_a_missing_heartbeat_are_never_live() -> None:
     assert lv.judge({"owner": "w"}, [1.0, 2.0], 3.0).heartbeat_age is None
 
 
-def test_status_shows_cadence_and_threshold_and_warns_of_a_stale_owner() -> None:
-    reg, clock = run_writer(every=2.0, commits=10)
-    common = {
-        "meta": {"target": TARGET, "mode": "attach"},
+def status_inputs(reg: Any, mode: str) -> dict[str, Any]:
+    """What :func:`assess` reads of a job, from the registry ``reg``."""
+    return {
+        "meta": {"target": TARGET, "mode": mode},
         "epoch": reg.current_epoch(JOB),
         "owner": reg.owner(JOB),
         "ledger": reg.ledger(JOB),
@@ -123,6 +125,11 @@ def test_status_shows_cadence_and_threshold_and_warns_of_a_stale_owner() -> None
         "staging_sizes": {},
         "staging_view": {},
     }
+
+
+def test_status_shows_cadence_and_threshold_and_warns_of_a_stale_owner() -> None:
+    reg, clock = run_writer(every=2.0, commits=10)
+    common = status_inputs(reg, "attach")
     fresh = assess(JOB, now=clock.t + 5, **common)  # type: ignore[arg-type]
     assert (fresh.live, fresh.cadence_s, fresh.stale_after_s) == (True, 2.0, 30.0)
     assert fresh.to_json()["stale_after_source"] == "cadence"
@@ -141,16 +148,7 @@ def test_status_names_a_dedup_batch_stopped_half_way_unless_a_live_writer_has_it
 
     reg, clock = run_writer(every=2.0, commits=3)
     half = OpenBatch("b9", partitions=4, finished=3, rows_at_least=150, rows_at_most=160)
-    common = {
-        "meta": {"target": TARGET, "mode": "dedup"},
-        "epoch": reg.current_epoch(JOB),
-        "owner": reg.owner(JOB),
-        "ledger": reg.ledger(JOB),
-        "records": reg.list(JOB),
-        "staging_sizes": {},
-        "staging_view": {},
-        "open_dedup": [half],
-    }
+    common = {**status_inputs(reg, "dedup"), "open_dedup": [half]}
     in_flight = assess(JOB, now=clock.t + 1, **common)  # type: ignore[arg-type]
     assert in_flight.live and in_flight.warnings == []
     gone = assess(JOB, now=clock.t + 45, **common)  # type: ignore[arg-type]
