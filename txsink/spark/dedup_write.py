@@ -66,7 +66,7 @@ from txsink.transactor import discarded, open_dedup_batches
 log = logging.getLogger(__name__)
 
 DIGEST_PREFIX = "b3:"  # the hash in use; a stored digest of another kind never matches
-LEGACY_PREFIX = "b2:"  # before 0.x: the IPC of the block as sliced (see fingerprint)
+LEGACY_PREFIX = "b2:"  # earlier releases: the IPC of the block as sliced (fingerprint)
 
 
 class _HashSink(io.RawIOBase):
