@@ -65,4 +65,13 @@ def transaction(
     return _transaction(spark, batch_id, txn_version=txn_version, **options)
 
 
-__all__ = ["__version__", "foreach_batch", "register", "transaction"]
+def progress_listener(**options: Any) -> Any:
+    """A ``StreamingQueryListener`` that logs what txsink committed in each micro-batch
+    (xid, mode, rows, commit milliseconds): ``spark.streams.addListener(
+    txsink.progress_listener(url=..., keeper=..., table=..., job=...))``."""
+    from txsink.spark.progress import progress_listener as _listener
+
+    return _listener(**options)
+
+
+__all__ = ["__version__", "foreach_batch", "progress_listener", "register", "transaction"]

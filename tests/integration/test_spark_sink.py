@@ -3,6 +3,7 @@ batch saves with ``txn_version``, and option handling."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from decimal import Decimal
 
@@ -257,11 +258,30 @@ def test_the_kafka_example_of_docs_install_over_json_files_is_exact(
             .awaitTermination(180)
         )
 
-    produce(0, 0, 120)
-    produce(1, 120, 80)
-    run()
-    produce(2, 200, 50)
-    run()
+    listener = txsink.progress_listener(url=stack.url, keeper=stack.keeper, table=target, job=job)
+    spark.streams.addListener(listener)
+    try:
+        produce(0, 0, 120)
+        produce(1, 120, 80)
+        run()
+        produce(2, 200, 50)
+        run()
+        deadline = time.monotonic() + 30  # listener events arrive asynchronously
+        while time.monotonic() < deadline:
+            if sum({e.batch: e.rows for e in listener.history}.values()) >= 250:
+                break
+            time.sleep(0.2)
+    finally:
+        spark.streams.removeListener(listener)
+        listener.close()
+    # Spark's progress, next to it what txsink committed: one xid per micro-batch
+    seen = {e.batch: e for e in listener.history}
+    assert sorted(seen) == list(range(len(seen))) and len(seen) >= 2, listener.history
+    assert sum(e.rows for e in seen.values()) == 250
+    assert {(e.xid, e.state, e.mode) for e in seen.values()} == {
+        (f"b{b}", "COMMITTED", "attach") for b in seen
+    }
+    assert all(e.commit_ms is not None and e.commit_ms >= 0 for e in seen.values())
     got = ch.query(
         f"SELECT count(), uniqExact(id), sum(price), countIf(name != concat('n', toString(id)))"
         f" FROM {target}"
