@@ -245,8 +245,8 @@ def _compatible(spark: SparkType, ch: CHType, where: str) -> _Verdict:
             v.notes.extend(sub.notes)
         return v
     if s == "variant":
-        # Spark sends a variant as its binary encoding (value, metadata); the server
-        # decodes it into JSON's paths and types
+        # sent as its JSON text (txsink.clickhouse.values): the server would store
+        # Spark's binary encoding (value, metadata) as it is
         return v if n == "JSON" else bad
     if s.startswith("interval"):
         if "year" in s or "month" in s:

@@ -53,6 +53,7 @@ _INT_RANGE = {
     **{f"Int{b}": (-(2 ** (b - 1)), 2 ** (b - 1) - 1) for b in (8, 16, 32, 64, 128, 256)},
     **{f"UInt{b}": (0, 2**b - 1) for b in (8, 16, 32, 64, 128, 256)},
 }
+_WHOLE_TARGETS = {**_INT_RANGE, **_WHOLE_RANGE}  # where Spark integers are range-checked
 UTC_NAMES = frozenset(
     f"{prefix}{name}"
     for prefix in ("", "Etc/")
@@ -135,10 +136,9 @@ def _rules_for(
     def rule(check: Check, **kw: Any) -> Rule:
         return Rule(check, column, shown, path, **kw)
 
-    if ((s in SPARK_INT_BITS or s == "decimal") and n in _INT_RANGE) or (
-        s in SPARK_INT_BITS and n in _WHOLE_RANGE
-    ):
-        low, high = _INT_RANGE[n] if n in _INT_RANGE else _WHOLE_RANGE[n]
+    targets = _INT_RANGE if s == "decimal" else _WHOLE_TARGETS
+    if (s in SPARK_INT_BITS or s == "decimal") and n in targets:
+        low, high = targets[n]
         if s == "decimal":
             digits = int(spark.args[0]) - int(spark.args[1])
             span = (-(10**digits) + 1, 10**digits - 1)
@@ -255,12 +255,8 @@ def apply(rules: Sequence[Rule], batch: Any, table: str) -> Any:
         if r.column not in names:
             continue
         i = names.index(r.column)
-        if r.check is Check.WALL_CLOCK and not r.path:
-            columns[i] = _wall_clock(columns[i], r, table)
-            converted = True
-            continue
-        if r.check is Check.VARIANT_JSON:
-            columns[i] = _variant_json(columns[i])
+        if r.check in CONVERSIONS and not r.path:  # nested: refused by _check
+            columns[i] = CONVERSIONS[r.check](columns[i], r, table)
             converted = True
             continue
         _check(r, _leaf(columns[i], r.path), table)
@@ -363,7 +359,7 @@ def _wall_clock(arr: Any, r: Rule, table: str) -> Any:
         ) from None
 
 
-def _variant_json(arr: Any) -> Any:
+def _variant_json(arr: Any, r: Rule, table: str) -> Any:
     """Variant values (Spark's binary encoding: a struct of value and metadata) as their
     JSON text, which the server parses into the JSON column. The server would otherwise
     store the struct itself, bytes and all. One Python call per value: variant columns
@@ -471,7 +467,8 @@ _SAYS = {
     Check.VARIANT_JSON: "sent as its JSON text (Spark's `to_json`), typed by the server "
     "path by path",
 }
-CONVERSIONS = (Check.WALL_CLOCK, Check.VARIANT_JSON)
+# the rules that convert a top-level column (the others only check), applied first
+CONVERSIONS = {Check.WALL_CLOCK: _wall_clock, Check.VARIANT_JSON: _variant_json}
 
 
 def contract_table() -> str:

@@ -8,8 +8,6 @@ executors write (:mod:`txsink.spark.writer`) and the driver commits
 
 from __future__ import annotations
 
-import dataclasses
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,8 +26,8 @@ except ImportError:  # pragma: no cover - pyspark 4.0 (make test-matrix)
 from txsink import committer
 from txsink.config import WriterConfig
 from txsink.errors import ConfigError
-from txsink.protocol.ids import adhoc_xid, batch_xid
 from txsink.spark.messages import WritePlan, reports
+from txsink.spark.multi import save_plan
 from txsink.spark.writer import write_partition
 
 FORMAT = "clickhouse_tx"
@@ -53,16 +51,7 @@ class ClickHouseTxDataSource(DataSource):
             )
         from txsink.spark.validate import validate
 
-        config = self._config()
-        plan = validate(config, schema)
-        run_id = config.run_id or f"save-{uuid.uuid4().hex}"
-        if config.txn_version is not None:
-            xid, batch = batch_xid(config.txn_version), config.txn_version
-        else:
-            xid, batch = adhoc_xid(uuid.uuid4().hex), None
-        return ClickHouseTxBatchWriter(
-            dataclasses.replace(plan, xid=xid, run_id=run_id, batch=batch)
-        )
+        return ClickHouseTxBatchWriter(save_plan(validate(self._config(), schema)))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> ClickHouseTxStreamWriter:
         if DataSourceStreamArrowWriter is None:

@@ -43,7 +43,7 @@ from txsink import committer
 from txsink.config import WriterConfig
 from txsink.errors import ConfigError
 from txsink.faults import fault_point
-from txsink.protocol.ids import batch_xid
+from txsink.protocol.ids import adhoc_xid, batch_xid
 from txsink.protocol.states import Mode
 from txsink.spark.messages import TxCommitMessage, WritePlan
 from txsink.spark.writer import write_partition
@@ -55,6 +55,18 @@ _PLACEHOLDER = "txsink.transaction"
 _INTERNAL = ("table", "txn_version", "micro_batch", "run_id")
 
 
+def save_plan(plan: WritePlan) -> WritePlan:
+    """``plan`` for one save: xid ``b<txn_version>`` (or a fresh ad-hoc one without a
+    ``txn_version``) and the run (the caller's ``run_id``, else a fresh one)."""
+    config = plan.config
+    run_id = config.run_id or f"save-{uuid.uuid4().hex}"
+    if config.txn_version is not None:
+        xid, batch = batch_xid(config.txn_version), config.txn_version
+    else:
+        xid, batch = adhoc_xid(uuid.uuid4().hex), None
+    return dataclasses.replace(plan, xid=xid, run_id=run_id, batch=batch)
+
+
 def save(df: Any, config: WriterConfig) -> dict[str, Any] | None:
     """One table, one xid, through ``mapInArrow``: :func:`txsink.foreach_batch`'s write on
     every Spark version (3.5 has no Python data source). The same executor write and the
@@ -64,10 +76,8 @@ def save(df: Any, config: WriterConfig) -> dict[str, Any] | None:
 
     if config.txn_version is None:
         raise ConfigError("txsink's mapInArrow save needs a txn_version (the batch id)")
-    plan = validate(config, df.schema)
-    batch = config.txn_version
-    run_id = config.run_id or f"save-{uuid.uuid4().hex}"
-    plan = dataclasses.replace(plan, xid=batch_xid(batch), run_id=run_id, batch=batch)
+    plan = save_plan(validate(config, df.schema))
+    batch = plan.batch
     messages: list[TxCommitMessage] = []
     try:
         messages = stage(plan, df)
