@@ -10,9 +10,11 @@ lets the first N arrivals pass (so a crash can land in a later batch) and
 succeed). Arrivals are counted per process unless ``TXSINK_FAULT_STATE=<file>`` names a
 counter file shared by processes (Spark runs writers in several Python workers).
 
-``TXSINK_PAUSE=<point>:<seconds>[,...]`` makes every arrival at a point sleep that long
-instead: tests widen a window so that something outside the process (a ``kill -9`` of an
-executor JVM, a server restart) lands inside it. Unset, it costs one lookup too.
+``TXSINK_PAUSE=<point>:<seconds>[:<n>][,...]`` makes every arrival at a point sleep that
+long instead (only the n-th arrival, when ``n`` is given, counted like the faults'
+arrivals): tests widen a window so that something outside the process (a ``kill -9`` of
+an executor JVM, a server restart, a speculative copy of one slow task) lands inside it.
+Unset, it costs one lookup too.
 """
 
 from __future__ import annotations
@@ -59,19 +61,30 @@ def _arrivals(point: str) -> int:
 
 def fault_point(point: str) -> None:
     """Hard-exit the process here when ``TXSINK_FAULT`` names ``point`` (sleep here when
-    ``TXSINK_PAUSE`` does)."""
-    pauses = os.environ.get("TXSINK_PAUSE")
-    if pauses:
-        for item in pauses.split(","):
-            name, _, seconds = item.partition(":")
-            if name == point:
-                time.sleep(float(seconds or 1))
+    ``TXSINK_PAUSE`` does). An arrival is counted once, before any sleep, and the pauses'
+    ``n`` and the faults' ``AFTER``/``TIMES`` read the same count: "the first arrival
+    sleeps, the second dies" holds however the arrivals interleave."""
+    pauses = [
+        (float(seconds or 1), int(nth) if nth else None)
+        for item in os.environ.get("TXSINK_PAUSE", "").split(",")
+        if item
+        for name, _, rest in [item.partition(":")]
+        if name == point
+        for seconds, _, nth in [rest.partition(":")]
+    ]
     wanted = os.environ.get("TXSINK_FAULT")
-    if not wanted or point not in wanted.split(","):
+    faulty = bool(wanted) and point in (wanted or "").split(",")
+    if not (faulty or pauses):
+        return
+    counted = faulty or any(nth is not None for _, nth in pauses)
+    n = _arrivals(point) if counted else 0
+    for seconds, nth in pauses:
+        if nth is None or nth == n:
+            time.sleep(seconds)
+    if not faulty:
         return
     after = int(os.environ.get("TXSINK_FAULT_AFTER", "0"))
     times = int(os.environ.get("TXSINK_FAULT_TIMES", "0")) or None
-    n = _arrivals(point)
     if n <= after or (times is not None and n > after + times):
         return
     os._exit(EXIT_CODE)

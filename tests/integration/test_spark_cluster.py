@@ -13,6 +13,11 @@ land where they are meant to: one executor while a batch's tasks write, another 
 the driver commits, then (attach mode) the driver itself after one more commit, and a
 restart on a new cluster. Spark reruns the lost tasks on the surviving (or relaunched)
 executor; the stream must end exact, values included, with no staging left behind.
+
+Speculation needs more: Spark never runs a speculative copy on a host where the task
+already runs, and every ``local-cluster`` executor shares the driver's host. So that test
+starts a standalone master and two workers from pyspark's own jars, each worker bound to
+its own loopback address (127.0.0.2, 127.0.0.3), shared by the module.
 """
 
 from __future__ import annotations
@@ -20,9 +25,11 @@ from __future__ import annotations
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +39,7 @@ from tests.integration.sparkjob import Job, assert_exact, new_job, staging_left
 from txsink.demo.chaos import job_command, kill_after_progress
 from txsink.demo.job import target_ddl
 from txsink.driver import open_registry
+from txsink.protocol.ids import parse_staging
 from txsink.protocol.states import XidState
 
 pytestmark = pytest.mark.spark
@@ -84,15 +92,31 @@ def prepared(job: Job) -> bool:
     return any(r.state is XidState.PREPARED for r in job.records())
 
 
-def run_with_kills(job: Job, mode: str, moments: list[Any], timeout: float = 300) -> int:
+def run_with_kills(
+    job: Job,
+    mode: str,
+    moments: list[Any],
+    timeout: float = 300,
+    *,
+    master: str = MASTER,
+    pauses: str = PAUSES,
+    conf: tuple[str, ...] = (),
+    fault: dict[str, str] | None = None,
+) -> int:
     """Run the job on the cluster; at each moment (a predicate, polled) kill -9 one of its
     executor JVMs, or, for a moment given as ``("driver", predicate)``, the driver and
     everything under it. Returns how many executors were killed; asserts the job ended
     well (or died by the driver kill, when one was asked)."""
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, TXSINK_PAUSE=PAUSES)
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, TXSINK_PAUSE=pauses)
     for key in ("TXSINK_FAULT", "TXSINK_FAULT_AFTER", "TXSINK_FAULT_TIMES"):
         env.pop(key, None)
-    args = job.args("--master", MASTER, "--conf", "spark.task.maxFailures=8", mode=mode)
+    env["TXSINK_FAULT_STATE"] = str(job.log.parent / "arrivals")  # counted job-wide
+    env.update(fault or {})
+    hooks = [f"spark.executorEnv.{k}={v}" for k, v in env.items() if k.startswith("TXSINK_")]
+    # (a standalone worker's executors inherit the worker's environment, not the driver's)
+    confs = ["spark.task.maxFailures=8", *hooks, *conf]
+    extra = [a for kv in confs for a in ("--conf", kv)]
+    args = job.args("--master", master, *extra, mode=mode)
     killed: list[int] = []
     driver_killed = False
     with job.log.open("ab") as log:
@@ -161,3 +185,105 @@ def test_an_executor_jvm_killed_mid_write_in_dedup_mode_leaves_it_exact(
     killed = run_with_kills(job, "dedup", [lambda: dedup_blocks_sent(job)])
     assert killed == 1, job.log_tail()
     assert_exact(ch, job)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A standalone master and two one-core workers on distinct loopback hosts; its URL."""
+    import pyspark
+
+    home = Path(pyspark.__file__).parent
+    work = tmp_path_factory.mktemp("standalone")
+    port = free_port()
+    env = dict(
+        os.environ, SPARK_HOME=str(home), PYSPARK_PYTHON=sys.executable, SPARK_NO_DAEMONIZE="1"
+    )
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    klass = "org.apache.spark.deploy"
+    master_url = f"spark://127.0.0.1:{port}"
+    commands = [
+        ("master", "127.0.0.1", [f"{klass}.master.Master", "--port", str(port)]),
+        *(
+            (f"worker{i}", f"127.0.0.{i + 1}", [f"{klass}.worker.Worker", "--cores", "1",
+             "--memory", "1g", "--work-dir", str(work / f"w{i}"), master_url])
+            for i in (1, 2)
+        ),
+    ]  # fmt: skip
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for name, host, argv in commands:
+            log = (work / f"{name}.log").open("wb")
+            procs.append(
+                subprocess.Popen(
+                    [str(home / "bin" / "spark-class"), *argv, "--host", host,
+                     "--webui-port", str(free_port())],
+                    env=dict(env, SPARK_LOCAL_IP=host), stdout=log, stderr=log,
+                    start_new_session=True,
+                )
+            )  # fmt: skip
+        deadline = time.monotonic() + 90
+        master_log = work / "master.log"
+        while master_log.read_text(errors="replace").count("Registering worker") < 2:
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                pytest.fail(f"standalone cluster did not start:\n{master_log.read_text()[-3000:]}")
+            time.sleep(0.2)
+        yield master_url
+    finally:
+        for proc in procs:  # each worker's group holds the executors it launched
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+
+
+SPECULATION = (
+    "spark.speculation=true",
+    "spark.speculation.interval=100ms",
+    "spark.speculation.multiplier=2",
+    "spark.speculation.quantile=0.5",
+    "spark.speculation.minTaskRuntime=1s",
+)
+
+
+def test_speculation_with_a_slow_task_and_a_crashed_one_publishes_one_attempt_of_each(
+    standalone: str, stack: Any, ch: Any, fresh_db: str, tmp_path: Path
+) -> None:
+    """The first task to send a block sleeps 60 s and the second dies there (its staging
+    half-filled, no cleanup). Spark runs a copy of the sleeper on the other worker, takes
+    the copy's result and kills the original; it reruns the dead one. Each batch
+    publishes one attempt per partition (the sleeper's copy: attempt 1), every other
+    attempt's staging is dropped, and the stream ends exact before the sleeper woke."""
+    job = new_job(tmp_path, ch, fresh_db, stack.url, stack.keeper, files=4, rows_per_file=1500)
+    started = time.monotonic()
+    crash_second = {
+        "TXSINK_FAULT": "executor.mid_write",
+        "TXSINK_FAULT_AFTER": "1",
+        "TXSINK_FAULT_TIMES": "1",
+    }
+    run_with_kills(
+        job,
+        "attach",
+        [],
+        master=standalone,
+        pauses="executor.mid_write:60:1",
+        conf=SPECULATION,
+        fault=crash_second,
+    )
+    assert time.monotonic() - started < 60, "no speculative copy overtook the slow task"
+    arrivals = int((job.log.parent / "arrivals.executor.mid_write").read_text())
+    assert arrivals >= 2, "no task reached the crash (the second arrival)"
+    assert_exact(ch, job)
+    published = [
+        (record.xid, parsed.partition, parsed.attempt)
+        for record in job.records()
+        for table in record.staging_tables
+        if (parsed := parse_staging(table)) is not None
+    ]
+    assert len({(x, p) for x, p, _ in published}) == len(published), published  # one each
+    assert any(a == 1 for _, _, a in published), f"no speculative attempt published: {published}"
+    assert staging_left(ch, job) == []  # the loser's and the dead attempt's staging dropped

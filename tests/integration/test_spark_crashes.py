@@ -52,31 +52,6 @@ def test_random_kill_minus_9_of_the_driver_several_times_is_exact(stack, ch, fre
     assert_exact(ch, job)
 
 
-def test_a_task_failing_under_speculation_is_retried_and_its_dead_attempt_never_published(
-    stack, ch, fresh_db, tmp_path
-):
-    """A task attempt dies mid-write (its staging half-filled) while speculation runs
-    duplicate attempts: only the attempts the driver's messages name are published."""
-    job = new_job(tmp_path, ch, fresh_db, stack.url, stack.keeper)
-    code = job.run(
-        "--master",
-        "local[2,3]",
-        "--conf",
-        "spark.speculation=true",
-        "--conf",
-        "spark.speculation.multiplier=1.1",
-        "--conf",
-        "spark.speculation.quantile=0.1",
-        "--conf",
-        "spark.speculation.minTaskRuntime=10ms",
-        fault="executor.mid_write",
-        fault_after=0,
-    )
-    assert code == 0, job.log_tail()
-    assert_exact(ch, job)
-    assert staging_left(ch, job) == []
-
-
 def test_foreach_batch_helper_crashed_after_prepare_is_exact(stack, ch, fresh_db, tmp_path):
     job = new_job(tmp_path, ch, fresh_db, stack.url, stack.keeper)
     assert job.run("--foreach", fault="driver.after_prepare", fault_after=1) != 0

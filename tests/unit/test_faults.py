@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import txsink
 from txsink.faults import EXIT_CODE, FEATURE_POINTS, POINTS, fault_point
@@ -59,6 +60,39 @@ def test_other_points_do_not_fire() -> None:
         fault_point(point)  # returns: nothing configured
     out = run({"TXSINK_FAULT": "executor.mid_write"})
     assert out.returncode == 0
+
+
+def test_a_pause_with_n_sleeps_only_at_the_nth_arrival_counted_across_processes(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    slept: list[float] = []
+    monkeypatch.setattr("txsink.faults.time.sleep", slept.append)
+    monkeypatch.delenv("TXSINK_FAULT", raising=False)
+    monkeypatch.setenv("TXSINK_FAULT_STATE", str(tmp_path / "count"))
+    monkeypatch.setenv("TXSINK_PAUSE", "driver.mid_commit:0.5,executor.mid_write:7:2")
+    for _ in range(3):
+        fault_point("executor.mid_write")
+        fault_point("driver.mid_commit")
+    assert slept == [0.5, 7.0, 0.5, 0.5]  # every mid_commit; mid_write's 2nd arrival only
+    # the count lives in the shared file: another process's next arrival is the 4th
+    assert (tmp_path / "count.executor.mid_write").read_text() == "3"
+
+
+def test_a_pause_and_a_fault_read_one_count_taken_before_the_sleep(tmp_path: Path) -> None:
+    script = SCRIPT.replace("driver.after_prepare", "executor.mid_write")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TXSINK_")}
+    env.update(
+        TXSINK_PAUSE="executor.mid_write:0.01:1",
+        TXSINK_FAULT="executor.mid_write",
+        TXSINK_FAULT_AFTER="1",
+        TXSINK_FAULT_TIMES="1",
+        TXSINK_FAULT_STATE=str(tmp_path / "count"),
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=False
+    )
+    # arrival 1 slept and passed, arrival 2 died: one count for both
+    assert out.returncode == EXIT_CODE and out.stdout.split() == ["0"]
 
 
 CALLED = r"""\b(?:fault|fault_point|FaultPoint)\(\s*["']([a-z_.]+)["']"""
