@@ -36,6 +36,8 @@ class WriterConfig:
     job: str
     mode: str
     staging_database: str
+    state: str
+    state_database: str
     keeper_root: str
     keeper_auth: str
     keeper_timeout: float
@@ -103,7 +105,7 @@ class WriterConfig:
             # An option wins over its variable; an empty option counts as not given.
             if opt.env and opt.env_in_writer and not text:
                 text = os.environ.get(opt.env) or None
-            if opt.required and not text:
+            if opt.required and not text and not _not_needed(opt, given):
                 raise ConfigError(f"option {opt.name!r} is required: {_required_doc(opt)}")
             raw[opt.name] = text if text is not None else (opt.default or "")
         # The url's userinfo must agree with a user/password given another way.
@@ -136,6 +138,12 @@ class WriterConfig:
                 value = ",".join(value)
             out[f.name] = str(value)
         return out
+
+
+def _not_needed(opt: Option, given: Mapping[str, str]) -> bool:
+    """``keeper`` is required unless the state lives in ClickHouse."""
+    state = given.get("state") or os.environ.get("TXSINK_STATE") or ""
+    return opt.name == "keeper" and state.strip().lower() == "clickhouse"
 
 
 def _required_doc(opt: Option) -> str:

@@ -26,6 +26,18 @@ log = logging.getLogger(__name__)
 
 
 def open_registry(config: WriterConfig) -> Registry:
+    """The job's coordination store: Keeper, or KeeperMap tables (``state=clickhouse``)."""
+    if config.state == "clickhouse":
+        from txsink.keeper.keepermap import keepermap_registry
+
+        registry: Registry = keepermap_registry(
+            open_client(config),
+            config.state_database,
+            config.keeper_root,
+            timeout=config.keeper_timeout,
+            retry_s=config.keeper_retry_s,
+        )
+        return registry
     from txsink.keeper.kazoo_registry import KazooRegistry
 
     return KazooRegistry.from_options(

@@ -188,6 +188,7 @@ def _root(raw: str) -> str:
 MODES = ("auto", "attach", "dedup")
 VISIBILITIES = ("partition", "batch")
 COMPRESSIONS = ("lz4", "zstd", "gzip", "none")
+STATES = ("keeper", "clickhouse")
 # Spark passes its own writer options through to the data source: ignored, not refused.
 SPARK_OWNED = ("path", "checkpointlocation", "queryname")
 
@@ -210,9 +211,25 @@ _DECLARED: tuple[Option, ...] = (
     Option("table", "target table, db.table", default=None, kind=Kind.TABLE),
     Option(
         "keeper",
-        "Keeper connect string host:port[,host:port][/chroot]",
+        "Keeper connect string host:port[,host:port][/chroot] (not needed with state=clickhouse)",
         default=None,
         env="TXSINK_KEEPER",
+    ),
+    Option(
+        "state",
+        "where the transaction state lives: keeper (ZooKeeper or ClickHouse Keeper at "
+        "`keeper`) or clickhouse (KeeperMap tables in `state_database` on the server of "
+        "`url`, the first shard's for a sharded job: no Keeper endpoint needed, e.g. "
+        "ClickHouse Cloud; docs/cloud.md). Fixed for a job's life",
+        default="keeper",
+        kind=Kind.CHOICE,
+        choices=STATES,
+        env="TXSINK_STATE",
+    ),
+    Option(
+        "state_database",
+        "database of the state=clickhouse store (its KeeperMap table `nodes`)",
+        default="txsink_state",
     ),
     Option(
         "job",

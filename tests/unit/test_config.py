@@ -97,6 +97,7 @@ def test_defaults_are_unchanged() -> None:
         "url": None, "user": "default", "password": "", "table": None, "keeper": None,
         "job": None, "mode": "auto", "visibility": "partition",
         "staging_database": "txsink_staging", "keeper_root": "/txsink", "keeper_auth": "",
+        "state": "keeper", "state_database": "txsink_state",
         "keeper_timeout": "15", "keeper_retry_s": "30", "block_rows": "1000000",
         "block_bytes": "268435456", "compress": "lz4", "connect_timeout": "10",
         "send_receive_timeout": "300", "verify": "true", "ca_cert": "",

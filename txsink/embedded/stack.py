@@ -51,6 +51,8 @@ DEFAULT_TIMEOUT = 60.0
 STOP_GRACE_SECONDS = 10.0
 DIR_ENV = "TXSINK_EMBEDDED_DIR"
 SERVER_MODULE = "txsink.embedded.server"
+# KeeperMap tables (the `state=clickhouse` store) live under this ZooKeeper path
+KEEPER_MAP_PREFIX = "/clickhouse/keeper_map"
 KEEPER_CONFIG = "chdb-config.xml"  # in a shard's data dir: the endpoint talks to ZooKeeper
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 
@@ -222,7 +224,9 @@ def _argv(root: Path, name: str, port: int) -> list[str]:
 
 
 def keeper_config(keeper: str, macros: dict[str, str]) -> str:
-    """A chdb config naming the ZooKeeper ``host:port`` and the server's ``<macros>``.
+    """A chdb config naming the ZooKeeper ``host:port``, the server's ``<macros>`` and
+    the ``keeper_map_path_prefix`` that enables ``KeeperMap`` tables (the
+    ``state=clickhouse`` store).
 
     With it chdb (26.9) registers ``Replicated*MergeTree`` tables in Keeper, but every
     one stays read-only: chdb never sets an interserver address, so no replica can
@@ -232,18 +236,20 @@ def keeper_config(keeper: str, macros: dict[str, str]) -> str:
     tags = "".join(f"<{k}>{v}</{k}>" for k, v in macros.items())
     return (
         f"<clickhouse><zookeeper>{nodes}</zookeeper><macros>{tags}</macros>"
+        f"<keeper_map_path_prefix>{KEEPER_MAP_PREFIX}</keeper_map_path_prefix>"
         f"{QUERY_LOG_CONFIG}</clickhouse>\n"
     )
 
 
-def _configure_keeper(root: Path, name: str, zookeeper_port: int | None) -> None:
+def _configure_keeper(root: Path, name: str, zookeeper_port: int, replicated: bool | None) -> None:
+    """Every endpoint gets the stack's ZooKeeper and the KeeperMap prefix; the macros of
+    ``Replicated*MergeTree`` only when ``replicated`` (None: as the directory had it)."""
     config = root / name / KEEPER_CONFIG
-    if zookeeper_port is None:
-        config.unlink(missing_ok=True)
-        return
+    if replicated is None:
+        replicated = config.exists() and "<macros><shard>" in config.read_text()
     k = 0 if name == "clickhouse" else int(name.rsplit("-", 1)[1])
     config.parent.mkdir(parents=True, exist_ok=True)
-    macros = {"shard": f"{k + 1:02d}", "replica": "r1"}
+    macros = {"shard": f"{k + 1:02d}", "replica": "r1"} if replicated else {}
     config.write_text(keeper_config(f"127.0.0.1:{zookeeper_port}", macros))
 
 
@@ -320,7 +326,9 @@ def up(
     stack's ZooKeeper and the macros ``{shard}`` (01, 02, ...) and ``{replica}`` (r1), so
     ``Replicated*MergeTree`` tables can be created (they stay read-only, see
     :func:`keeper_config`); None keeps what the directory had. It
-    applies to endpoints started now."""
+    applies to endpoints started now. Every endpoint gets the stack's ZooKeeper and a
+    ``keeper_map_path_prefix``, so ``KeeperMap`` tables (the ``state=clickhouse`` store)
+    work without a flag."""
     root = Path(dir) if dir is not None else default_dir()
     root = root.resolve()
     if importlib.util.find_spec("chdb") is None:
@@ -363,8 +371,8 @@ def up(
                 continue
             _pid_file(root, name).unlink(missing_ok=True)  # stale: dead or reused pid
             port = asked or (record[1] if record is not None else defaults[name])
-            if _is_clickhouse(name) and replicated is not None:
-                _configure_keeper(root, name, ports["zookeeper"] if replicated else None)
+            if _is_clickhouse(name):
+                _configure_keeper(root, name, ports["zookeeper"], replicated)
             if not _port_free(port):
                 raise UnavailableError(
                     f"port {port} on 127.0.0.1 is taken by another program, so the embedded "

@@ -1,0 +1,564 @@
+"""The Keeper layout served by a ``KeeperMap`` table: the ``state=clickhouse`` store.
+
+ClickHouse Cloud exposes no Keeper endpoint, but its ``KeeperMap`` engine keeps each row
+in Keeper and is reached through SQL. :class:`KeeperMapNodes` gives the Keeper registry
+(:class:`~txsink.keeper.kazoo_registry.KazooRegistry`) the few kazoo client calls it
+makes (get, exists, children, create, set, delete, sync and the multi-op transaction),
+each served by one table::
+
+    <state_database>.nodes (key String, value String, ver UInt32, czxid UInt64,
+                            pending String)  ENGINE = KeeperMap('/txsink/<db>')
+
+``key`` is the node's path, ``value`` its data, ``ver`` its version (kept by txsink:
+KeeperMap's own znode versions are not readable), ``czxid`` its creation order (the
+writer's clock in nanoseconds), ``pending`` the id of a transaction that inserted the
+row and has not yet confirmed it. So the registry, its fencing, records, ledger and
+dedup state are one code path on both stores (:mod:`txsink.ports.registry`).
+
+Every statement runs with ``keeper_map_strict_mode = 1`` (an INSERT of an existing key
+fails; a write over a row that changed since the statement read it fails with "Bad
+version"), and each statement is one Keeper multi-request. What KeeperMap cannot do in
+one statement, a transaction does in steps (:meth:`KeeperMapNodes.commit`):
+
+1. one read of every row the transaction names; a check, set or delete of a row not at
+   the expected version, or a create of an existing row, fails here as kazoo would;
+2. creates: one INSERT of the new rows marked ``pending`` with the transaction's id
+   (all or nothing). Readers treat a pending row as absent; a later create may take a
+   stale pending row over (its owner then can no longer confirm it);
+3. one ``ALTER TABLE ... UPDATE`` over every checked, set and created row: a ``throwIf``
+   guard re-checks each row's version (and that each created row is still ours), the
+   sets are written and the creates confirmed. The guard and Keeper's own versions make
+   this one compare-and-set: all rows or none;
+4. deletes: one ``DELETE`` guarded the same way, after step 3.
+
+Windows this leaves, and why each is acceptable (docs/cloud.md says the same):
+
+- Deletes are not atomic with the checks of their transaction (step 4 follows step 3):
+  a writer fenced between the two can still delete. txsink deletes only what every
+  writer agrees is garbage (records past retention, orphaned manifest chunks).
+- An UPDATE skips rows that do not exist without an error. Step 1 sees every row, and
+  the outcome is read back after step 3: a row deleted between them is reported as a
+  broken transaction (``TxSinkError``), never as success. Nothing deletes the rows a
+  commit writes (the epoch, the ledger, a PREPARED record) while it runs.
+- The server retries a Keeper request after a connection loss, so a write that landed
+  can be reported as "Bad version" or "Node exists": both are followed by a read that
+  recognises our own write (the transaction's id, the values written).
+- ``sync`` is a no-op: every reader of one server shares that server's Keeper session.
+  Behind a load balancer over several replicas (ClickHouse Cloud) a read may lag a
+  write made through another replica; the registry's fenced writes still refuse a stale
+  decision, but a status read may be a moment old.
+- Listing children scans the table (KeeperMap reads keys only by equality), so the cost
+  grows with all jobs' state; retention keeps it bounded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from clickhouse_connect.driver.binding import format_query_value
+from kazoo.exceptions import (
+    BadVersionError,
+    ConnectionLoss,
+    NodeExistsError,
+    NoNodeError,
+    RolledBackError,
+)
+
+from txsink.errors import ConfigError, TxSinkError, UnavailableError
+from txsink.names import quote_ident
+
+STRICT = {"keeper_map_strict_mode": 1}
+TABLE = "nodes"
+KEEPER_EXCEPTION = 999  # Keeper said no: Bad version, Node exists, Connection loss
+GUARD_FAILED = 395  # FUNCTION_THROW_IF_VALUE_IS_NON_ZERO
+
+
+@dataclass(frozen=True)
+class Stat:
+    """The two fields of a znode stat the registry reads."""
+
+    version: int
+    czxid: int
+
+
+@dataclass(frozen=True)
+class Row:
+    value: bytes
+    ver: int
+    czxid: int
+    pending: str
+
+
+class _Done:
+    """kazoo's async result, already resolved (or resolved on first ``get``)."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self._fn = fn
+        self._ran = False
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+    def get(self, timeout: float | None = None) -> Any:
+        if not self._ran:
+            self._ran = True
+            try:
+                self._value = self._fn()
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiter below
+                self._error = exc
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+class _NeverTimesOut(Exception):
+    """Requests run synchronously here: kazoo's handler timeout never fires."""
+
+
+class _Handler:
+    timeout_exception = _NeverTimesOut
+
+
+@dataclass(frozen=True)
+class Op:
+    kind: str  # check | create | set | delete
+    path: str
+    data: bytes = b""
+    version: int = -1
+
+
+class _Transaction:
+    """kazoo's ``TransactionRequest``: ops collected, run by :meth:`commit_async`."""
+
+    def __init__(self, nodes: KeeperMapNodes) -> None:
+        self._nodes = nodes
+        self.ops: list[Op] = []
+
+    def check(self, path: str, version: int) -> None:
+        self.ops.append(Op("check", path, version=version))
+
+    def create(self, path: str, value: bytes = b"", acl: Any = None, **_: Any) -> None:
+        self.ops.append(Op("create", path, value))
+
+    def set_data(self, path: str, value: bytes, version: int = -1) -> None:
+        self.ops.append(Op("set", path, value, version))
+
+    def delete(self, path: str, version: int = -1) -> None:
+        self.ops.append(Op("delete", path, version=version))
+
+    def commit_async(self) -> _Done:
+        return _Done(lambda: self._nodes.commit(self.ops))
+
+
+def lit(value: str) -> str:
+    """A string as an SQL literal (values travel in the request body, not the URL)."""
+    return str(format_query_value(value))
+
+
+def blob(data: bytes) -> str:
+    """Bytes as an SQL expression (hex: any byte survives, nothing to escape)."""
+    return f"unhex('{data.hex()}')"
+
+
+def _parent(path: str) -> str:
+    return path.rsplit("/", 1)[0] or "/"
+
+
+def _failed(ops: Sequence[Op], culprit: int, error: Exception) -> list[Any]:
+    """kazoo's result list of a failed multi: the culprit's error, the rest rolled back."""
+    return [error if i == culprit else RolledBackError() for i in range(len(ops))]
+
+
+class KeeperMapNodes:
+    """Keeper nodes in one KeeperMap table; the kazoo client calls the registry makes.
+
+    ``client`` is a :class:`txsink.clickhouse.client.Client` on the server holding the
+    state (closed by :meth:`close`). Creating the database and table is idempotent."""
+
+    handler = _Handler()
+    connected = True
+
+    def __init__(self, client: Any, database: str, *, clock: Callable[[], int] = time.time_ns):
+        self._ch = client
+        self._clock = clock
+        self.database = database
+        self.table = f"{quote_ident(database)}.{TABLE}"
+        self.where = f"{client.url} ({database}.{TABLE}, KeeperMap)"
+        self._create_table()
+
+    # -- the table -----------------------------------------------------------------------
+
+    def _create_table(self) -> None:
+        try:
+            self._ch.command(f"CREATE DATABASE IF NOT EXISTS {quote_ident(self.database)}")
+            self._ch.command(
+                f"CREATE TABLE IF NOT EXISTS {self.table} (key String, value String, "
+                "ver UInt32, czxid UInt64, pending String) "
+                f"ENGINE = KeeperMap('/txsink/{self.database}') PRIMARY KEY key"
+            )
+        except UnavailableError:
+            raise
+        except TxSinkError as exc:
+            if "keeper_map_path_prefix" in str(exc) or "KeeperMap is disabled" in str(exc):
+                raise ConfigError(
+                    f"state=clickhouse needs KeeperMap tables, and the server at "
+                    f"{self._ch.url} has them disabled (no `keeper_map_path_prefix` in its "
+                    "config): set it (ClickHouse Cloud has it), or use state=keeper"
+                ) from exc
+            raise ConfigError(
+                f"state=clickhouse cannot create its table {self.database}.{TABLE} on "
+                f"{self._ch.url}: {exc}; grant CREATE DATABASE/TABLE on "
+                f"{self.database}, or create it as `txsink check` shows"
+            ) from exc
+
+    def _read(self, keys: Iterable[str]) -> dict[str, Row]:
+        wanted = sorted(set(keys))
+        if not wanted:
+            return {}
+        rows = self._ch.query_rows(
+            f"SELECT key, hex(value), ver, czxid, pending FROM {self.table} "
+            "WHERE key IN {keys:Array(String)}",
+            parameters={"keys": wanted},
+            what="read of the state store",
+        )
+        return {k: Row(bytes.fromhex(v), int(ver), int(cz), p) for k, v, ver, cz, p in rows}
+
+    def _write(self, sql: str, what: str) -> None:
+        """Run one write; Keeper's refusals become kazoo's errors, an unknown outcome
+        (the connection to ClickHouse failed) kazoo's ConnectionLoss."""
+        try:
+            self._ch.command(sql, settings=STRICT, idempotent=False, what=what)
+        except UnavailableError as exc:
+            raise ConnectionLoss(str(exc)) from exc
+        except TxSinkError as exc:
+            text = str(exc)
+            if exc.code == GUARD_FAILED or "Bad version" in text:
+                raise BadVersionError(text) from exc
+            if "Node exists" in text:
+                raise NodeExistsError(text) from exc
+            if exc.code == KEEPER_EXCEPTION:  # connection loss and the like: unknown outcome
+                raise ConnectionLoss(text) from exc
+            raise
+
+    # -- kazoo's client calls ------------------------------------------------------------
+
+    def start(self, timeout: float | None = None) -> None:
+        return None
+
+    def stop(self) -> None:
+        return None
+
+    def close(self) -> None:
+        self._ch.close()
+
+    def add_auth_async(self, scheme: str, credential: str) -> _Done:
+        return _Done(lambda: None)  # ClickHouse's own user and grants protect the table
+
+    def sync_async(self, path: str) -> _Done:
+        return _Done(lambda: None)  # one server, one Keeper session: see the module doc
+
+    def get_async(self, path: str) -> _Done:
+        def run() -> tuple[bytes, Stat]:
+            row = self._read([path]).get(path)
+            if row is None or row.pending:
+                raise NoNodeError(path)
+            return row.value, Stat(row.ver, row.czxid)
+
+        return _Done(run)
+
+    def exists_async(self, path: str) -> _Done:
+        def run() -> Stat | None:
+            row = self._read([path]).get(path)
+            return None if row is None or row.pending else Stat(row.ver, row.czxid)
+
+        return _Done(run)
+
+    def get_children_async(self, path: str) -> _Done:
+        def run() -> list[str]:
+            prefix = path.rstrip("/") + "/"
+            rows = self._ch.query_rows(
+                f"SELECT key FROM {self.table} WHERE (key = {{p:String}} OR "
+                "startsWith(key, {d:String})) AND pending = ''",
+                parameters={"p": path, "d": prefix},
+                what="listing of the state store",
+            )
+            keys = [r[0] for r in rows]
+            if not keys:
+                raise NoNodeError(path)
+            return sorted({k[len(prefix) :].split("/")[0] for k in keys if k != path})
+
+        return _Done(run)
+
+    def ensure_path_async(self, path: str, acl: Any = None) -> _Done:
+        def run() -> None:
+            parts = path.strip("/").split("/")
+            chain = ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
+            for attempt in range(50):  # a racing creator may hold a row unconfirmed
+                found = self._read(chain)
+                missing = [k for k in chain if k not in found or found[k].pending]
+                if not missing:
+                    return
+                for key in missing:
+                    try:
+                        self.commit_or_raise([Op("create", key)])
+                    except (NodeExistsError, NoNodeError, BadVersionError):
+                        break  # raced: read again
+                time.sleep(min(0.005 * (attempt + 1), 0.1))
+            raise ConnectionLoss(f"{path} could not be created: it keeps changing")
+
+        return _Done(run)
+
+    def create_async(self, path: str, value: bytes = b"", acl: Any = None, **_: Any) -> _Done:
+        return _Done(lambda: self.commit_or_raise([Op("create", path, value)])[0])
+
+    def set_async(self, path: str, value: bytes, version: int = -1) -> _Done:
+        return _Done(lambda: self.commit_or_raise([Op("set", path, value, version)])[0])
+
+    def delete_async(self, path: str, version: int = -1) -> _Done:
+        return _Done(lambda: self.commit_or_raise([Op("delete", path, version=version)])[0])
+
+    def delete(self, path: str, version: int = -1, recursive: bool = False) -> bool:
+        if not recursive:
+            return bool(self.delete_async(path, version).get())
+        self._write(
+            f"DELETE FROM {self.table} WHERE key = {lit(path)} OR "
+            f"startsWith(key, {lit(path.rstrip('/') + '/')})",
+            f"delete of {path} and everything under it",
+        )
+        return True
+
+    def transaction(self) -> _Transaction:
+        return _Transaction(self)
+
+    # -- transactions ----------------------------------------------------------------------
+
+    def commit_or_raise(self, ops: Sequence[Op]) -> list[Any]:
+        results = self.commit(ops)
+        for result in results:
+            if isinstance(result, Exception) and not isinstance(result, RolledBackError):
+                raise result
+        return results
+
+    def commit(self, ops: Sequence[Op]) -> list[Any]:
+        """Run ``ops`` as one transaction (see the module docstring); kazoo's result list:
+        per op True (check, delete), the path (create) or the new Stat (set); when it
+        fails, the culprit's error and RolledBackError for the others."""
+        if not ops:
+            return []
+        txid = uuid.uuid4().hex
+        before = self._read([op.path for op in ops] + [_parent(op.path) for op in ops])
+        refused = self._refusal(ops, before)
+        if refused is not None:
+            return _failed(ops, *refused)
+        creates = [op for op in ops if op.kind == "create"]
+        try:
+            self._insert_pending(creates, before, txid)
+        except (NodeExistsError, BadVersionError) as exc:  # a racing create got there first
+            self._drop_pending(creates, txid)
+            return _failed(ops, ops.index(creates[0]), NodeExistsError(str(exc)))
+        guarded = [op for op in ops if op.kind != "delete"]
+        try:
+            if guarded:
+                self._update(guarded, before, txid)
+        except BadVersionError as exc:
+            after = self._read(op.path for op in guarded)
+            if not self._landed(guarded, before, after, txid):
+                self._drop_pending(creates, txid)
+                taken = [op for op in creates if op.path in after and after[op.path].pending
+                         != txid]  # fmt: skip
+                if taken:  # a racing create took our row over: it won, as in Keeper
+                    return _failed(ops, ops.index(taken[0]), NodeExistsError(taken[0].path))
+                refused = self._refusal(ops, after)
+                return _failed(ops, *(refused or (0, exc)))
+        self._verify(guarded, before, txid)
+        deletes = [op for op in ops if op.kind == "delete"]
+        if deletes:
+            try:
+                self._delete(deletes)
+            except BadVersionError as exc:
+                gone = self._read(op.path for op in deletes)
+                if gone:  # not ours: one changed after step 3 (see the module docstring)
+                    return _failed(ops, ops.index(deletes[0]), exc)
+        return [self._result(op, before) for op in ops]
+
+    @staticmethod
+    def _refusal(ops: Sequence[Op], rows: dict[str, Row]) -> tuple[int, Exception] | None:
+        """The first op the current rows refuse, as kazoo would refuse it: ops apply in
+        order (a create makes a node the next ops see, a delete removes it), and a
+        create needs its parent, as in ZooKeeper."""
+        made: set[str] = set()
+        removed: set[str] = set()
+
+        def live(path: str) -> bool:
+            if path in made or path == "/":
+                return True
+            row = rows.get(path)
+            return path not in removed and row is not None and not row.pending
+
+        for i, op in enumerate(ops):
+            if op.kind == "create":
+                if live(op.path):
+                    return i, NodeExistsError(op.path)
+                if not live(_parent(op.path)):
+                    return i, NoNodeError(_parent(op.path))
+                made.add(op.path)
+                removed.discard(op.path)
+                continue
+            if not live(op.path):
+                return i, NoNodeError(op.path)
+            row = rows.get(op.path)
+            stale = row is not None and op.version not in (-1, row.ver)
+            if op.path not in made and stale:
+                return i, BadVersionError(op.path)
+            if op.kind == "delete":
+                made.discard(op.path)
+                removed.add(op.path)
+        return None
+
+    def _insert_pending(self, creates: Sequence[Op], before: dict[str, Row], txid: str) -> None:
+        """Step 2: the new rows, pending under ``txid`` (a stale pending row of another
+        transaction is taken over with a compare-and-set on its pending id)."""
+        fresh = [op for op in creates if op.path not in before]
+        for op in creates:
+            if op.path in before:  # pending (live rows were refused): take it over
+                self._write(
+                    f"ALTER TABLE {self.table} UPDATE value = if(throwIf(pending != "
+                    f"{lit(before[op.path].pending)}) = 0, {blob(op.data)}, value), "
+                    f"pending = {lit(txid)}, ver = 0, czxid = {self._clock()} "
+                    f"WHERE key = {lit(op.path)}",
+                    f"create of {op.path} (over an unconfirmed row)",
+                )
+        if not fresh:
+            return
+        values = ", ".join(
+            f"({lit(op.path)}, {blob(op.data)}, 0, {self._clock()}, {lit(txid)})" for op in fresh
+        )
+        try:
+            self._write(f"INSERT INTO {self.table} VALUES {values}", "create of nodes")
+        except NodeExistsError:
+            rows = self._read(op.path for op in fresh)
+            if all(rows.get(op.path, Row(b"", 0, 0, "")).pending == txid for op in fresh):
+                return  # ours: the server retried an insert that had landed
+            raise
+
+    def _update(self, ops: Sequence[Op], before: dict[str, Row], txid: str) -> None:
+        """Step 3: one guarded UPDATE over every checked, set and created row."""
+        guards: list[str] = []
+        values: list[str] = []
+        sets: list[str] = []
+        creates: list[str] = []
+        for op in ops:
+            key = lit(op.path)
+            if op.kind == "create":
+                guards.append(f"(key = {key} AND pending = {lit(txid)})")
+                creates.append(key)
+                continue
+            expected = before[op.path].ver if op.version == -1 else op.version
+            guards.append(f"(key = {key} AND ver = {int(expected)} AND pending = '')")
+            if op.kind == "set":
+                values.append(f"key = {key}, {blob(op.data)}")
+                sets.append(key)
+        new_value = f"multiIf({', '.join(values)}, value)" if values else "value"
+        keys = ", ".join(lit(op.path) for op in ops)
+        set_keys = ", ".join(sets) or "''"
+        create_keys = ", ".join(creates) or "''"
+        self._write(
+            f"ALTER TABLE {self.table} UPDATE "
+            f"value = if(throwIf(NOT ({' OR '.join(guards)})) = 0, {new_value}, value), "
+            f"ver = if(key IN ({set_keys}), ver + 1, ver), "
+            f"pending = if(key IN ({create_keys}), '', pending) "
+            f"WHERE key IN ({keys})",
+            "transaction on the state store",
+        )
+
+    @staticmethod
+    def _landed(
+        ops: Sequence[Op], before: dict[str, Row], after: dict[str, Row], txid: str
+    ) -> bool:
+        """Whether step 3 was applied although it was reported failed (a retried request)."""
+        if not any(op.kind != "check" for op in ops):
+            return False  # nothing it wrote can show it: decide again
+        for op in ops:
+            row = after.get(op.path)
+            if row is None:
+                return False
+            if op.kind == "create" and (row.value != op.data or row.pending != ""):
+                return False
+            if op.kind == "set" and (row.value != op.data or row.ver != before[op.path].ver + 1):
+                return False
+        return True
+
+    def _verify(self, ops: Sequence[Op], before: dict[str, Row], txid: str) -> None:
+        """Read back: an UPDATE skips missing rows silently, so a row deleted between
+        steps 1 and 3 would otherwise pass for written."""
+        after = self._read(op.path for op in ops)
+        missing = [op.path for op in ops if op.path not in after]
+        if missing:
+            raise TxSinkError(
+                f"state store {self.where}: {', '.join(missing)} vanished while a transaction "
+                "wrote it, so the transaction applied partly; something outside txsink "
+                "deleted state: stop the job and run `txsink verify`"
+            )
+
+    def _delete(self, ops: Sequence[Op]) -> None:
+        guards = [
+            f"key = {lit(op.path)}"
+            if op.version == -1
+            else f"(key = {lit(op.path)} AND ver = {int(op.version)})"
+            for op in ops
+        ]
+        self._write(
+            f"DELETE FROM {self.table} WHERE key IN ({', '.join(lit(op.path) for op in ops)}) "
+            f"AND throwIf(NOT ({' OR '.join(guards)})) = 0",
+            "delete of nodes",
+        )
+
+    def _drop_pending(self, creates: Sequence[Op], txid: str) -> None:
+        if not creates:
+            return
+        keys = ", ".join(lit(op.path) for op in creates)
+        # left pending if this fails: hidden from readers, taken over by the next create
+        with contextlib.suppress(BadVersionError, ConnectionLoss):
+            self._write(
+                f"DELETE FROM {self.table} WHERE key IN ({keys}) AND pending = {lit(txid)}",
+                "clean-up of unconfirmed nodes",
+            )
+
+    @staticmethod
+    def _result(op: Op, before: dict[str, Row]) -> Any:
+        if op.kind == "create":
+            return op.path
+        if op.kind == "set":
+            return Stat(before[op.path].ver + 1, before[op.path].czxid)
+        return True
+
+
+def keepermap_registry(
+    client: Any,
+    database: str,
+    root: str,
+    *,
+    timeout: float = 15.0,
+    retry_s: float = 30.0,
+) -> Any:
+    """The Keeper registry with its nodes in ``database``'s KeeperMap table on
+    ``client``'s server (closing it closes ``client``)."""
+    from txsink.keeper.kazoo_registry import KazooRegistry
+
+    class KeeperMapRegistry(KazooRegistry):
+        """:class:`KazooRegistry` over :class:`KeeperMapNodes` (``state=clickhouse``)."""
+
+        def close(self) -> None:
+            super().close()
+            nodes.close()
+
+    nodes = KeeperMapNodes(client, database)
+    try:
+        return KeeperMapRegistry(nodes.where, root, timeout=timeout, client=nodes, retry_s=retry_s)
+    except BaseException:
+        nodes.close()
+        raise
