@@ -178,6 +178,8 @@ def close_pooled() -> None:
 
 
 def _registry_key(config: WriterConfig) -> tuple[Any, ...]:
+    if config.state == "clickhouse":
+        return ("keepermap", config.state_database, config.keeper_root, *_client_key(config))
     return (
         "keeper",
         config.keeper,

@@ -8,7 +8,7 @@ the results back through ClickHouse and Keeper.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +30,13 @@ class Job:
     produced: int
     amount: int
     log: Path
+    options: dict[str, str] = field(default_factory=dict)  # more sink options, every run
 
     def args(self, *extra: str, mode: str = "attach", files_per_trigger: int = 2) -> list[str]:
+        more = [a for k, v in self.options.items() for a in ("--option", f"{k}={v}")]
         return job_args(
             self.src, self.checkpoint, self.table, self.name, self.url, self.keeper,
-            *extra, mode=mode, files_per_trigger=files_per_trigger,
+            *more, *extra, mode=mode, files_per_trigger=files_per_trigger,
         )  # fmt: skip
 
     def run(
@@ -49,6 +51,7 @@ class Job:
     def config(self) -> WriterConfig:
         return WriterConfig.from_options(
             {"url": self.url, "keeper": self.keeper, "table": self.table, "job": self.name}
+            | self.options
         )
 
     def records(self) -> list[XidRecord]:
@@ -69,6 +72,7 @@ def new_job(
     files: int = 4,
     rows_per_file: int = 3000,
     ddl: str | None = None,
+    options: dict[str, str] | None = None,
 ) -> Job:
     table = f"{db}.orders"
     ch.command(ddl.format(table=table) if ddl else target_ddl(table))
@@ -83,7 +87,14 @@ def new_job(
         produced=source["rows"],
         amount=source["amount"],
         log=tmp_path / "job.log",
+        options=dict(options or {}),
     )
+
+
+#: the state in ClickHouse (KeeperMap) and a Keeper address nothing listens on: a job
+#: with these options proves that neither driver nor executor opens a Keeper connection
+STATE_IN_CLICKHOUSE = {"state": "clickhouse"}
+NO_KEEPER = "127.0.0.1:9"
 
 
 def assert_exact(ch: Any, job: Job) -> None:

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from tests.integration.sparkjob import Job, assert_exact, new_job
+from tests.integration.sparkjob import NO_KEEPER, STATE_IN_CLICKHOUSE, Job, assert_exact, new_job
 from txsink.clickhouse.dedup_insert import insert_settings
 from txsink.config import WriterConfig
 from txsink.driver import open_registry
@@ -63,11 +63,6 @@ def assert_view_exact(ch: Any, db: str, job: Job) -> None:
     assert sum(r[1] for r in view) == job.produced and sum(r[2] for r in view) == job.amount
 
 
-def dedup_nodes(zk: Any, job: Job) -> list[str]:
-    path = f"/txsink/jobs/{job.name}/dedup"
-    return zk.get_children(path) if zk.exists(path) else []
-
-
 # ------------------------------------------------------------------ Spark, crashes
 
 
@@ -76,13 +71,15 @@ def test_crash_at_every_fault_point_then_restart_is_exact_in_target_and_view(
     stack, ch, zk, fresh_db, tmp_path
 ):
     """One job, one crash per fault point in turn, each restart replaying the crashed batch.
+    Its state lives in ClickHouse (``state=clickhouse``) and its Keeper address answers
+    nothing: executors record dedup state through SQL.
 
     Order matters: each driver point lets one arrival pass (the replay of the batch the
     previous run crashed in) and kills the next batch. ``driver.mid_commit`` is never
     reached in dedup mode (nothing is moved), so its run finishes the job.
     """
-    job = new_job(tmp_path, ch, fresh_db, stack.url, stack.keeper, files=12, rows_per_file=1000,
-                  ddl=ORDERS)  # fmt: skip
+    job = new_job(tmp_path, ch, fresh_db, stack.url, NO_KEEPER, files=12, rows_per_file=1000,
+                  ddl=ORDERS, options=STATE_IN_CLICKHOUSE)  # fmt: skip
     with_view(ch, fresh_db)
     order = ["executor.mid_write", "driver.before_prepare", "driver.after_prepare",
              "driver.after_commit", "driver.after_record", "driver.mid_commit"]  # fmt: skip
@@ -99,7 +96,12 @@ def test_crash_at_every_fault_point_then_restart_is_exact_in_target_and_view(
     records = job.records()
     assert records and all(r.state is XidState.COMMITTED and r.mode is Mode.DEDUP for r in records)
     assert sorted(r.batch for r in records) == list(range(6))
-    assert dedup_nodes(zk, job) == [], "dedup state of committed xids must be deleted"
+    registry = open_registry(job.config())
+    try:  # the state lives in ClickHouse: nothing in Keeper, no dedup state left there
+        assert registry.blob_children(job.name, "dedup") == [], "dedup state must be deleted"
+    finally:
+        registry.close()
+    assert not zk.exists(f"/txsink/jobs/{job.name}"), "state=clickhouse wrote to Keeper"
     # blocks that were re-sent after the executor crash were dropped by ClickHouse, not the view
     assert "RESUME" in job.log.read_text(errors="replace")
 

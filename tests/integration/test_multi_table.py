@@ -8,12 +8,14 @@ fault point and by a fault between the two writes, restarted from its checkpoint
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import pytest
 
 import txsink
-from tests.integration.sparkjob import Job, new_job, staging_left
+from tests.integration.sparkjob import NO_KEEPER, STATE_IN_CLICKHOUSE, Job, new_job, staging_left
+from txsink.cli.main import main
 from txsink.demo import TWO_TABLE_POINTS, daily_ddl, daily_table, target_ddl
 from txsink.driver import open_registry
 from txsink.errors import ConfigError
@@ -156,9 +158,13 @@ def _committed_xids_hold_both_tables(ch, job: Job, daily: str) -> None:
 
 @pytest.mark.slow
 def test_two_table_stream_crashed_at_every_driver_point_is_exact_in_both_tables(
-    stack, ch, fresh_db, tmp_path
+    stack, ch, zk, fresh_db, tmp_path, capsys
 ):
-    job = new_job(tmp_path, ch, fresh_db, stack.url, stack.keeper, files=8, rows_per_file=500)
+    """With its state in ClickHouse (``state=clickhouse``, KeeperMap) and a Keeper address
+    nothing listens on: neither driver nor executor needs Keeper, and the CLI reads and
+    changes the job through the same store."""
+    job = new_job(tmp_path, ch, fresh_db, stack.url, NO_KEEPER, files=8, rows_per_file=500,
+                  options=STATE_IN_CLICKHOUSE)  # fmt: skip
     daily = daily_table(job.table)
     ch.command(daily_ddl(daily))
     for point in DRIVER_POINTS:
@@ -186,3 +192,12 @@ def test_two_table_stream_crashed_at_every_driver_point_is_exact_in_both_tables(
     result = verify_job(job.config())  # reconciles each table against its own ledger cut
     assert result.clean, result.to_json()
     assert set(result.checked["tables"]) == {job.table, daily}
+    assert not zk.exists(f"/txsink/jobs/{job.name}"), "state=clickhouse wrote to Keeper"
+    flags = ["--url", stack.url, "--keeper", NO_KEEPER, "--state", "clickhouse",
+             "--job", job.name, "--json"]  # fmt: skip
+    for command in ("status", "verify", "recover"):
+        capsys.readouterr()
+        code = main([command, *flags])
+        out = json.loads(capsys.readouterr().out)
+        assert code == 0, (command, out)
+        assert job.name in json.dumps(out), (command, out)

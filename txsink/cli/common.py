@@ -35,6 +35,8 @@ COMMON_FLAGS = (
     "user",
     "password",
     "keeper",
+    "state",
+    "state_database",
     "keeper_root",
     "keeper_auth",
     "job",
@@ -191,13 +193,26 @@ def open_stores(args: argparse.Namespace) -> Stores:
 
     creds = resolve_credentials(args)
     tls = connect_settings(args)
-    registry = KazooRegistry(
-        args.keeper,
-        "/" + args.keeper_root.strip("/"),
-        auth=creds.keeper_auth,
-        timeout=args.keeper_timeout,
-        retry_s=args.keeper_retry_s,
-    )
+    root = "/" + args.keeper_root.strip("/")
+    registry: Any
+    if getattr(args, "state", "keeper") == "clickhouse":
+        from txsink.keeper.keepermap import keepermap_registry
+
+        registry = keepermap_registry(
+            tls.connect(creds.url, creds.user, creds.password),
+            args.state_database,
+            root,
+            timeout=args.keeper_timeout,
+            retry_s=args.keeper_retry_s,
+        )
+    else:
+        registry = KazooRegistry(
+            args.keeper,
+            root,
+            auth=creds.keeper_auth,
+            timeout=args.keeper_timeout,
+            retry_s=args.keeper_retry_s,
+        )
     try:
         client = tls.connect(creds.url, creds.user, creds.password)
     except BaseException:

@@ -93,11 +93,23 @@ def open_stores(
     keeper_root: str = "/txsink",
     staging_database: str | None = None,
     timeout: float = 15.0,
+    state: str = "keeper",
+    state_database: str = "txsink_state",
 ) -> Stores:
-    """Connect to Keeper and ClickHouse (both fail fast with a named error)."""
-    registry = KazooRegistry(
-        keeper, "/" + keeper_root.strip("/"), auth=keeper_auth, timeout=timeout
-    )
+    """Connect to the state store (Keeper, or with ``state="clickhouse"`` the KeeperMap
+    table on ``url``) and ClickHouse (both fail fast with a named error)."""
+    registry: Any
+    if state == "clickhouse":
+        from txsink.keeper.keepermap import keepermap_registry
+
+        registry = keepermap_registry(
+            connect(url, user, password), state_database, "/" + keeper_root.strip("/"),
+            timeout=timeout,
+        )  # fmt: skip
+    else:
+        registry = KazooRegistry(
+            keeper, "/" + keeper_root.strip("/"), auth=keeper_auth, timeout=timeout
+        )
     try:
         client = connect(url, user, password)
     except BaseException:
