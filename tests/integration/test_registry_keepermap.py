@@ -14,10 +14,12 @@ from typing import Any
 
 import pytest
 
-from tests.registry_contract import RegistryContract, TombstoneContract
+from tests.registry_contract import JOB, RegistryContract, TombstoneContract, prepared
 from txsink.embedded.stack import StackInfo
-from txsink.keeper.keepermap import keepermap_registry
+from txsink.errors import FencedError, RetryableConflict, TxSinkError, UnavailableError
+from txsink.keeper.keepermap import KeeperMapNodes, Op, keepermap_registry
 from txsink.ports.registry import Registry
+from txsink.protocol.states import XidState
 
 pytestmark = pytest.mark.integration
 
@@ -57,3 +59,164 @@ def registry(open_registry: Callable[[], Registry]) -> Registry:
 
 class TestRegistryContractOnKeeperMap(RegistryContract, TombstoneContract):
     """Every contract invariant of tests/registry_contract.py, on KeeperMap."""
+
+
+# -- KeeperMap only ---------------------------------------------------------------------
+
+
+class Faulty:
+    """The real client, with a hook around each write: ``before(sql)`` runs first (another
+    actor acting at that moment), ``after(sql)`` once the write landed (its reply lost)."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.url = real.url
+        self.before: Callable[[str], None] = lambda sql: None
+        self.after: Callable[[str], None] = lambda sql: None
+
+    def command(self, sql: str, **kwargs: Any) -> Any:
+        self.before(sql)
+        out = self.real.command(sql, **kwargs)
+        self.after(sql)
+        return out
+
+    def query_rows(self, sql: str, **kwargs: Any) -> Any:
+        return self.real.query_rows(sql, **kwargs)
+
+    def close(self) -> None:
+        self.real.close()
+
+
+def once(kind: str, error: Exception) -> Callable[[str], None]:
+    """Raise ``error`` the first time a statement starting with ``kind`` runs."""
+    fired: list[bool] = []
+
+    def hook(sql: str) -> None:
+        if sql.startswith(kind) and not fired:
+            fired.append(True)
+            raise error
+
+    return hook
+
+
+@pytest.fixture
+def faulty(stack: StackInfo, root: str) -> Iterator[tuple[Faulty, Registry]]:
+    client = Faulty(connect(stack))
+    registry = keepermap_registry(client, DATABASE, root, timeout=10.0, retry_s=5.0)
+    yield client, registry
+    registry.close()
+
+
+BAD_VERSION = TxSinkError("Transaction failed (Bad version): Op #0 (KEEPER_EXCEPTION)", code=999)
+NODE_EXISTS = TxSinkError("Transaction failed (Node exists): Op #0 (KEEPER_EXCEPTION)", code=999)
+
+
+def test_a_transaction_that_landed_but_came_back_bad_version_is_reported_as_done(
+    stack: StackInfo, root: str
+) -> None:
+    # the server retried the UPDATE after a connection loss; the retry saw the rows
+    # changed (by the first try) and said "Bad version": the write is ours, it landed
+    client = Faulty(connect(stack))
+    nodes = KeeperMapNodes(client, DATABASE)
+    try:
+        nodes.ensure_path_async(root).get()
+        nodes.commit_or_raise([Op("create", f"{root}/epoch", b"1")])
+        client.after = once("ALTER TABLE", BAD_VERSION)
+        done = nodes.commit(
+            [Op("check", f"{root}/epoch", version=0), Op("create", f"{root}/x", b"rec"),
+             Op("set", f"{root}/epoch", b"2", version=0)]
+        )  # fmt: skip
+        assert not any(isinstance(r, Exception) for r in done), done
+        assert nodes.get_async(f"{root}/x").get()[0] == b"rec"
+        assert nodes.get_async(f"{root}/epoch").get()[1].version == 1
+    finally:
+        nodes.close()
+
+
+def test_an_insert_that_landed_but_came_back_node_exists_is_reported_as_done(
+    stack: StackInfo, root: str
+) -> None:
+    client = Faulty(connect(stack))
+    nodes = KeeperMapNodes(client, DATABASE)
+    try:
+        nodes.ensure_path_async(root).get()
+        client.after = once("INSERT INTO", NODE_EXISTS)
+        assert nodes.create_async(f"{root}/x", b"rec").get() == f"{root}/x"
+        assert nodes.get_async(f"{root}/x").get()[0] == b"rec"
+    finally:
+        nodes.close()
+
+
+def test_a_commit_whose_reply_was_lost_counts_once_in_the_ledger(
+    faulty: tuple[Faulty, Registry],
+) -> None:
+    # the connection to ClickHouse dropped after the commit landed: the outcome is unknown,
+    # the registry's step re-reads and finds the xid COMMITTED by its own epoch
+    client, registry = faulty
+    epoch = registry.take_epoch(JOB, "driver-a")
+    record = prepared(registry, epoch, "x-1")
+    client.after = once("ALTER TABLE", UnavailableError("connection reset (reply lost)"))
+    with pytest.raises((UnavailableError, RetryableConflict)):
+        registry.commit(epoch, record, committed_at=5.0)
+    now = registry.get(JOB, "x-1")
+    assert now is not None and now.state is XidState.COMMITTED
+    assert registry.ledger(JOB).committed == 1
+    with pytest.raises(RetryableConflict):  # a blind retry at the old version cannot count twice
+        registry.commit(epoch, record, committed_at=6.0)
+    assert registry.ledger(JOB).committed == 1
+
+
+def test_a_row_deleted_between_the_read_and_the_update_is_an_error_not_a_success(
+    stack: StackInfo, faulty: tuple[Faulty, Registry], root: str
+) -> None:
+    # an UPDATE skips missing rows silently: without the read-back this set would "succeed"
+    client, registry = faulty
+    registry.put_blob(JOB, "notes", {"a": 1})
+    path = f"{root}/jobs/{JOB}/notes"
+    other = connect(stack)
+
+    def delete_it(sql: str) -> None:
+        if sql.startswith("ALTER TABLE"):
+            other.command(f"DELETE FROM {DATABASE}.nodes WHERE key = '{path}'")
+
+    client.before = delete_it
+    with pytest.raises(TxSinkError, match="vanished"):
+        registry.put_blob(JOB, "notes", {"a": 2})
+    other.close()
+
+
+def test_an_unconfirmed_row_of_a_creator_that_died_is_invisible_and_taken_over(
+    stack: StackInfo, registry: Registry, root: str
+) -> None:
+    epoch = registry.take_epoch(JOB, "driver-a")
+    key = f"{root}/jobs/{JOB}/xids/x-1"
+    other = connect(stack)
+    other.command(  # what a creator leaves when it dies between its INSERT and its UPDATE
+        f"INSERT INTO {DATABASE}.nodes VALUES ('{key}', '{{}}', 0, 1, 'dead-tx')",
+        settings={"keeper_map_strict_mode": 1},
+    )
+    other.close()
+    assert registry.get(JOB, "x-1") is None
+    assert registry.list(JOB) == []
+    record = prepared(registry, epoch, "x-1")
+    assert registry.get(JOB, "x-1") == record
+
+
+def test_a_zombie_whose_prepare_raced_a_takeover_never_lands(
+    faulty: tuple[Faulty, Registry], open_registry: Callable[[], Registry]
+) -> None:
+    # the zombie's rows are inserted (pending); a new writer takes the epoch before the
+    # zombie's confirming UPDATE: the guard on the epoch row refuses it, nothing shows
+    client, zombie = faulty
+    old = zombie.take_epoch(JOB, "driver-a")
+    successor = open_registry()
+
+    def take_over(sql: str) -> None:
+        if sql.startswith("ALTER TABLE") and "x-1" in sql:
+            successor.take_epoch(JOB, "driver-b")
+
+    client.before = take_over
+    with pytest.raises(FencedError):
+        prepared(zombie, old, "x-1")
+    assert successor.get(JOB, "x-1") is None
+    assert zombie.get(JOB, "x-1") is None

@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "txsink.cli.ops_cmd",
     "txsink.cli.demo_cmd",
     "txsink.cli.mode_cmd",
+    "txsink.cli.check_cmd",
 )
 
 

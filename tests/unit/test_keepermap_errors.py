@@ -1,0 +1,71 @@
+"""How the KeeperMap store reads ClickHouse's answers (pure: a scripted client).
+
+Code 999 covers several Keeper outcomes, told apart only by the message; 395 is the
+store's own ``throwIf`` guard; a dropped connection leaves the outcome unknown.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kazoo.exceptions import BadVersionError, ConnectionLoss, NodeExistsError
+
+from txsink.errors import ConfigError, TxSinkError, UnavailableError
+from txsink.keeper.keepermap import KeeperMapNodes
+
+
+class Scripted:
+    url = "http://ch:8123"
+
+    def __init__(self) -> None:
+        self.error: Exception | None = None
+
+    def command(self, sql: str, **kwargs: Any) -> None:
+        if self.error is not None and not sql.startswith("CREATE"):
+            raise self.error
+
+    def query_rows(self, sql: str, **kwargs: Any) -> list[Any]:
+        return []
+
+    def close(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (TxSinkError("Transaction failed (Bad version): Op #0", code=999), BadVersionError),
+        (TxSinkError("Transaction failed (Node exists): Op #0", code=999), NodeExistsError),
+        (TxSinkError("Value passed to 'throwIf' function is non-zero", code=395), BadVersionError),
+        (TxSinkError("Transaction failed (Connection loss)", code=999), ConnectionLoss),
+        (UnavailableError("ClickHouse at http://ch:8123 did not answer"), ConnectionLoss),
+    ],
+)
+def test_keeper_outcomes_become_kazoos_errors(error: Exception, expected: type) -> None:
+    client = Scripted()
+    nodes = KeeperMapNodes(client, "txsink_state")
+    client.error = error
+    with pytest.raises(expected):
+        nodes._write("ALTER TABLE t UPDATE v = v WHERE key = 'k'", "test write")
+
+
+def test_any_other_server_error_is_not_mistaken_for_a_conflict() -> None:
+    client = Scripted()
+    nodes = KeeperMapNodes(client, "txsink_state")
+    client.error = TxSinkError("Not enough privileges", code=497)
+    with pytest.raises(TxSinkError, match="privileges"):
+        nodes._write("ALTER TABLE t UPDATE v = v WHERE key = 'k'", "test write")
+
+
+def test_a_server_without_keepermap_is_a_config_error_naming_the_fix() -> None:
+    class Disabled(Scripted):
+        def command(self, sql: str, **kwargs: Any) -> None:
+            if "ENGINE = KeeperMap" in sql:
+                raise TxSinkError(
+                    "KeeperMap is disabled because 'keeper_map_path_prefix' config is not defined",
+                    code=36,
+                )
+
+    with pytest.raises(ConfigError, match="keeper_map_path_prefix.*state=keeper"):
+        KeeperMapNodes(Disabled(), "txsink_state")
