@@ -67,5 +67,5 @@ def test_a_server_without_keepermap_is_a_config_error_naming_the_fix() -> None:
                     code=36,
                 )
 
-    with pytest.raises(ConfigError, match="keeper_map_path_prefix.*state=keeper"):
+    with pytest.raises(ConfigError, match=r"keeper_map_path_prefix.*state=keeper"):
         KeeperMapNodes(Disabled(), "txsink_state")
