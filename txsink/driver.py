@@ -49,6 +49,47 @@ def open_registry(config: WriterConfig) -> Registry:
     )
 
 
+def job_in_other_store(config: WriterConfig, client: Any) -> str | None:
+    """Where ``config.job`` keeps its state if not in the store ``config`` names: a job's
+    store is fixed for its life, so a writer naming the other one must be refused before
+    it starts the job afresh there. Looked up only where the other store is at hand:
+    the KeeperMap table on ``client``'s server (read, never created), or the ``keeper``
+    given beside ``state=clickhouse`` (skipped when it does not answer within 2 s)."""
+    from txsink.keeper.kazoo_base import check_name
+
+    key = f"{config.keeper_root.rstrip('/')}/jobs/{check_name('job', config.job)}"
+    if config.state == "keeper":
+        found = client.query_rows(
+            "SELECT count() FROM system.tables WHERE database = {db:String} AND name = 'nodes' "
+            "AND engine = 'KeeperMap'",
+            parameters={"db": config.state_database},
+        )
+        if not found or not found[0][0]:
+            return None
+        from txsink.names import quote_ident
+
+        rows = client.query_rows(
+            f"SELECT count() FROM {quote_ident(config.state_database)}.nodes "
+            "WHERE key = {k:String} AND pending = ''",
+            parameters={"k": key},
+        )
+        return f"ClickHouse (state=clickhouse, {config.state_database})" if rows[0][0] else None
+    if not config.keeper:
+        return None
+    from txsink.errors import UnavailableError
+    from txsink.keeper.kazoo_registry import KazooRegistry
+
+    try:
+        other = KazooRegistry(config.keeper, config.keeper_root, auth=config.keeper_auth or None,
+                              timeout=2.0, retry_s=0)  # fmt: skip
+    except UnavailableError:
+        return None
+    try:
+        return f"Keeper at {config.keeper} (state=keeper)" if other.job_meta(config.job) else None
+    finally:
+        other.close()
+
+
 def open_client(config: WriterConfig, url: str | None = None, **settings: Any) -> Any:
     """A client of ``url`` (default: the job's ``url``) with the job's credentials."""
     from txsink.clickhouse.client import connect

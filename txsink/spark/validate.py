@@ -160,6 +160,22 @@ def read_job(config: WriterConfig) -> tuple[JobMeta | None, str]:
         return registry.job_meta(config.job), registry.namespace()
 
 
+def check_store(config: WriterConfig, warehouse: Any) -> None:
+    """Refuse a new-looking job whose state lives in the other store (a job's store is
+    fixed for its life: starting it afresh there would rewrite what it committed)."""
+    from txsink.driver import job_in_other_store
+
+    first = (getattr(warehouse, "shards", None) or [warehouse])[0]
+    where = job_in_other_store(config, first.client)
+    if where is not None:
+        raise ConfigError(
+            f"job {config.job} keeps its transaction state in {where}, but this writer names "
+            f"state={config.state}: a job's state store is fixed for its life. Use the "
+            "job's own store (option state), or a new job name for a new job. Nothing was "
+            "written"
+        )
+
+
 def check_identity(config: WriterConfig, meta: JobMeta | None) -> None:
     """Refuse, before a task writes, a writer the job's first commit rules out (another
     target, another shard list: :func:`txsink.protocol.job.identity_refusal`): dedup-mode
@@ -214,6 +230,8 @@ def _validate(
         if config.shards:
             check_sharded(config, schema, infos)
         meta, namespace = read_job(config)
+        if meta is None:
+            check_store(config, warehouse)
         check_identity(config, meta)
         pinned = pinned_mode(meta, config.table)
         views: tuple[TargetInfo, ...] = ()
