@@ -66,6 +66,7 @@ class Arena:
     zk_proxy: fp.FaultProxy
     db: str
     job: str
+    state: str = "keeper"  # or "clickhouse": the state in KeeperMap, through ch_proxy
     produced: int = 0
     amount: int = 0
     files: int = 0
@@ -83,8 +84,14 @@ class Arena:
         host, port = self.services.info.url.rsplit("/", 1)[-1].split(":")
         return clickhouse_connect.get_client(host=host, port=int(port))
 
-    def registry(self) -> KazooRegistry:
-        """Keeper straight, not through the proxy: the nemesis must see the truth."""
+    def registry(self) -> Any:
+        """The state store straight, not through a proxy: the nemesis must see the truth."""
+        if self.state == "clickhouse":
+            from txsink.clickhouse.client import connect
+            from txsink.keeper.keepermap import keepermap_registry
+
+            client = connect(self.services.info.url)
+            return keepermap_registry(client, "txsink_state", "/txsink", timeout=10, retry_s=60)
         return KazooRegistry(self.services.info.keeper, timeout=10, retry_s=60)
 
     def grow(self, files: int, rows_per_file: int = ROWS_PER_FILE) -> None:
@@ -109,6 +116,8 @@ class Arena:
         # several blocks per task: several parts per staged partition (a MOVE can be cut
         # between them: clickhouse-crash-inside-move), several dedup blocks per task
         extra += ["--option", "block_rows=500"]
+        if self.state == "clickhouse":
+            extra += ["--option", "state=clickhouse"]
         return job_args(
             self.work / "src",
             self.work / "ckpt",
@@ -138,7 +147,7 @@ def _shift_ids(src: Path, first: int, dest: Path) -> None:
     src.unlink()
 
 
-def open_arena(services: Services, work: Path, mode: str) -> Arena:
+def open_arena(services: Services, work: Path, mode: str, state: str = "keeper") -> Arena:
     ch_port = int(services.info.url.rsplit(":", 1)[-1])
     zk_port = int(services.info.keeper.rsplit(":", 1)[-1])
     ch_proxy = fp.FaultProxy(("127.0.0.1", ch_port), name="clickhouse").start()
@@ -151,6 +160,7 @@ def open_arena(services: Services, work: Path, mode: str) -> Arena:
         zk_proxy,
         db=f"nemesis_{uuid.uuid4().hex[:8]}",
         job=f"nemesis-{mode}-{uuid.uuid4().hex[:6]}",
+        state=state,
     )
     client = arena.client()
     try:
@@ -350,6 +360,10 @@ def _driver_kill(arena: Arena, rng: random.Random, wait: float) -> tuple[bool, s
     return True, f"kill -9 of the driver's process group {pid}"
 
 
+def _state(needle: str) -> str:
+    return r"ALTER\s+TABLE\s+\S*nodes\s+UPDATE.{0,2000}" + needle
+
+
 def _staging(statement: str) -> str:
     return statement + r".{0,200}txsink_staging"
 
@@ -386,6 +400,12 @@ FAULTS: dict[str, Any] = {
         ),
         "Keeper dedup state",
     ),
+    # state=clickhouse: the guarded UPDATE that confirms a new xid record (its key is
+    # followed by the creating transaction's id) and the one that commits (the ledger)
+    "lost-reply-state-prepare": _drop(
+        CH, fp.http_request(_state(r"/xids/[^']*' AND pending = '[0-9a-f]{32}'")), "state prepare"
+    ),
+    "lost-reply-state-commit": _drop(CH, fp.http_request(_state("/ledger")), "state commit"),
     "clickhouse-connection-reset": _reset(CH),
     "zookeeper-connection-reset": _reset(ZK),
     "clickhouse-black-hole": _blackhole(CH, 1.0, 4.0),
@@ -401,11 +421,12 @@ ATTACH_ONLY = {
     "clickhouse-crash-inside-move",
 }
 DEDUP_ONLY = {"lost-reply-keeper-dedup-state"}
+STATE_CLICKHOUSE_ONLY = {"lost-reply-state-prepare", "lost-reply-state-commit"}
 
 
 def faults_for(mode: str) -> list[str]:
     skip = DEDUP_ONLY if mode == "attach" else ATTACH_ONLY | {"lost-reply-keeper-prepare"}
-    return [k for k in FAULTS if k not in skip]
+    return [k for k in FAULTS if k not in skip | STATE_CLICKHOUSE_ONLY]
 
 
 # ----------------------------------------------------------------------------- playing

@@ -60,7 +60,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from clickhouse_connect.driver.binding import format_query_value
 from kazoo.exceptions import (
     BadVersionError,
     ConnectionLoss,
@@ -70,7 +69,7 @@ from kazoo.exceptions import (
 )
 
 from txsink.errors import ConfigError, TxSinkError, UnavailableError
-from txsink.names import quote_ident
+from txsink.names import quote_ident, quote_literal
 
 STRICT = {"keeper_map_strict_mode": 1}
 TABLE = "nodes"
@@ -156,7 +155,7 @@ class _Transaction:
 
 def lit(value: str) -> str:
     """A string as an SQL literal (values travel in the request body, not the URL)."""
-    return str(format_query_value(value))
+    return quote_literal(value)
 
 
 def blob(data: bytes) -> str:

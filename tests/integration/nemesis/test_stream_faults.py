@@ -46,11 +46,29 @@ DEDUP = [
 ]
 
 
-@pytest.mark.parametrize(("mode", "faults"), [("attach", ATTACH), ("dedup", DEDUP)])
+# state=clickhouse: the transaction state in KeeperMap, reached through the ClickHouse
+# proxy like the rows: lost replies of its prepare and commit statements, and ClickHouse
+# killed (the state store with it)
+STATE_IN_CLICKHOUSE = [
+    "lost-reply-state-prepare",
+    "lost-reply-state-commit",
+    "clickhouse-kill",
+    "lost-reply-move",
+]
+
+
+@pytest.mark.parametrize(
+    ("mode", "faults", "state"),
+    [
+        ("attach", ATTACH, "keeper"),
+        ("dedup", DEDUP, "keeper"),
+        ("attach", STATE_IN_CLICKHOUSE, "clickhouse"),
+    ],
+)
 def test_a_stream_under_the_nemesis_ends_exact_and_every_fault_happened(
-    nemesis: Services, tmp_path: Path, mode: str, faults: list[str]
+    nemesis: Services, tmp_path: Path, mode: str, faults: list[str], state: str
 ) -> None:
-    arena = chaos.open_arena(nemesis, tmp_path, mode)
+    arena = chaos.open_arena(nemesis, tmp_path, mode, state)
     try:
         verdict = chaos.play(
             arena,
