@@ -66,8 +66,8 @@ def stage(handle: Any, run_id: str, xid: str, tid: int, partitions: int) -> list
     return [StagedPart(name, pid, rows) for pid, rows in sorted(view.items())]
 
 
-def config_for(bench: Bench, table: str) -> WriterConfig:
-    return WriterConfig.from_options(bench.sink_options(table, mode="attach"))
+def config_for(bench: Bench, table: str, **options: str) -> WriterConfig:
+    return WriterConfig.from_options(bench.sink_options(table, mode="attach", **options))
 
 
 def transactor_path(bench: Bench, partitions: int, batches: int) -> dict[str, Any]:
@@ -96,8 +96,11 @@ def transactor_path(bench: Bench, partitions: int, batches: int) -> dict[str, An
     return out
 
 
-def driver_path(bench: Bench, partitions: int, batches: int) -> dict[str, Any]:
-    cfg = config_for(bench, commit_target(bench))
+def driver_path(
+    bench: Bench, partitions: int, batches: int, *, raw: bool = False, **options: str
+) -> Any:
+    """``committer.commit_batch`` per batch: its latency summary (the list with ``raw``)."""
+    cfg = config_for(bench, commit_target(bench), **options)
     plan = writer.WritePlan(cfg, "attach", run_id="")
     run_id = f"bench-{uuid.uuid4().hex[:8]}"
     handle = open_job(cfg)
@@ -116,7 +119,7 @@ def driver_path(bench: Bench, partitions: int, batches: int) -> dict[str, Any]:
                 walls.append(time.perf_counter() - started)
     finally:
         handle.close()
-    return latency_summary(walls)
+    return walls if raw else latency_summary(walls)
 
 
 def run(bench: Bench, progress: Any) -> dict[str, Any]:

@@ -41,9 +41,10 @@ def crash_at(point: str) -> Any:
     return fault
 
 
-def one_restart(bench: Bench, crashed: bool) -> float:
-    """Takeover (+ roll forward when ``crashed``) + the next batch's commit, seconds."""
-    cfg = config_for(bench, commit_target(bench))
+def one_restart(bench: Bench, crashed: bool, **options: str) -> float:
+    """Takeover (+ roll forward when ``crashed``) + the next batch's commit, seconds
+    (``options``: more sink options, e.g. ``state="clickhouse"``)."""
+    cfg = config_for(bench, commit_target(bench), **options)
     first, second = open_job(cfg), open_job(cfg)
     try:
         first.warehouse.ensure_staging_db()

@@ -51,6 +51,7 @@ MODULES = {
     "memory": "memory",
     "profile": "hotpath",
     "values": "value_checks",
+    "state": "state_store",
 }
 
 

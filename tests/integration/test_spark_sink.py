@@ -289,18 +289,17 @@ def test_the_kafka_example_of_docs_install_over_json_files_is_exact(
     assert got == (250, 250, Decimal("312.50"), 0)
 
 
-@pytest.mark.parametrize(("first", "then"), [("keeper", "clickhouse"), ("clickhouse", "keeper")])
-def test_a_job_keeps_its_state_store_for_life_the_other_one_is_refused(
-    spark, stack, ch, target, first, then
-):
+def test_a_job_keeps_its_state_store_for_life_the_other_one_is_refused(spark, stack, ch, target):
     """A job's records live in one store; a writer naming the other would find no job
     there and start it afresh (a txn_version already committed would be written again).
-    It is refused before anything is written, naming both stores."""
-    job = f"s-{uuid.uuid4().hex[:8]}"
-    write(rows(spark, 40), stack, target, job=job, txn_version="1", state=first)
-    with pytest.raises(Exception, match="fixed for its life") as refused:
-        write(rows(spark, 40), stack, target, job=job, txn_version="1", state=then)
-    assert "Nothing was written" in str(refused.value)
-    assert ch.query(f"SELECT count(), uniqExact(id) FROM {target}").result_rows[0] == (40, 40)
-    write(rows(spark, 40), stack, target, job=job, txn_version="1", state=first)  # a no-op
-    assert ch.query(f"SELECT count() FROM {target}").result_rows[0][0] == 40
+    It is refused before anything is written, naming both stores, in both directions."""
+    for first, then in (("keeper", "clickhouse"), ("clickhouse", "keeper")):
+        job = f"s-{uuid.uuid4().hex[:8]}"
+        before = ch.query(f"SELECT count() FROM {target}").result_rows[0][0]
+        write(rows(spark, 40, start=before), stack, target, job=job, txn_version="1", state=first)
+        with pytest.raises(Exception, match="fixed for its life") as refused:
+            write(rows(spark, 40, start=before), stack, target, job=job, txn_version="1",
+                  state=then)  # fmt: skip
+        assert "Nothing was written" in str(refused.value) and first in str(refused.value)
+        after = ch.query(f"SELECT count(), uniqExact(id) FROM {target}").result_rows[0]
+        assert after == (before + 40, before + 40)
