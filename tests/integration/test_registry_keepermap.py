@@ -192,7 +192,7 @@ def test_an_unconfirmed_row_of_a_creator_that_died_is_invisible_and_taken_over(
     key = f"{root}/jobs/{JOB}/xids/x-1"
     other = connect(stack)
     other.command(  # what a creator leaves when it dies between its INSERT and its UPDATE
-        f"INSERT INTO {DATABASE}.nodes VALUES ('{key}', '{{}}', 0, 1, 'dead-tx')",
+        f"INSERT INTO {DATABASE}.nodes VALUES ('{key}', '{{}}', 0, 1, 'dead-tx', 'dead-tx')",
         settings={"keeper_map_strict_mode": 1},
     )
     other.close()

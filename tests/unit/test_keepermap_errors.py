@@ -12,7 +12,7 @@ import pytest
 from kazoo.exceptions import BadVersionError, ConnectionLoss, NodeExistsError
 
 from txsink.errors import ConfigError, TxSinkError, UnavailableError
-from txsink.keeper.keepermap import KeeperMapNodes
+from txsink.keeper.keepermap import COLUMNS, KeeperMapNodes
 
 
 class Scripted:
@@ -26,7 +26,7 @@ class Scripted:
             raise self.error
 
     def query_rows(self, sql: str, **kwargs: Any) -> list[Any]:
-        return []
+        return list(COLUMNS) if "system.columns" in sql else []
 
     def close(self) -> None:
         return None
@@ -69,3 +69,12 @@ def test_a_server_without_keepermap_is_a_config_error_naming_the_fix() -> None:
 
     with pytest.raises(ConfigError, match=r"keeper_map_path_prefix.*state=keeper"):
         KeeperMapNodes(Disabled(), "txsink_state")
+
+
+def test_a_state_table_of_another_shape_is_refused_naming_it() -> None:
+    class Old(Scripted):
+        def query_rows(self, sql: str, **kwargs: Any) -> list[Any]:
+            return [("key", "String"), ("value", "String")] if "system.columns" in sql else []
+
+    with pytest.raises(ConfigError, match="another state_database"):
+        KeeperMapNodes(Old(), "txsink_state")

@@ -7,13 +7,15 @@ makes (get, exists, children, create, set, delete, sync and the multi-op transac
 each served by one table::
 
     <state_database>.nodes (key String, value String, ver UInt32, czxid UInt64,
-                            pending String)  ENGINE = KeeperMap('/txsink/<db>')
+                            pending String, tx String)  ENGINE = KeeperMap('/txsink/<db>')
 
 ``key`` is the node's path, ``value`` its data, ``ver`` its version (kept by txsink:
 KeeperMap's own znode versions are not readable), ``czxid`` its creation order (the
 writer's clock in nanoseconds), ``pending`` the id of a transaction that inserted the
-row and has not yet confirmed it. So the registry, its fencing, records, ledger and
-dedup state are one code path on both stores (:mod:`txsink.ports.registry`).
+row and has not yet confirmed it, ``tx`` the id of the last transaction that wrote it
+(so a write whose reply was lost is recognised as ours). So the registry, its fencing,
+records, ledger and dedup state are one code path on both stores
+(:mod:`txsink.ports.registry`).
 
 Every statement runs with ``keeper_map_strict_mode = 1`` (an INSERT of an existing key
 fails; a write over a row that changed since the statement read it fails with "Bad
@@ -73,6 +75,14 @@ from txsink.names import quote_ident, quote_literal
 
 STRICT = {"keeper_map_strict_mode": 1}
 TABLE = "nodes"
+COLUMNS = (
+    ("key", "String"),
+    ("value", "String"),
+    ("ver", "UInt32"),
+    ("czxid", "UInt64"),
+    ("pending", "String"),
+    ("tx", "String"),
+)
 KEEPER_EXCEPTION = 999  # Keeper said no: Bad version, Node exists, Connection loss
 GUARD_FAILED = 395  # FUNCTION_THROW_IF_VALUE_IS_NON_ZERO
 
@@ -91,6 +101,7 @@ class Row:
     ver: int
     czxid: int
     pending: str
+    tx: str = ""
 
 
 class _Done:
@@ -195,9 +206,14 @@ class KeeperMapNodes:
         try:
             self._ch.command(f"CREATE DATABASE IF NOT EXISTS {quote_ident(self.database)}")
             self._ch.command(
-                f"CREATE TABLE IF NOT EXISTS {self.table} (key String, value String, "
-                "ver UInt32, czxid UInt64, pending String) "
+                f"CREATE TABLE IF NOT EXISTS {self.table} "
+                f"({', '.join(f'{n} {t}' for n, t in COLUMNS)}) "
                 f"ENGINE = KeeperMap('/txsink/{self.database}') PRIMARY KEY key"
+            )
+            found = self._ch.query_rows(
+                "SELECT name, type FROM system.columns WHERE database = {d:String} "
+                "AND table = {t:String}",
+                parameters={"d": self.database, "t": TABLE},
             )
         except UnavailableError:
             raise
@@ -211,20 +227,26 @@ class KeeperMapNodes:
             raise ConfigError(
                 f"state=clickhouse cannot create its table {self.database}.{TABLE} on "
                 f"{self._ch.url}: {exc}; grant CREATE DATABASE/TABLE on "
-                f"{self.database}, or create it as `txsink check` shows"
+                f"{self.database}, or create it as docs/cloud.md shows"
             ) from exc
+        if sorted((str(n), str(t)) for n, t in found) != sorted(COLUMNS):
+            raise ConfigError(
+                f"the state table {self.database}.{TABLE} on {self._ch.url} has columns "
+                f"{sorted(found)}, not txsink's {sorted(COLUMNS)}: it was made by another "
+                "release or program; name another state_database"
+            )
 
     def _read(self, keys: Iterable[str]) -> dict[str, Row]:
         wanted = sorted(set(keys))
         if not wanted:
             return {}
         rows = self._ch.query_rows(
-            f"SELECT key, hex(value), ver, czxid, pending FROM {self.table} "
+            f"SELECT key, hex(value), ver, czxid, pending, tx FROM {self.table} "
             "WHERE key IN {keys:Array(String)}",
             parameters={"keys": wanted},
             what="read of the state store",
         )
-        return {k: Row(bytes.fromhex(v), int(ver), int(cz), p) for k, v, ver, cz, p in rows}
+        return {k: Row(bytes.fromhex(v), int(ver), int(cz), p, tx) for k, v, ver, cz, p, tx in rows}
 
     def _write(self, sql: str, what: str) -> None:
         """Run one write; Keeper's refusals become kazoo's errors, an unknown outcome
@@ -427,17 +449,21 @@ class KeeperMapNodes:
                 self._write(
                     f"ALTER TABLE {self.table} UPDATE value = if(throwIf(pending != "
                     f"{lit(before[op.path].pending)}) = 0, {blob(op.data)}, value), "
-                    f"pending = {lit(txid)}, ver = 0, czxid = {self._clock()} "
+                    f"pending = {lit(txid)}, tx = {lit(txid)}, ver = 0, czxid = {self._clock()} "
                     f"WHERE key = {lit(op.path)}",
                     f"create of {op.path} (over an unconfirmed row)",
                 )
         if not fresh:
             return
         values = ", ".join(
-            f"({lit(op.path)}, {blob(op.data)}, 0, {self._clock()}, {lit(txid)})" for op in fresh
+            f"({lit(op.path)}, {blob(op.data)}, 0, {self._clock()}, {lit(txid)}, {lit(txid)})"
+            for op in fresh
         )
         try:
-            self._write(f"INSERT INTO {self.table} VALUES {values}", "create of nodes")
+            self._write(
+                f"INSERT INTO {self.table} (key, value, ver, czxid, pending, tx) VALUES {values}",
+                "create of nodes",
+            )
         except NodeExistsError:
             rows = self._read(op.path for op in fresh)
             if all(rows.get(op.path, Row(b"", 0, 0, "")).pending == txid for op in fresh):
@@ -465,11 +491,13 @@ class KeeperMapNodes:
         keys = ", ".join(lit(op.path) for op in ops)
         set_keys = ", ".join(sets) or "''"
         create_keys = ", ".join(creates) or "''"
+        written = ", ".join(sets + creates) or "''"
         self._write(
             f"ALTER TABLE {self.table} UPDATE "
             f"value = if(throwIf(NOT ({' OR '.join(guards)})) = 0, {new_value}, value), "
             f"ver = if(key IN ({set_keys}), ver + 1, ver), "
-            f"pending = if(key IN ({create_keys}), '', pending) "
+            f"pending = if(key IN ({create_keys}), '', pending), "
+            f"tx = if(key IN ({written}), {lit(txid)}, tx) "
             f"WHERE key IN ({keys})",
             "transaction on the state store",
         )
@@ -478,16 +506,20 @@ class KeeperMapNodes:
     def _landed(
         ops: Sequence[Op], before: dict[str, Row], after: dict[str, Row], txid: str
     ) -> bool:
-        """Whether step 3 was applied although it was reported failed (a retried request)."""
+        """Whether step 3 was applied although it was reported failed (a retried request):
+        every row it writes carries its transaction id (``tx``), so our write is told
+        from another writer's, even one of identical bytes."""
         if not any(op.kind != "check" for op in ops):
             return False  # nothing it wrote can show it: decide again
         for op in ops:
             row = after.get(op.path)
-            if row is None:
+            if op.kind == "check":
+                continue
+            if row is None or row.tx != txid:
                 return False
-            if op.kind == "create" and (row.value != op.data or row.pending != ""):
+            if op.kind == "create" and row.pending != "":
                 return False
-            if op.kind == "set" and (row.value != op.data or row.ver != before[op.path].ver + 1):
+            if op.kind == "set" and row.ver != before[op.path].ver + 1:
                 return False
         return True
 
