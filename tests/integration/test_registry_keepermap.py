@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from kazoo.exceptions import ConnectionLoss, NoNodeError
 
 from tests.registry_contract import JOB, RegistryContract, TombstoneContract, prepared
 from txsink.embedded.stack import StackInfo
@@ -167,22 +168,102 @@ def test_a_commit_whose_reply_was_lost_counts_once_in_the_ledger(
 
 
 def test_a_row_deleted_between_the_read_and_the_update_is_an_error_not_a_success(
-    stack: StackInfo, faulty: tuple[Faulty, Registry], root: str
+    stack: StackInfo, root: str
 ) -> None:
-    # an UPDATE skips missing rows silently: without the read-back this set would "succeed"
-    client, registry = faulty
-    registry.put_blob(JOB, "notes", {"a": 1})
-    path = f"{root}/jobs/{JOB}/notes"
+    # an UPDATE skips missing rows silently: without the read-back these sets "succeed"
+    client = Faulty(connect(stack))
+    nodes = KeeperMapNodes(client, DATABASE)
     other = connect(stack)
+    try:
+        nodes.ensure_path_async(root).get()
+        for name in ("a", "b"):
+            nodes.commit_or_raise([Op("create", f"{root}/{name}", b"0")])
 
-    def delete_it(sql: str) -> None:
-        if sql.startswith("ALTER TABLE"):
-            other.command(f"DELETE FROM {DATABASE}.nodes WHERE key = '{path}'")
+        def delete_b(sql: str) -> None:
+            if sql.startswith("ALTER TABLE"):
+                other.command(f"DELETE FROM {DATABASE}.nodes WHERE key = '{root}/b'")
 
-    client.before = delete_it
-    with pytest.raises(TxSinkError, match="vanished"):
-        registry.put_blob(JOB, "notes", {"a": 2})
-    other.close()
+        client.before = delete_b
+        with pytest.raises(TxSinkError, match="vanished"):  # two rows: it applied partly
+            nodes.commit([Op("set", f"{root}/a", b"1"), Op("set", f"{root}/b", b"1")])
+        client.before = lambda sql: None
+        nodes.commit_or_raise([Op("create", f"{root}/b", b"0")])
+        client.before = delete_b
+        with pytest.raises(NoNodeError):  # one row: nothing applied, as Keeper says it
+            nodes.commit_or_raise([Op("set", f"{root}/b", b"2")])
+    finally:
+        other.close()
+        nodes.close()
+
+
+def test_transactions_that_only_check_a_row_another_rewrites_are_not_refused(
+    stack: StackInfo, root: str
+) -> None:
+    # KeeperMap's UPDATE rewrites every row it names, checked ones too: two writers that
+    # both only check the epoch row collide inside Keeper; neither may be told it lost
+    import threading
+
+    nodes = [KeeperMapNodes(connect(stack), DATABASE) for _ in range(2)]
+    try:
+        nodes[0].ensure_path_async(root).get()
+        nodes[0].commit_or_raise([Op("create", f"{root}/epoch", b"e")])
+        for i in range(2):
+            nodes[0].commit_or_raise([Op("create", f"{root}/n{i}", b"0")])
+        errors: list[BaseException] = []
+
+        def run(i: int) -> None:
+            for k in range(40):
+                try:
+                    nodes[i].commit_or_raise(
+                        [Op("check", f"{root}/epoch", version=0),
+                         Op("set", f"{root}/n{i}", str(k).encode())]
+                    )  # fmt: skip
+                except BaseException as exc:
+                    errors.append(exc)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert errors == []
+        assert [nodes[0].get_async(f"{root}/n{i}").get()[1].version for i in range(2)] == [40, 40]
+    finally:
+        for n in nodes:
+            n.close()
+
+
+def test_an_interrupted_absence_proof_leaves_nothing_that_blocks_the_node(
+    stack: StackInfo, root: str
+) -> None:
+    # the chunk sweep proves an xid has no record by creating and deleting its node in one
+    # transaction; stopped between the two, it must not leave a node that blocks a prepare
+    client = Faulty(connect(stack))
+    nodes = KeeperMapNodes(client, DATABASE)
+    try:
+        nodes.ensure_path_async(root).get()
+        client.before = once("DELETE FROM", UnavailableError("the driver died here"))
+        with pytest.raises(ConnectionLoss):
+            nodes.commit([Op("create", f"{root}/x"), Op("delete", f"{root}/x")])
+        client.before = lambda sql: None
+        assert nodes.exists_async(f"{root}/x").get() is None
+        assert nodes.create_async(f"{root}/x", b"record").get() == f"{root}/x"
+        assert nodes.get_async(f"{root}/x").get()[0] == b"record"
+    finally:
+        nodes.close()
+
+
+def test_a_node_of_half_a_mebibyte_is_written_by_update_too(stack: StackInfo, root: str) -> None:
+    # the value travels hex-encoded inside the statement (twice its size)
+    nodes = KeeperMapNodes(connect(stack), DATABASE)
+    try:
+        nodes.ensure_path_async(root).get()
+        big = bytes(range(256)) * 2048  # 512 KiB
+        nodes.commit_or_raise([Op("create", f"{root}/big", b"0")])
+        nodes.commit_or_raise([Op("set", f"{root}/big", big, version=0)])
+        assert nodes.get_async(f"{root}/big").get()[0] == big
+    finally:
+        nodes.close()
 
 
 def test_an_unconfirmed_row_of_a_creator_that_died_is_invisible_and_taken_over(

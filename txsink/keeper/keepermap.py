@@ -56,6 +56,7 @@ Windows this leaves, and why each is acceptable (docs/cloud.md says the same):
 from __future__ import annotations
 
 import contextlib
+import random
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -72,8 +73,11 @@ from kazoo.exceptions import (
 
 from txsink.errors import ConfigError, TxSinkError, UnavailableError
 from txsink.names import quote_ident, quote_literal
+from txsink.ports.manifest_codec import CHUNKS_DIR
 
-STRICT = {"keeper_map_strict_mode": 1}
+# values travel hex-encoded inside the statement: room for a 1 MiB node, twice over
+STRICT = {"keeper_map_strict_mode": 1, "max_query_size": 8 * 1024 * 1024}
+MAX_ROUNDS = 30  # re-decisions of one transaction that lost to a write it does not care about
 TABLE = "nodes"
 COLUMNS = (
     ("key", "String"),
@@ -174,6 +178,21 @@ def blob(data: bytes) -> str:
     return f"unhex('{data.hex()}')"
 
 
+def _transient(ops: Sequence[Op]) -> set[str]:
+    """Paths the transaction creates and then deletes (a proof that they are absent)."""
+    made = {op.path for op in ops if op.kind == "create"}
+    return {op.path for op in ops if op.kind == "delete" and op.path in made}
+
+
+def _read_checked(op: Op) -> bool:
+    """A check of a manifest chunk: chunks are written once and never changed, and an
+    UPDATE rewrites every row it names, so checking a record's chunks inside one would
+    make the Keeper request grow by every chunk's size (past ZooKeeper's 1 MiB from four
+    full chunks). They are checked by reading, before and after the write; the xid row,
+    which the same transaction creates, orders a prepare against a sweep of its chunks."""
+    return op.kind == "check" and f"/{CHUNKS_DIR}/" in op.path
+
+
 def _parent(path: str) -> str:
     return path.rsplit("/", 1)[0] or "/"
 
@@ -257,13 +276,15 @@ class KeeperMapNodes:
             raise ConnectionLoss(str(exc)) from exc
         except TxSinkError as exc:
             text = str(exc)
-            if exc.code == GUARD_FAILED or "Bad version" in text:
+            if exc.code == GUARD_FAILED:
                 raise BadVersionError(text) from exc
-            if "Node exists" in text:
+            if exc.code != KEEPER_EXCEPTION:
+                raise
+            if "(Bad version)" in text:
+                raise BadVersionError(text) from exc
+            if "(Node exists)" in text:
                 raise NodeExistsError(text) from exc
-            if exc.code == KEEPER_EXCEPTION:  # connection loss and the like: unknown outcome
-                raise ConnectionLoss(text) from exc
-            raise
+            raise ConnectionLoss(text) from exc  # connection loss and the like: unknown
 
     # -- kazoo's client calls ------------------------------------------------------------
 
@@ -371,7 +392,14 @@ class KeeperMapNodes:
         if not ops:
             return []
         txid = uuid.uuid4().hex
-        before = self._read([op.path for op in ops] + [_parent(op.path) for op in ops])
+        transient = _transient(ops)
+        deletes = [op for op in ops if op.kind == "delete"]
+        if deletes and any(op.kind in ("create", "set") and op.path not in transient for op in ops):
+            raise TxSinkError(  # the registry never asks it: deletes run after the writes
+                "the KeeperMap state store cannot write and delete nodes in one transaction"
+            )
+        keys = [op.path for op in ops] + [_parent(op.path) for op in ops]
+        before = self._read(keys)
         refused = self._refusal(ops, before)
         if refused is not None:
             return _failed(ops, *refused)
@@ -381,29 +409,45 @@ class KeeperMapNodes:
         except (NodeExistsError, BadVersionError) as exc:  # a racing create got there first
             self._drop_pending(creates, txid)
             return _failed(ops, ops.index(creates[0]), NodeExistsError(str(exc)))
-        guarded = [op for op in ops if op.kind != "delete"]
-        try:
-            if guarded:
-                self._update(guarded, before, txid)
-        except BadVersionError as exc:
-            after = self._read(op.path for op in guarded)
-            if not self._landed(guarded, before, after, txid):
-                self._drop_pending(creates, txid)
+        guarded = [op for op in ops if op.kind != "delete" and not _read_checked(op)]
+        last: Exception | None = None
+        for attempt in range(MAX_ROUNDS):
+            try:
+                if guarded:
+                    self._update(guarded, before, txid, transient)
+                break
+            except BadVersionError as exc:
+                after = self._read(keys)
+                if self._landed(guarded, before, after, txid, transient):
+                    break
                 taken = [op for op in creates if op.path in after and after[op.path].pending
                          != txid]  # fmt: skip
                 if taken:  # a racing create took our row over: it won, as in Keeper
+                    self._drop_pending(creates, txid)
                     return _failed(ops, ops.index(taken[0]), NodeExistsError(taken[0].path))
                 refused = self._refusal(ops, after)
-                return _failed(ops, *(refused or (0, exc)))
-        self._verify(guarded, before, txid)
-        deletes = [op for op in ops if op.kind == "delete"]
+                if refused is not None:
+                    self._drop_pending(creates, txid)
+                    return _failed(ops, *refused)
+                # Nothing refuses: another transaction rewrote a row we only check (an
+                # UPDATE rewrites every row it names), or an unversioned set's row moved.
+                # Keeper would have taken both; decide again on what is there now.
+                before = after
+                time.sleep(random.uniform(0, min(0.002 * 2**attempt, 0.1)))
+                last = exc
+        else:
+            self._drop_pending(creates, txid)
+            raise ConnectionLoss(f"a transaction on {self.where} kept conflicting: {last}")
+        self._verify([op for op in ops if op.kind != "delete"], before, txid)
         if deletes:
             try:
-                self._delete(deletes)
+                self._delete(deletes, txid, transient)
             except BadVersionError as exc:
-                gone = self._read(op.path for op in deletes)
-                if gone:  # not ours: one changed after step 3 (see the module docstring)
-                    return _failed(ops, ops.index(deletes[0]), exc)
+                left = self._read(op.path for op in deletes)
+                if left:  # refused: nothing deleted (our own unconfirmed rows go too)
+                    self._drop_pending(creates, txid)
+                    culprit = next(op for op in deletes if op.path in left)
+                    return _failed(ops, ops.index(culprit), exc)
         return [self._result(op, before) for op in ops]
 
     @staticmethod
@@ -470,8 +514,11 @@ class KeeperMapNodes:
                 return  # ours: the server retried an insert that had landed
             raise
 
-    def _update(self, ops: Sequence[Op], before: dict[str, Row], txid: str) -> None:
-        """Step 3: one guarded UPDATE over every checked, set and created row."""
+    def _update(
+        self, ops: Sequence[Op], before: dict[str, Row], txid: str, transient: set[str]
+    ) -> None:
+        """Step 3: one guarded UPDATE over every checked, set and created row (a created
+        row the transaction deletes again stays unconfirmed: it only proves absence)."""
         guards: list[str] = []
         values: list[str] = []
         sets: list[str] = []
@@ -480,7 +527,8 @@ class KeeperMapNodes:
             key = lit(op.path)
             if op.kind == "create":
                 guards.append(f"(key = {key} AND pending = {lit(txid)})")
-                creates.append(key)
+                if op.path not in transient:
+                    creates.append(key)
                 continue
             expected = before[op.path].ver if op.version == -1 else op.version
             guards.append(f"(key = {key} AND ver = {int(expected)} AND pending = '')")
@@ -504,7 +552,11 @@ class KeeperMapNodes:
 
     @staticmethod
     def _landed(
-        ops: Sequence[Op], before: dict[str, Row], after: dict[str, Row], txid: str
+        ops: Sequence[Op],
+        before: dict[str, Row],
+        after: dict[str, Row],
+        txid: str,
+        transient: set[str],
     ) -> bool:
         """Whether step 3 was applied although it was reported failed (a retried request):
         every row it writes carries its transaction id (``tx``), so our write is told
@@ -517,7 +569,7 @@ class KeeperMapNodes:
                 continue
             if row is None or row.tx != txid:
                 return False
-            if op.kind == "create" and row.pending != "":
+            if op.kind == "create" and row.pending != ("" if op.path not in transient else txid):
                 return False
             if op.kind == "set" and row.ver != before[op.path].ver + 1:
                 return False
@@ -525,21 +577,33 @@ class KeeperMapNodes:
 
     def _verify(self, ops: Sequence[Op], before: dict[str, Row], txid: str) -> None:
         """Read back: an UPDATE skips missing rows silently, so a row deleted between
-        steps 1 and 3 would otherwise pass for written."""
+        steps 1 and 3 would otherwise pass for written; and rows checked by reading only
+        (manifest chunks) must still be there, at the version read."""
         after = self._read(op.path for op in ops)
         missing = [op.path for op in ops if op.path not in after]
-        if missing:
-            raise TxSinkError(
-                f"state store {self.where}: {', '.join(missing)} vanished while a transaction "
-                "wrote it, so the transaction applied partly; something outside txsink "
-                "deleted state: stop the job and run `txsink verify`"
-            )
+        moved = [
+            op.path
+            for op in ops
+            if _read_checked(op) and op.path in after and op.version not in (-1, after[op.path].ver)
+        ]
+        if not (missing or moved):
+            return
+        written = [op.path for op in ops if op.kind != "check"]
+        if written == missing and len(written) == 1 and not moved:
+            raise NoNodeError(written[0])  # the one node it wrote is gone: Keeper's answer
+        raise TxSinkError(
+            f"state store {self.where}: {', '.join(missing + moved)} vanished or changed "
+            "while a transaction wrote or relied on it, so the transaction applied partly; "
+            "something outside txsink changed state: stop the job and run `txsink verify`"
+        )
 
-    def _delete(self, ops: Sequence[Op]) -> None:
+    def _delete(self, ops: Sequence[Op], txid: str, transient: set[str]) -> None:
         guards = [
-            f"key = {lit(op.path)}"
+            f"(key = {lit(op.path)} AND pending = {lit(txid)})"
+            if op.path in transient
+            else f"key = {lit(op.path)}"
             if op.version == -1
-            else f"(key = {lit(op.path)} AND ver = {int(op.version)})"
+            else f"(key = {lit(op.path)} AND ver = {int(op.version)} AND pending = '')"
             for op in ops
         ]
         self._write(
