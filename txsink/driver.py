@@ -74,7 +74,7 @@ def job_in_other_store(config: WriterConfig, client: Any) -> str | None:
             parameters={"k": key},
         )
         return f"ClickHouse (state=clickhouse, {config.state_database})" if rows[0][0] else None
-    if not config.keeper:
+    if not config.keeper or not _answers(config.keeper):
         return None
     from txsink.errors import UnavailableError
     from txsink.keeper.kazoo_registry import KazooRegistry
@@ -88,6 +88,21 @@ def job_in_other_store(config: WriterConfig, client: Any) -> str | None:
         return f"Keeper at {config.keeper} (state=keeper)" if other.job_meta(config.job) else None
     finally:
         other.close()
+
+
+def _answers(keeper: str) -> bool:
+    """Whether any host of a Keeper connect string accepts a TCP connection (a refused
+    one fails at once, where a Keeper session would retry until its timeout)."""
+    import socket
+
+    for hostport in keeper.split("/", 1)[0].split(","):
+        host, _, port = hostport.strip().rpartition(":")
+        try:
+            with socket.create_connection((host or hostport, int(port or 2181)), timeout=1):
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
 
 
 def open_client(config: WriterConfig, url: str | None = None, **settings: Any) -> Any:

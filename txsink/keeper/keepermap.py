@@ -35,6 +35,12 @@ one statement, a transaction does in steps (:meth:`KeeperMapNodes.commit`):
 
 Windows this leaves, and why each is acceptable (docs/cloud.md says the same):
 
+- An UPDATE rewrites every row it names, checked rows too, so two transactions that
+  only check one row (the epoch) collide inside Keeper where ZooKeeper takes both: a
+  transaction that lost but finds nothing it relies on moved decides again
+  (``MAX_ROUNDS``). Manifest chunks are checked by reading before and after instead
+  (:func:`_read_checked`).
+
 - Deletes are not atomic with the checks of their transaction (step 4 follows step 3):
   a writer fenced between the two can still delete. txsink deletes only what every
   writer agrees is garbage (records past retention, orphaned manifest chunks).
