@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import random
 import socket
 import uuid
 from collections.abc import Iterator
@@ -28,8 +27,8 @@ from tests.integration.sparkjob import Job, new_job
 from tests.nemesis.services import Services
 from txsink.clickhouse.shards import shard_of_rows
 from txsink.config import WriterConfig
-from txsink.demo import kill_after_progress, target_ddl
-from txsink.driver import open_job, open_registry
+from txsink.demo import target_ddl
+from txsink.driver import open_job
 from txsink.embedded import stack as embedded
 from txsink.embedded.stack import StackInfo
 from txsink.errors import TxSinkError
@@ -162,28 +161,22 @@ def test_routing_matches_the_engines_int_hash64_for_every_integer_type(
         assert mine == [int(x) for x in engine], ch_type
 
 
-def test_sharded_stream_crashed_at_every_fault_point_and_killed_is_exact_on_every_shard(
+def test_sharded_stream_crashed_at_every_fault_point_is_exact_on_every_shard(
     cluster: Services, shards: list[Any], db: str, tmp_path: Path
 ) -> None:
-    """Every fault point in turn, then kill -9 of the driver mid-stream, then a clean run:
-    the total over 3 shards is exact, each shard holds exactly its rows, no staging is
-    left on any shard, every xid COMMITTED."""
+    """Every fault point where shards change what recovery does, in turn, then a clean
+    run: the total over 3 shards is exact, each shard holds exactly its rows, no staging
+    is left on any shard, every xid COMMITTED. (``driver.after_record`` leaves only a
+    stray sweep, the same on one server as on three, and a driver's kill -9 lands
+    between these points: both are crashed on one server by the every-point matrices
+    and tests/integration/test_spark_crashes.py.)"""
     info = cluster.info
-    job = sharded_job(tmp_path, shards, info, db, files=10, rows_per_file=600)
+    job = sharded_job(tmp_path, shards, info, db, files=8, rows_per_file=600)
     extra = shard_options(info)
-    for point in POINTS:
+    for point in [p for p in POINTS if p != "driver.after_record"]:
         crashed = job.run(*extra, fault=point, fault_after=1, files_per_trigger=1)
         assert crashed != 0, f"the job was supposed to die at {point}\n{job.log_tail()}"
-    registry = open_registry(job.config())
-    try:
-        kill = kill_after_progress(registry, job.name, random.Random(7))
-        killed = job.run(*extra, files_per_trigger=1, kill_when=kill)
-    finally:
-        registry.close()
-    assert killed != 0
-    for _ in range(2):
-        if job.run(*extra) == 0:
-            break
+    assert job.run(*extra) == 0, job.log_tail()
     assert_exact_on_shards(shards, job)
     assert staging_on_shards(shards, job) == []
     records = job.records()

@@ -258,7 +258,7 @@ def test_speculation_with_a_slow_task_and_a_crashed_one_publishes_one_attempt_of
     the copy's result and kills the original; it reruns the dead one. Each batch
     publishes one attempt per partition (the sleeper's copy: attempt 1), every other
     attempt's staging is dropped, and the stream ends exact before the sleeper woke."""
-    job = new_job(tmp_path, ch, fresh_db, stack.url, stack.keeper, files=4, rows_per_file=1500)
+    job = new_job(tmp_path, ch, fresh_db, stack.url, stack.keeper, files=2, rows_per_file=1500)
     started = time.monotonic()
     crash_second = {
         "TXSINK_FAULT": "executor.mid_write",

@@ -72,10 +72,12 @@ def stale_threshold(
     cadence: float | None,
     *,
     factor: float = CADENCE_FACTOR,
-    floor: float = STALE_FLOOR,
+    floor: float | None = None,
     cap: float = STALE_CAP,
 ) -> float:
-    """``clamp(factor x cadence, floor, cap)``; the cap when there is no cadence."""
+    """``clamp(factor x cadence, floor, cap)``; the cap when there is no cadence
+    (``floor``: :data:`STALE_FLOOR` as it is when called)."""
+    floor = STALE_FLOOR if floor is None else floor
     if cadence is None:
         return cap
     return min(cap, max(floor, factor * cadence))
