@@ -456,14 +456,15 @@ def section_state(r: dict[str, Any]) -> list[str]:
     if not st:
         return []
     out = [
-        "## 2c. The state store: Keeper vs ClickHouse (KeeperMap)",
+        "## 2d. The state store: Keeper vs ClickHouse (KeeperMap)",
         "",
         f"The same work with `state=keeper` and `state=clickhouse`, in {st['rounds']} rotated "
         f"rounds (`benchmarks/state_store.py`): a driver commit of an attach batch of "
         f"{st['partitions']} partitions ({st['batches_per_round']} per round), a dedup-mode "
         f"batch save of {st['save_rows']:,} rows in {st['partitions']} Spark partitions "
         f"({st['saves_per_round']} per round), and a takeover after a crash right after "
-        "PREPARE plus the next commit (3 per round).",
+        "PREPARE plus the next commit (3 per round)."
+        + (f" Measured by `{st['command']}`, {st['started']}." if st.get("command") else ""),
         "",
         "| per batch | keeper p50 ms | keeper p99 ms | clickhouse p50 ms | clickhouse p99 ms "
         "| paired difference, median (min..max) ms |",
@@ -497,8 +498,8 @@ def render(r: dict[str, Any], plot_name: str = "trigger_sweep.png") -> str:
     lines += section_commit(r)
     lines += section_latency(r)
     lines += section_recovery(r)
-    lines += section_state(r)
     lines += section_shards(r)
+    lines += section_state(r)
     lines += section_sweep(r, plot_name)
     lines += section_memory(r)
     lines += section_values(r)
