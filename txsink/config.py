@@ -18,7 +18,7 @@ from typing import Any
 from txsink.credentials import MASK, merge_url_credentials, redact_url
 from txsink.errors import ConfigError
 from txsink.names import split_table
-from txsink.options import OPTIONS, SECRET_OPTIONS, SPARK_OWNED, Option
+from txsink.options import ALIASES, OPTIONS, SECRET_OPTIONS, SPARK_OWNED, Option
 
 __all__ = ["OPTIONS", "WriterConfig"]
 
@@ -90,10 +90,12 @@ class WriterConfig:
         given = {str(k).lower(): ("" if v is None else str(v)) for k, v in options.items()}
         for key in SPARK_OWNED:  # Spark passes its own writer options through
             given.pop(key, None)
+        given = _resolve_aliases(given)
         unknown = sorted(set(given) - set(OPTIONS))
         if unknown:
+            hints = [f"{u} (did you mean {m}?)" if (m := _closest(u)) else u for u in unknown]
             raise ConfigError(
-                f"unknown option(s) {', '.join(unknown)}; known options: "
+                f"unknown option(s) {', '.join(hints)}; known options: "
                 f"{', '.join(sorted(OPTIONS))} (see docs/options.md)"
             )
         shards = OPTIONS["shards"].parse(given.get("shards", ""))
@@ -138,6 +140,34 @@ class WriterConfig:
                 value = ",".join(value)
             out[f.name] = str(value)
         return out
+
+
+def _resolve_aliases(given: dict[str, str]) -> dict[str, str]:
+    """Options given by an alias (:data:`txsink.options.ALIASES`) under their own name; an
+    alias and its option both given with different values are refused, naming both."""
+    out = {k: v for k, v in given.items() if k not in ALIASES}
+    for alias, name in ALIASES.items():
+        if alias not in given:
+            continue
+        value = given[alias]
+        if out.get(name, value) != value:
+            raise ConfigError(
+                f"option {alias!r} is another name for {name!r}, and they were given "
+                f"different values ({value!r}, {out[name]!r}): give one of them"
+            )
+        out[name] = value
+    return out
+
+
+def _closest(unknown: str) -> str | None:
+    """The known option (or alias) an unknown one most looks like, if any is close."""
+    import difflib
+
+    known = [*OPTIONS, *ALIASES]
+    match = difflib.get_close_matches(unknown, known, n=1, cutoff=0.75)
+    if not match:
+        return None
+    return match[0] if match[0] in OPTIONS else f"{match[0]} ({ALIASES[match[0]]})"
 
 
 def _not_needed(opt: Option, given: Mapping[str, str]) -> bool:

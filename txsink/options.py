@@ -369,6 +369,16 @@ _DECLARED: tuple[Option, ...] = (
 
 #: name -> option, in declaration order (the order of docs/options.md).
 OPTIONS: dict[str, Option] = {o.name: o for o in _DECLARED}
+
+#: spellings users bring from other writers -> txsink's option (lower case, as Spark
+#: hands options over): Delta Lake's idempotent-write pair, and names that do not clash
+#: with Spark's own ``.mode("append")`` or with the ``verify`` command.
+ALIASES: dict[str, str] = {
+    "txnversion": "txn_version",  # Delta Lake
+    "txnappid": "job",  # Delta Lake: the writer's stable id
+    "commit_mode": "mode",
+    "tls_verify": "verify",
+}
 SECRET_OPTIONS = tuple(o.name for o in _DECLARED if o.secret)
 
 

@@ -83,3 +83,19 @@ def test_a_missing_table_fails_the_check(
 ) -> None:
     code, report = check(stack, capsys, "--table", f"{fresh_db}.nope")
     assert code == 1 and statuses(report)["table"] == "fail"
+
+
+@pytest.mark.parametrize("state", ["keeper", "clickhouse"])
+def test_verify_of_a_root_without_jobs_is_a_finding_not_clean(
+    stack: Any, capsys: pytest.CaptureFixture[str], state: str
+) -> None:
+    capsys.readouterr()
+    code = main(["verify", "--url", stack.url, "--keeper", stack.keeper, "--state", state,
+                 "--keeper-root", "/no-such-root", "--json"])  # fmt: skip
+    report = json.loads(capsys.readouterr().out)
+    assert code == 1 and report["clean"] is False and report["jobs"] == []
+    assert "nothing was verified" in report["finding"]
+    code = main(["verify", "--url", stack.url, "--keeper", stack.keeper, "--state", state,
+                 "--keeper-root", "/no-such-root"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 1 and "CLEAN" not in out and "no jobs under /no-such-root" in out

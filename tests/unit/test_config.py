@@ -169,3 +169,37 @@ def test_docs_types_md_is_the_contract_the_code_applies() -> None:
     path = Path(__file__).parents[2] / "docs" / "types.md"
     assert "<!-- BEGIN GENERATED: types" in path.read_text()
     assert main(["--check", str(path)]) == 0, "stale: run make docs"
+
+
+def test_spellings_from_other_writers_are_aliases_of_txsinks_options() -> None:
+    cfg = WriterConfig.from_options(
+        {**BASE, "txnVersion": "7", "commit_mode": "dedup", "tls_verify": "false"}
+    )
+    assert (cfg.txn_version, cfg.mode, cfg.verify) == (7, "dedup", False)
+    delta = WriterConfig.from_options({k: v for k, v in BASE.items() if k != "job"}
+                                      | {"txnAppId": "orders-writer"})  # fmt: skip
+    assert delta.job == "orders-writer"
+    assert "txnversion" not in cfg.to_options()  # the canonical names go on
+
+
+def test_an_alias_and_its_option_with_different_values_are_refused_naming_both() -> None:
+    with pytest.raises(ConfigError, match="'txnversion' is another name for 'txn_version'"):
+        WriterConfig.from_options({**BASE, "txnVersion": "7", "txn_version": "8"})
+    same = WriterConfig.from_options({**BASE, "txnVersion": "7", "txn_version": "7"})
+    assert same.txn_version == 7
+
+
+def test_an_unknown_option_close_to_a_known_one_says_which() -> None:
+    with pytest.raises(ConfigError, match=r"txn_verison \(did you mean txn_version\?\)"):
+        WriterConfig.from_options({**BASE, "txn_verison": "1"})
+    with pytest.raises(ConfigError, match=r"unknown option\(s\) zzz; known"):
+        WriterConfig.from_options({**BASE, "zzz": "1"})
+
+
+def test_the_cli_prints_its_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from txsink.cli.main import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.startswith("txsink ")

@@ -26,11 +26,21 @@ COMMAND_MODULES = (
 )
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("txsink")
+    except PackageNotFoundError:  # a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="txsink", description="Exactly-once Spark -> ClickHouse writes"
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
+    parser.add_argument("--version", action="version", version=f"txsink {_version()}")
     subs = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         try:

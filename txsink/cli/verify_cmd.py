@@ -1,6 +1,7 @@
 """``txsink verify``: audit each job's committed history and render the findings.
 
-Exit statuses: 0 clean; 1 anomalies. The audit is :func:`txsink.ops.verify.verify`.
+Exit statuses: 0 clean; 1 anomalies, or no job found (a wrong root verifies nothing, and
+says so). The audit is :func:`txsink.ops.verify.verify`.
 """
 
 from __future__ import annotations
@@ -28,9 +29,17 @@ def run_verify(args: argparse.Namespace, out: Output) -> int:
             )
             for job in jobs
         ]
+    if not results:  # a wrong --keeper-root (or --state) finds nothing: never "CLEAN"
+        where = f"{args.keeper_root} ({'state=' + args.state})"
+        message = (
+            f"no jobs under {where}: nothing was verified; check --keeper-root, --state "
+            "and --keeper (or --url for state=clickhouse)"
+        )
+        out.emit({"clean": False, "jobs": [], "finding": message}, f"verify: {message}")
+        return 1
     clean = all(r.clean for r in results)
     payload = {"clean": clean, "jobs": [r.to_json() for r in results]}
-    blocks = [_render_verify(r) for r in results] or [f"no jobs under {args.keeper_root}"]
+    blocks = [_render_verify(r) for r in results]
     anomalies = sum(len(r.anomalies) for r in results)
     blocks.append("verify: CLEAN" if clean else f"verify: {anomalies} ANOMALIES")
     out.emit(payload, "\n\n".join(blocks))
