@@ -203,3 +203,21 @@ def test_the_cli_prints_its_version(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--version"])
     assert done.value.code == 0
     assert capsys.readouterr().out.startswith("txsink ")
+
+
+def test_library_loggers_are_quiet_unless_verbose(capsys: pytest.CaptureFixture[str]) -> None:
+    import logging
+
+    from txsink.cli.main import QUIET_LIBRARIES, main
+
+    try:
+        main(["embedded", "status", "--dir", "/nonexistent-txsink-dir"])
+        assert all(logging.getLogger(n).level == logging.CRITICAL for n in QUIET_LIBRARIES)
+        for name in QUIET_LIBRARIES:
+            logging.getLogger(name).setLevel(logging.NOTSET)
+        main(["-v", "embedded", "status", "--dir", "/nonexistent-txsink-dir"])
+        assert all(logging.getLogger(n).level == logging.NOTSET for n in QUIET_LIBRARIES)
+    finally:
+        for name in QUIET_LIBRARIES:
+            logging.getLogger(name).setLevel(logging.NOTSET)
+    capsys.readouterr()

@@ -184,6 +184,14 @@ def connect_settings(args: argparse.Namespace) -> ConnectSettings:
     )
 
 
+def store_name(args: argparse.Namespace) -> str:
+    """Where a command's state store is, in words (for messages)."""
+    root = "/" + args.keeper_root.strip("/")
+    if getattr(args, "state", "keeper") == "clickhouse":
+        return f"root {root} of the state table {args.state_database}.nodes at {args.url}"
+    return f"Keeper root {root} at {args.keeper}"
+
+
 def open_stores(args: argparse.Namespace) -> Stores:
     """Connect to Keeper and ClickHouse as the common flags say (both fail fast with a
     named error): :class:`txsink.ops.stores.Stores`, shards reached with the same

@@ -17,6 +17,9 @@ from txsink.credentials import scrub
 from txsink.errors import TxSinkError
 
 __all__ = ["build_parser", "main"]
+#: libraries whose own log lines a command hides unless -v (txsink's errors name the
+#: address, the timeout and the next step)
+QUIET_LIBRARIES = ("kazoo", "urllib3", "clickhouse_connect")
 COMMAND_MODULES = (
     "txsink.cli.embedded_cmd",
     "txsink.cli.ops_cmd",
@@ -60,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not args.verbose:  # their retries and reconnects are txsink's to report, in one line
+        for name in QUIET_LIBRARIES:
+            logging.getLogger(name).setLevel(logging.CRITICAL)
     out = Output(json_mode=getattr(args, "json", False))
     try:
         return int(args.func(args, out) or 0)

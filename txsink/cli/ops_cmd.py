@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from txsink.cli.common import add_common, open_stores
+from txsink.cli.common import add_common, open_stores, store_name
 from txsink.cli.output import Output, age, kv_table, table, when
 from txsink.cli.recover_cmd import run_recover
 from txsink.cli.tune_cmd import run_tune
@@ -182,8 +182,8 @@ def run_status(args: argparse.Namespace, out: Output) -> int:
     with open_stores(args) as stores:
         if args.job is not None and args.job not in stores.registry.list_jobs():
             message = (
-                f"job {args.job!r} does not exist under Keeper root {args.keeper_root} at "
-                f"{args.keeper}; `txsink status` lists the jobs there"
+                f"job {args.job!r} does not exist under the {store_name(args)}; "
+                "`txsink status` lists the jobs there"
             )
             out.emit({"error": message, "job": args.job, "jobs": []}, f"txsink: {message}")
             return 1
