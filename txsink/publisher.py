@@ -37,6 +37,7 @@ from txsink.ports.record_rules import superseded
 from txsink.ports.registry import Registry
 from txsink.ports.warehouse import Warehouse
 from txsink.protocol import ops, steps
+from txsink.protocol.codec import BEAT_KEY
 from txsink.protocol.ids import batch_claim_name
 from txsink.protocol.states import Cut, Epoch, XidRecord, XidState
 
@@ -241,7 +242,10 @@ class StepRunner:
             if time.monotonic() - beat[0] > self.bounds.heartbeat_s:
                 beat[0] = time.monotonic()
                 with contextlib.suppress(TxSinkError):  # a missed beat is only late
-                    self.registry.heartbeat(epoch, {"state": "publishing", "xid": xid})
+                    self.registry.heartbeat(
+                        epoch,
+                        {"state": "publishing", "xid": xid, BEAT_KEY: self.bounds.heartbeat_s},
+                    )
 
         waiting = tenacity.Retrying(
             retry=tenacity.retry_if_result(lambda quiet: not quiet),

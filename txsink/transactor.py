@@ -50,7 +50,13 @@ from txsink.ports.registry import Registry, XidExists
 from txsink.ports.warehouse import Warehouse
 from txsink.protocol import job as rules
 from txsink.protocol import plans, sequence
-from txsink.protocol.codec import JobMeta, decode_partition_state
+from txsink.protocol.codec import (
+    BEAT_KEY,
+    FINISHED_STATE,
+    IDLE_STATE,
+    JobMeta,
+    decode_partition_state,
+)
 from txsink.protocol.dedup import OpenBatch, open_batch
 from txsink.protocol.dedup import xid_key as dedup_xid_key
 from txsink.protocol.ids import (
@@ -224,7 +230,11 @@ class Transactor:
                 f"Inspect with `txsink status --job {self.job}`, then "
                 f"`txsink recover --job {self.job}`."
             )
-        self.registry.heartbeat(epoch, {"state": "running"})
+        # inside its first commit: it declares how often it beats until that commit ends
+        # (publish waits beat; txsink.ops.liveness judges it by this, not by a cadence)
+        self.registry.heartbeat(
+            epoch, {"state": "running", BEAT_KEY: self.runner.bounds.heartbeat_s}
+        )
         return epoch
 
     # -- one batch ------------------------------------------------------------------
@@ -322,7 +332,7 @@ class Transactor:
         done = self.publish(epoch, record, resumed=decision.action is not plans.BatchAction.PREPARE)
         action = "committed" if decision.action is plans.BatchAction.PREPARE else "rolled_forward"
         finished = self.clock()
-        self._after_commit(epoch, done)
+        self._after_commit(epoch, done, streaming=streaming)
         return CommitResult(
             xid,
             action,
@@ -488,11 +498,14 @@ class Transactor:
             dropped += self.roll_back(xid, group)
         return dropped
 
-    def _after_commit(self, epoch: Epoch, record: XidRecord) -> None:
+    def _after_commit(self, epoch: Epoch, record: XidRecord, *, streaming: bool) -> None:
         if record.mode is Mode.DEDUP:
             self.forget_dedup_state(record.xid)
+        # between batches a stream is idle (judged by its commit cadence); a batch write
+        # is finished: nothing of it is in flight any more
+        state = IDLE_STATE if streaming else FINISHED_STATE
         self.registry.heartbeat(
-            epoch, {"state": "running", "last_xid": record.xid, "last_batch": record.batch}
+            epoch, {"state": state, "last_xid": record.xid, "last_batch": record.batch}
         )
         if record.batch is not None and record.batch % 50 == 0:
             self.prune(epoch)

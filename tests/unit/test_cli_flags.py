@@ -107,7 +107,7 @@ def test_tls_and_timeout_flags_reach_the_clickhouse_and_keeper_clients(
             "/other/",
         ]
     )
-    assert code == 2 and "stop here" in capsys.readouterr().err
+    assert code == 4 and "stop here" in capsys.readouterr().err  # Exit.OPERATOR
     assert (seen["host"], seen["port"], seen["secure"], seen["interface"]) == (
         "ch.example",
         9440,

@@ -269,7 +269,7 @@ def test_cli_error_output_holds_no_secret(
     for extra in (["--json"], []):
         code = main(["status", "--url", "http://127.0.0.1:1", *extra])
         out, err = capsys.readouterr()
-        assert code == 2
+        assert code == 4  # Exit.OPERATOR: a TxSinkError of no narrower kind
         assert SECRET not in out + err and KEEPER_SECRET not in out + err
         assert "adapter forgot to mask ***" in out + err
 

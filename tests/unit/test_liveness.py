@@ -36,7 +36,7 @@ def run_writer(every: float, commits: int) -> tuple[MemoryRegistry, Clock]:
     epoch = tx.begin("run-1")
     for b in range(commits):
         clock.t += every
-        tx.commit_batch(epoch, f"b{b}", b, TARGET, [])
+        tx.commit_batch(epoch, f"b{b}", b, TARGET, [], streaming=True)
     return reg, clock
 
 
@@ -75,9 +75,8 @@ def test_a_job_committing_every_minute_reads_dead_after_three_minutes() -> None:
     assert verdict_after(reg, clock, 181.0).live is False
 
 
-@pytest.mark.parametrize("commits", [0, 1])
-def test_a_job_without_a_cadence_yet_uses_the_cap(commits: int) -> None:
-    reg, clock = run_writer(every=2.0, commits=commits)
+def test_an_idle_stream_without_a_cadence_yet_uses_the_cap() -> None:
+    reg, clock = run_writer(every=2.0, commits=1)
     v = verdict_after(reg, clock, 599.0)
     assert (v.live, v.cadence_s, v.stale_after_s, v.stale_after_source) == (
         True,
@@ -86,6 +85,53 @@ def test_a_job_without_a_cadence_yet_uses_the_cap(commits: int) -> None:
         "no-cadence",
     )
     assert verdict_after(reg, clock, 601.0).live is False
+
+
+def test_a_writer_that_died_after_its_first_prepare_reads_gone_after_30s_not_600s() -> None:
+    """The issue's case: killed after the first PREPARE, no commit yet. The takeover's
+    heartbeat declares a 5 s beat, so the verdict follows it, not the missing cadence."""
+    from txsink.protocol.states import Mode, XidRecord, XidState
+
+    clock = Clock()
+    reg = MemoryRegistry(clock=clock)
+    tx = Transactor(reg, MemoryWarehouse(), JOB, clock=clock)
+    epoch = tx.begin("run-1")
+    first = XidRecord(JOB, "b0", 0, XidState.PREPARED, epoch.number, Mode.ATTACH, TARGET)
+    reg.prepare(epoch, first)
+    v = verdict_after(reg, clock, 29.0)
+    assert (v.live, v.beat_s, v.stale_after_s, v.stale_after_source) == (
+        True,
+        5.0,
+        lv.STALE_FLOOR,
+        "declared",
+    )
+    assert "5s heartbeat it declared inside a commit" in lv.explain(v)
+    assert verdict_after(reg, clock, 31.0).live is False
+    # and the status of that job says so, with the recovery to run
+    gone = assess(JOB, now=clock.t + 31, **status_inputs(reg, "attach"))  # type: ignore[arg-type]
+    assert gone.writer == "gone"
+
+
+def test_a_finished_batch_write_is_not_live_and_reads_finished() -> None:
+    clock = Clock()
+    reg = MemoryRegistry(clock=clock)
+    tx = Transactor(reg, MemoryWarehouse(), JOB, clock=clock)
+    epoch = tx.begin("run-1")
+    tx.commit_batch(epoch, "v1", 1, TARGET, [])  # a batch write (txn_version 1)
+    v = verdict_after(reg, clock, 0.5)
+    assert (v.live, v.stale_after_source) == (False, "finished")
+    st = assess(JOB, now=clock.t + 0.5, **status_inputs(reg, "attach"))  # type: ignore[arg-type]
+    assert (st.live, st.writer) == (False, "finished")
+    assert not [w for w in st.warnings if w.kind == "stale-owner"]
+
+
+def test_a_publish_that_waits_declares_its_beat_and_idle_does_not() -> None:
+    busy = {"owner": "run-1", "epoch": 1, "heartbeat": 100.0, "state": "publishing", "beat_s": 5}
+    assert lv.judge(busy, [], 129.0).live is True
+    assert lv.judge(busy, [], 131.0).live is False
+    idle = {**busy, "state": "idle"}
+    assert lv.judge(idle, [], 131.0).stale_after_source == "no-cadence"
+    assert lv.judge({**busy, "beat_s": "junk"}, [], 131.0).stale_after_source == "no-cadence"
 
 
 def test_an_explicit_stale_after_wins_over_the_cadence() -> None:

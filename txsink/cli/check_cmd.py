@@ -7,7 +7,7 @@ from typing import Any
 
 from txsink.cli.common import resolve_credentials
 from txsink.cli.ops_cmd import _common
-from txsink.cli.output import Output, table
+from txsink.cli.output import Exit, Output, finding, table
 from txsink.config import WriterConfig
 
 
@@ -61,5 +61,12 @@ def run_check_cmd(args: argparse.Namespace, out: Output) -> int:
         if report.can_run
         else "a job cannot run yet: fix what failed above"
     )
-    out.emit(report.to_json(), table(rows, ["check", "status", "detail"]) + "\n\n" + verdict)
-    return 0 if report.can_run else 1
+    failed = [
+        finding(f"check-{c.name}", "error", c.detail) for c in report.checks if c.status == "fail"
+    ]
+    return out.result(
+        Exit.OK if report.can_run else Exit.FINDINGS,
+        table(rows, ["check", "status", "detail"]) + "\n\n" + verdict,
+        findings=failed,
+        **report.to_json(),
+    )

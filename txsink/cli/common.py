@@ -57,6 +57,10 @@ CLI_DEFAULTS: dict[str, str | None] = {
     "keeper_auth": None,
     "job": None,
     "staging_database": None,
+    # a command fails fast on a wrong address: one line within seconds, not a writer's
+    # patience (the writer's defaults are 15 s and 10 s)
+    "keeper_timeout": "5",
+    "connect_timeout": "5",
 }
 #: what the help says about a default the registry does not know.
 DEFAULT_HELP = {
@@ -70,6 +74,8 @@ DEFAULT_HELP = {
     "keeper_auth",
     "job": "$TXSINK_JOB, else every job where that makes sense",
     "staging_database": "the job's own, else txsink_staging",
+    "keeper_timeout": "5 for a command (a writer's is 15)",
+    "connect_timeout": "5 for a command (a writer's is 10)",
 }
 # Secrets with a file alternative: flag -> the flag reading it from a file.
 _SECRET_FILES = {"password": "--password-file", "keeper_auth": "--keeper-auth-file"}
@@ -190,6 +196,14 @@ def store_name(args: argparse.Namespace) -> str:
     if getattr(args, "state", "keeper") == "clickhouse":
         return f"root {root} of the state table {args.state_database}.nodes at {args.url}"
     return f"Keeper root {root} at {args.keeper}"
+
+
+def jobs_of(stores: Stores, args: argparse.Namespace) -> list[str]:
+    """The job ``--job`` names (ConfigError naming the store if it is missing), or every
+    job in the store."""
+    from txsink.ops.stores import resolve_jobs
+
+    return resolve_jobs(stores.registry, args.job, args.keeper_root, where=store_name(args))
 
 
 def open_stores(args: argparse.Namespace) -> Stores:

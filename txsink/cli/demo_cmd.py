@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from txsink.cli.output import Output, kv_table, table
+from txsink.cli.output import Exit, Output, kv_table, table
 from txsink.errors import ConfigError
 
 
@@ -173,5 +173,4 @@ def run(args: argparse.Namespace, out: Output) -> int:
             else "NOT EXACT: see duplicates / missing above.",
         ]
     )
-    out.emit({**report.to_json(), "ok": ok}, text)
-    return 0 if ok else 1
+    return out.result(Exit.OK if ok else Exit.FINDINGS, text, **report.to_json())

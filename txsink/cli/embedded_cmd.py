@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from txsink.cli.output import Output, kv_table
+from txsink.cli.output import Exit, Output, finding, kv_table
 from txsink.embedded import stack
 from txsink.errors import UnavailableError
 
@@ -85,15 +85,14 @@ def _up(args: argparse.Namespace, out: Output) -> int:
         f"\n\nexport TXSINK_URL={info.url} TXSINK_KEEPER={info.keeper}"
         f"\nstop with: txsink embedded down --dir {info.dir}"
     )
-    out.emit(payload, text)
-    return 0
+    return out.result(Exit.OK, text, **payload)
 
 
 def _down(args: argparse.Namespace, out: Output) -> int:
     stopped = stack.down(args.dir)
-    payload = {"stopped_pids": stopped}
-    out.emit(payload, f"stopped pids: {', '.join(map(str, stopped))}" if stopped else "not running")
-    return 0
+    payload: dict[str, Any] = {"stopped_pids": stopped}
+    text = f"stopped pids: {', '.join(map(str, stopped))}" if stopped else "not running"
+    return out.result(Exit.OK, text, **payload)
 
 
 def _status(args: argparse.Namespace, out: Output) -> int:
@@ -104,11 +103,15 @@ def _status(args: argparse.Namespace, out: Output) -> int:
             f"{svc.name:<13}  pid={svc.pid}  alive={svc.alive}  answering={svc.answering}"
             f"  {svc.address or ''}"
         )
-    out.emit(st.as_dict(), "\n".join(lines))
     if not st.up:
-        if out.json_mode:
-            return 1
-        raise UnavailableError(
-            f"the embedded stack in {st.dir} is not up: run `txsink embedded up`"
+        message = f"the embedded stack in {st.dir} is not up: run `txsink embedded up`"
+        if not out.json_mode:
+            out.emit(None, "\n".join(lines))
+            raise UnavailableError(message)
+        return out.result(
+            Exit.UNREACHABLE,
+            "",
+            findings=[finding("stack-down", "error", message)],
+            **dict[str, Any](st.as_dict()),
         )
-    return 0
+    return out.result(Exit.OK, "\n".join(lines), **dict[str, Any](st.as_dict()))

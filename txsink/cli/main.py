@@ -1,8 +1,10 @@
 """Entry point of the ``txsink`` console script.
 
 Each command module exposes ``register(subparsers)`` which adds its parser and sets
-``func(args, out) -> int``. Errors derived from :class:`txsink.errors.TxSinkError` map to
-exit status 2 with the message (JSON ``{"error": ...}`` under ``--json``).
+``func(args, out) -> int``. An error derived from :class:`txsink.errors.TxSinkError` ends
+the command with the exit status of its kind (:class:`txsink.cli.output.Exit`: usage 2,
+refused 3, needs an operator 4, unreachable 5) and its message on stderr, or the
+common JSON envelope with ``error`` set under ``--json`` (docs/cli.md).
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from txsink.errors import TxSinkError
 
 __all__ = ["build_parser", "main"]
 #: libraries whose own log lines a command hides unless -v (txsink's errors name the
-#: address, the timeout and the next step)
-QUIET_LIBRARIES = ("kazoo", "urllib3", "clickhouse_connect")
+#: address, the timeout and the next step), and txsink's per-attempt retry warnings
+QUIET_LIBRARIES = ("kazoo", "urllib3", "clickhouse_connect", "txsink.clickhouse.retry")
 COMMAND_MODULES = (
     "txsink.cli.embedded_cmd",
     "txsink.cli.ops_cmd",
@@ -66,16 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.verbose:  # their retries and reconnects are txsink's to report, in one line
         for name in QUIET_LIBRARIES:
             logging.getLogger(name).setLevel(logging.CRITICAL)
-    out = Output(json_mode=getattr(args, "json", False))
+    out = Output(json_mode=getattr(args, "json", False), command=args.command)
     try:
         return int(args.func(args, out) or 0)
     except TxSinkError as exc:
-        message = scrub(str(exc), getattr(args, "secrets", ()))
-        if out.json_mode:
-            out.emit({"error": message, "type": type(exc).__name__, "code": exc.code})
-        else:
-            sys.stderr.write(f"txsink: error: {message}\n")
-        return 2
+        return out.failure(exc, scrub(str(exc), getattr(args, "secrets", ())))
     except KeyboardInterrupt:
         return 130
 

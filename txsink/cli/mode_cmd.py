@@ -5,13 +5,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from txsink.cli.common import open_stores
+from txsink.cli.common import jobs_of, open_stores
 from txsink.cli.ops_cmd import _common
-from txsink.cli.output import Output
+from txsink.cli.output import Exit, Output
 from txsink.errors import ConfigError
 from txsink.ops import status as st
 from txsink.ops.mode import MODES, change_mode
-from txsink.ops.stores import resolve_jobs
 
 
 def register(subparsers: Any) -> None:
@@ -37,15 +36,15 @@ def register(subparsers: Any) -> None:
 
 def run_mode(args: argparse.Namespace, out: Output) -> int:
     with open_stores(args) as stores:
-        jobs = resolve_jobs(stores.registry, args.job, args.keeper_root)
+        jobs = jobs_of(stores, args)
         if args.new_mode is None:
             metas = {j: stores.registry.job_meta(j) for j in jobs}
             pinned = {j: (m.mode or None) if m else None for j, m in metas.items()}
-            out.emit(
-                {"jobs": [{"job": j, "mode": m} for j, m in pinned.items()]},
+            return out.result(
+                Exit.OK,
                 "\n".join(f"{j}: {m or '(not pinned yet)'}" for j, m in pinned.items()),
+                jobs=[{"job": j, "mode": m} for j, m in pinned.items()],
             )
-            return 0
         if args.job is None:
             raise ConfigError("--set needs --job: a mode is changed one job at a time")
         change = change_mode(
@@ -57,5 +56,4 @@ def run_mode(args: argparse.Namespace, out: Output) -> int:
         if change.changed
         else f"job {change.job}: already pinned to {change.new}; nothing changed"
     )
-    out.emit(change.to_json(), text)
-    return 0
+    return out.result(Exit.OK, text, jobs=[change.to_json()])

@@ -3,28 +3,29 @@
 Each command calls :mod:`txsink.ops` and renders the result through :class:`Output`;
 this module registers all four and runs ``status``; ``recover``, ``verify`` and ``tune``
 run in their own modules. Every one takes the common flags (:mod:`txsink.cli.common`).
-Exit statuses:
+Exit statuses follow :class:`txsink.cli.output.Exit` (docs/cli.md#exit-statuses):
 
-- ``status``: 0 (informational); 1 when the job named by ``--job`` does not exist.
+- ``status``: 0 nothing needs attention; 1 a warning (or no jobs in the store).
 - ``recover``: 0 clean afterwards (or nothing to do, or ``--dry-run``); 3 refused (a live
   writer holds the job and no ``--force``, or no confirmation); 4 alarms remain (or a
   dedup batch stopped half-way, named, which only a rerun or ``--discard-dedup`` settles).
-- ``verify``: 0 clean; 1 anomalies.
+- ``verify``: 0 clean; 1 anomalies (or no jobs).
 - ``tune``: 0.
-- any: 2 for a txsink error (unreachable Keeper/ClickHouse, bad arguments), see
-  :mod:`txsink.cli.main`.
+- any: 2 bad flags or a missing job, 4 a state that needs an operator, 5 unreachable.
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 from typing import Any
 
-from txsink.cli.common import add_common, open_stores, store_name
-from txsink.cli.output import Output, age, kv_table, table, when
+from txsink.cli.common import add_common, jobs_of, open_stores, store_name
+from txsink.cli.output import Exit, Output, age, finding, kv_table, short_age, table, when
 from txsink.cli.recover_cmd import run_recover
 from txsink.cli.tune_cmd import run_tune
 from txsink.cli.verify_cmd import run_verify
+from txsink.errors import ConfigError
 from txsink.ops import anomalies as an
 from txsink.ops import status as st
 from txsink.ops import tune_model as tm
@@ -35,11 +36,27 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "status",
         help="jobs, writers, last committed batch, pending xids, staging, warnings",
-        description="Show every job under the Keeper root (or --job): writer epoch and owner, "
-        "heartbeat age, last committed batch, rows committed, xids not yet committed, staging "
-        "tables, and warnings (see docs/operations.md). Exit 0; 1 if --job does not exist.",
+        description="One line per job in the store (job, target, mode, store, last committed "
+        "batch and its age, xids not yet committed, writer live/gone/finished, the worst "
+        "warning), the jobs that need attention first. --job J or -v: the detail of each job "
+        "(writer epoch and owner, heartbeat, cadence, pending xids, staging tables, warnings; "
+        "see docs/operations.md). Exit 0; 1 when a warning needs attention or the store holds "
+        "no jobs; 2 if --job does not exist.",
     )
     _common(p)
+    p.add_argument(
+        "-v",
+        "--detail",
+        action="store_true",
+        help="every job in detail (the default with --job)",
+    )
+    p.add_argument(
+        "--watch",
+        type=float,
+        default=None,
+        metavar="N",
+        help="redraw every N seconds until Ctrl-C (not with --json: poll `status --json`)",
+    )
     p.add_argument(
         "--stuck-after",
         type=float,
@@ -179,37 +196,94 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def run_status(args: argparse.Namespace, out: Output) -> int:
-    with open_stores(args) as stores:
-        if args.job is not None and args.job not in stores.registry.list_jobs():
-            message = (
-                f"job {args.job!r} does not exist under the {store_name(args)}; "
-                "`txsink status` lists the jobs there"
-            )
-            out.emit({"error": message, "job": args.job, "jobs": []}, f"txsink: {message}")
-            return 1
-        jobs = st.collect_status(
-            stores,
-            args.job,
-            root=args.keeper_root,
-            stuck_after=args.stuck_after,
-            stale_after=args.stale_after,
+    if args.watch is not None and (out.json_mode or args.watch <= 0):
+        raise ConfigError(
+            "--watch N redraws a terminal every N > 0 seconds; for machines, poll "
+            "`txsink status --json` instead"
         )
-    payload = {
-        "keeper_root": args.keeper_root,
-        "jobs": [j.to_json() for j in jobs],
-        "warnings": sum(1 for j in jobs for w in j.warnings if w.level == "warn"),
-    }
+    with open_stores(args) as stores:
+        if args.watch is None:
+            return _status_once(args, out, stores)
+        try:
+            while True:
+                if out.stream.isatty():
+                    out.stream.write("\x1b[H\x1b[2J")  # home, clear: redraw in place
+                out.stream.write(f"txsink status, every {args.watch:g}s; Ctrl-C ends\n")
+                _status_once(args, out, stores)
+                time.sleep(args.watch)
+        except KeyboardInterrupt:
+            return Exit.OK
+
+
+def _status_once(args: argparse.Namespace, out: Output, stores: Any) -> int:
+    names = jobs_of(stores, args)
+    jobs = st.collect_status(
+        stores, names, stuck_after=args.stuck_after, stale_after=args.stale_after
+    )
+    found = [
+        finding(w.kind, w.level, w.message, j.job, xid=w.xid, table=w.table)
+        for j in jobs
+        for w in j.warnings
+    ]
     if not jobs:
-        out.emit(payload, f"no jobs under Keeper root {args.keeper_root}")
-        return 0
-    out.emit(payload, "\n\n".join(_render_status(j) for j in jobs))
-    return 0
+        message = (
+            f"no jobs in the {store_name(args)}: check --keeper-root and the store "
+            "(--state, --keeper or --url)"
+        )
+        found.append(finding("no-jobs", "warn", message))
+    code = Exit.FINDINGS if any(f["level"] == "warn" for f in found) else Exit.OK
+    if not jobs:
+        text = f"status: {found[-1]['message']}"
+    elif args.detail or args.job is not None:
+        text = "\n\n".join(_render_status(j) for j in jobs)
+    else:
+        text = _one_line_per_job(jobs, args.state)
+    return out.result(
+        code,
+        text,
+        jobs=[j.to_json() for j in jobs],
+        findings=found,
+        keeper_root=args.keeper_root,
+        state=args.state,
+        warnings=sum(1 for f in found if f["level"] == "warn"),
+    )
+
+
+def _one_line_per_job(jobs: list[st.JobStatus], store: str) -> str:
+    rows = [
+        {
+            "job": j.job,
+            "target": j.target + (f" +{len(j.targets) - 1}" if len(j.targets) > 1 else ""),
+            "mode": j.mode or "?",
+            "store": store,
+            "last_batch": "-" if j.last_batch is None else j.last_batch,
+            "committed": short_age(j.last_commit_age) + (" ago" if j.last_commit_age else ""),
+            "pending": len(j.pending),
+            "writer": j.writer,
+            "attention": _attention(j),
+        }
+        for j in jobs
+    ]
+    columns = ["job", "target", "mode", "store", "last_batch", "committed", "pending"]
+    warned = sum(1 for j in jobs if any(w.level == "warn" for w in j.warnings))
+    summary = f"{len(jobs)} job(s), {warned} need attention" + (
+        "; `txsink status --job J` for one job's detail" if warned else ""
+    )
+    return table(rows, [*columns, "writer", "attention"]) + "\n" + summary
+
+
+def _attention(j: st.JobStatus) -> str:
+    kind = j.attention
+    if kind is None:
+        return "-"
+    more = len(j.warnings) - 1
+    return kind + (f" (+{more})" if more else "")
 
 
 def _render_status(j: st.JobStatus) -> str:
     writer = (
-        f"epoch {j.epoch}, owner {j.owner}, heartbeat {age(j.heartbeat_age)}"
-        f"{f' ({j.owner_state})' if j.owner_state else ''}{', LIVE' if j.live else ''}"
+        f"{j.writer.upper()}: epoch {j.epoch}, owner {j.owner}, heartbeat "
+        f"{age(j.heartbeat_age)}{f' ({j.owner_state})' if j.owner_state else ''}"
         if j.epoch is not None
         else "none"
     )
@@ -217,15 +291,17 @@ def _render_status(j: st.JobStatus) -> str:
         f"commits every {j.cadence_s:g}s (median)" if j.cadence_s is not None else "not yet known"
     )
     why = explain(
-        Liveness(j.live, j.heartbeat_age, j.cadence_s, j.stale_after_s, j.stale_after_source)
+        Liveness(
+            j.live, j.heartbeat_age, j.cadence_s, j.stale_after_s, j.stale_after_source, j.beat_s
+        )
     )
     head = kv_table(
         {
             "target": f"{j.target} ({j.mode or '?'} mode)"
             + (f"; one xid over {', '.join(j.targets)}" if len(j.targets) > 1 else ""),
             "writer": writer,
-            "last commit": f"batch {j.last_batch} at {when(j.last_commit_at)} "
-            f"({age(j.last_commit_age)})"
+            "last commit": (f"batch {j.last_batch} at " if j.last_batch is not None else "at ")
+            + f"{when(j.last_commit_at)} ({age(j.last_commit_age)})"
             if j.last_commit_at
             else "none yet",
             "cadence": cadence,
@@ -250,6 +326,7 @@ def _render_status(j: st.JobStatus) -> str:
         [s.__dict__ for s in j.staging], ["table", "xid", "rows", "bytes", "referenced_by"]
     )
     warnings = "\n".join(f"    [{w.level}] {w.kind}: {w.message}" for w in j.warnings)
+    warnings = warnings or "    none"
     indent = "\n".join("  " + line for line in head.splitlines())
     return "\n".join(
         [

@@ -13,14 +13,13 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
-from txsink.cli.common import open_stores
-from txsink.cli.output import Output, age
+from txsink.cli.common import jobs_of, open_stores, store_name
+from txsink.cli.output import Exit, Output, age, finding
 from txsink.errors import ConfigError
 from txsink.ops import recovery as rc
-from txsink.ops.stores import resolve_jobs
 
-EXIT_REFUSED = 3
-EXIT_ALARMS = 4
+EXIT_REFUSED = Exit.REFUSED
+EXIT_ALARMS = Exit.OPERATOR
 
 
 def _render_plan(v: rc.RecoveryPlanView, staging_db: str) -> list[str]:
@@ -69,20 +68,14 @@ def run_recover(args: argparse.Namespace, out: Output) -> int:
     if args.discard_dedup:
         return _discard(args, out)
     with open_stores(args) as stores:
-        jobs = resolve_jobs(stores.registry, args.job, args.keeper_root)
+        jobs = jobs_of(stores, args)
         views = [rc.plan_job_recovery(stores, j, stale_after=args.stale_after) for j in jobs]
         for v in views:
             db = stores.warehouse(stores.registry.job_meta(v.job)).staging_db
             lines += _render_plan(v, db)
-            entries[v.job] = {
-                "job": v.job,
-                "plan": v.to_json(),
-                "refused": None,
-                "outcome": None,
-                "report": v.plan.to_json(),
-            }
+            entries[v.job] = {**v.to_json(), "refused": None, "outcome": None}
         if not jobs:
-            lines.append(f"no jobs under Keeper root {args.keeper_root}")
+            lines.append(f"no jobs in the {store_name(args)}")
         todo = [v for v in views if not v.empty]
         if args.dry_run:
             for v in todo:
@@ -93,11 +86,14 @@ def run_recover(args: argparse.Namespace, out: Output) -> int:
                     )
             lines.append("dry run: nothing was changed")
             half = any(v.open_dedup and not v.live for v in views)
-            out.emit(
-                {"dry_run": True, "jobs": list(entries.values()), "clean": not todo and not half},
+            return out.result(
+                Exit.OK,
                 "\n".join(lines),
+                jobs=list(entries.values()),
+                findings=_findings(views, entries),
+                dry_run=True,
+                clean=not todo and not half,
             )
-            return 0
         allowed = []
         for v in todo:
             if v.live and not args.force:
@@ -113,23 +109,61 @@ def run_recover(args: argparse.Namespace, out: Output) -> int:
                 for v in allowed:
                     entries[v.job]["refused"] = refusal
                 lines.append(refusal)
-                out.emit(
-                    {"dry_run": False, "jobs": list(entries.values()), "clean": False},
+                return out.result(
+                    EXIT_REFUSED,
                     "\n".join(lines),
+                    jobs=list(entries.values()),
+                    findings=_findings(views, entries),
+                    dry_run=False,
+                    clean=False,
                 )
-                return EXIT_REFUSED
-        for v in allowed:
-            outcome = rc.carry_out_recovery(stores, v.job, stale_after=args.stale_after)
-            db = stores.warehouse(stores.registry.job_meta(v.job)).staging_db
-            lines += _render_outcome(outcome, db)
-            entries[v.job].update(outcome=outcome.to_json(), report=outcome.report.to_json())
-            if not outcome.clean:
-                code = EXIT_ALARMS
+        with out.bar(len(allowed), "recover") as advance:
+            for v in allowed:
+                outcome = rc.carry_out_recovery(stores, v.job, stale_after=args.stale_after)
+                db = stores.warehouse(stores.registry.job_meta(v.job)).staging_db
+                lines += _render_outcome(outcome, db)
+                entries[v.job]["outcome"] = outcome.to_json()
+                if not outcome.clean:
+                    code = EXIT_ALARMS
+                advance(v.job)
         if code == 0 and any(v.open_dedup and not v.live for v in views):
             code = EXIT_ALARMS  # named above; only a rerun or --discard-dedup settles it
-    clean = code == 0
-    out.emit({"dry_run": False, "jobs": list(entries.values()), "clean": clean}, "\n".join(lines))
-    return code
+    return out.result(
+        code,
+        "\n".join(lines),
+        jobs=list(entries.values()),
+        findings=_findings(views, entries),
+        dry_run=False,
+        clean=code == 0,
+    )
+
+
+def _findings(
+    views: list[rc.RecoveryPlanView], entries: dict[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """What needs an operator after (or instead of) the recovery: refusals, alarms, and
+    dedup batches stopped half-way."""
+    found = []
+    for v in views:
+        entry = entries[v.job]
+        if entry["refused"]:
+            found.append(finding("refused", "warn", entry["refused"], v.job))
+        outcome = entry["outcome"] or {}
+        for alarm in (outcome.get("report") or {}).get("alarms", []):
+            found.append(finding("lost-staging", "error", alarm, v.job))
+        if not v.live:
+            found += [
+                finding(
+                    "half-visible-dedup",
+                    "error",
+                    f"dedup batch {b.xid} stopped half-way: {b.describe()}; rerun it or "
+                    f"--discard-dedup {b.xid}",
+                    v.job,
+                    xid=b.xid,
+                )
+                for b in v.open_dedup
+            ]
+    return found
 
 
 def _live_refusal(args: argparse.Namespace, v: rc.RecoveryPlanView) -> str:
@@ -173,15 +207,20 @@ def _discard(args: argparse.Namespace, out: Output) -> int:
             if refusal:
                 lines.append(refusal)
             entry["refused"] = refusal
-            out.emit({"dry_run": args.dry_run, "jobs": [entry], "clean": False}, "\n".join(lines))
-            return 0 if args.dry_run else EXIT_REFUSED
+            return out.result(
+                Exit.OK if args.dry_run else EXIT_REFUSED,
+                "\n".join(lines),
+                jobs=[entry],
+                findings=[finding("refused", "warn", refusal, v.job)] if refusal else [],
+                dry_run=args.dry_run,
+                clean=False,
+            )
         epoch, batch = rc.discard_dedup(stores, args.job, xid)
         lines.append(
             f"job {v.job}: took writer epoch {epoch}; discarded {xid} ({batch.describe()})"
         )
         entry["outcome"] = {"epoch": epoch, "discarded": asdict(batch)}
-    out.emit({"dry_run": False, "jobs": [entry], "clean": True}, "\n".join(lines))
-    return 0
+    return out.result(Exit.OK, "\n".join(lines), jobs=[entry], dry_run=False, clean=True)
 
 
 def _confirm(

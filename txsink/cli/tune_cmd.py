@@ -9,13 +9,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from txsink.cli.common import open_stores
-from txsink.cli.output import Output, table
+from txsink.cli.common import jobs_of, open_stores
+from txsink.cli.output import Exit, Output, table
 from txsink.clickhouse.warehouse import ClickHouseWarehouse
 from txsink.errors import ConfigError
 from txsink.ops import tune as tn
 from txsink.ops import tune_model as tm
-from txsink.ops.stores import resolve_jobs
 from txsink.options import OPTIONS
 
 
@@ -50,7 +49,7 @@ def run_tune(args: argparse.Namespace, out: Output) -> int:
             result = measure(stores.warehouse())
         rate, source = args.rows_per_second, "--rows-per-second"
         if rate is None and args.job:
-            resolve_jobs(stores.registry, args.job, args.keeper_root)
+            jobs_of(stores, args)
             rate, source = tn.observed_rate(
                 stores.registry, args.job, sample_seconds=args.sample_seconds
             )
@@ -105,5 +104,4 @@ def run_tune(args: argparse.Namespace, out: Output) -> int:
             *([f"plot written to {args.plot}"] if args.plot else []),
         ]
     )
-    out.emit(payload, text)
-    return 0
+    return out.result(Exit.OK, text, **payload)

@@ -132,6 +132,24 @@ def short_text(exc: BaseException, limit: int = 300, secrets: tuple[str, ...] = 
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+#: what a transport failure's wall of urllib3 text comes down to (first match wins)
+_TRANSPORT_CAUSES = (
+    ("Connection refused", "connection refused (nothing listens on that port)"),
+    ("Failed to resolve", "unknown host (the name does not resolve)"),
+    ("Name or service not known", "unknown host"),
+    ("nodename nor servname", "unknown host"),
+    ("Temporary failure in name resolution", "the host name does not resolve"),
+    ("timed out", "timed out"),
+    ("Connection reset", "connection reset"),
+    ("RemoteDisconnected", "the server closed the connection"),
+)
+
+
+def transport_cause(detail: str) -> str:
+    """The cause of a transport failure in a few words (``detail`` itself when unknown)."""
+    return next((short for needle, short in _TRANSPORT_CAUSES if needle in detail), detail)
+
+
 def map_error(
     exc: BaseException,
     *,
@@ -186,7 +204,7 @@ def map_error(
         return UnavailableError(
             f"ClickHouse at {url} is unreachable or timed out during {what}; check that "
             f"the server runs (embedded stack: `txsink embedded status`) and the url "
-            f"option, then retry: {detail}",
+            f"option, then retry: {transport_cause(detail)}",
         )
     if kind is not Transience.PERMANENT:
         return RetryableConflict(

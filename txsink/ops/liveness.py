@@ -1,23 +1,32 @@
-"""Is a job's writer alive? Judged against the job's own commit cadence (pure).
+"""Is a job's writer alive? Judged by the heartbeat the writer declares, else by its
+own commit cadence (pure).
 
-A writer heartbeats its owner node at takeover and after every commit, so between two
-heartbeats lies one batch (plus the trigger's wait). A healthy writer's heartbeat is
-therefore rarely older than its usual interval between commits, the *cadence*: the
-median gap between the ``committed_at`` times of its most recent COMMITTED xids (the
-median shrugs off a restart's long gap and a catch-up's burst).
+A writer heartbeats its owner node at takeover, while a publish waits, and after every
+commit. Two kinds of writer are judged two ways:
+
+- **Inside a commit** (the takeover of its first commit, a publish that waits): the
+  writer *declares* how often it beats (``beat_s`` in the owner node, 5 s), so it is
+  judged by that, whatever its history: a writer that died after its first PREPARE, with
+  no commit yet, reads gone ``clamp(3 x 5, 30, 600)`` = 30 s after its last beat.
+- **Between batches** (state ``idle``): the next beat comes with the next commit, after
+  the trigger's wait and the executors' work, so the writer is judged by its *cadence*:
+  the median gap between the ``committed_at`` times of its most recent COMMITTED xids
+  (the median shrugs off a restart's long gap and a catch-up's burst).
 
 The heartbeat is stale, and the writer presumed dead, once it is older than::
 
-    stale_after = clamp(CADENCE_FACTOR x cadence, STALE_FLOOR, STALE_CAP)
+    stale_after = clamp(CADENCE_FACTOR x (declared beat or cadence), STALE_FLOOR, STALE_CAP)
 
-- ``CADENCE_FACTOR`` = 3: a batch may take three usual intervals before it reads dead;
+- ``CADENCE_FACTOR`` = 3: three intervals may pass before a writer reads dead;
 - ``STALE_FLOOR`` = 30 s: below that, a short GC pause, a slow MOVE or clock skew between
   the writer's host and the operator's would make a live writer read dead;
-- ``STALE_CAP`` = 600 s: a slow job (or a batch job with ``txn_version``) never blocks
-  ``txsink recover`` for more than ten minutes, however slow its cadence.
+- ``STALE_CAP`` = 600 s: a slow job never blocks ``txsink recover`` for more than ten
+  minutes, however slow its cadence.
 
-A job with fewer than two commits has no cadence: it gets the cap. An explicit
-``stale_after`` (``--stale-after``) always wins. The owner ``txsink-recover@...`` (the mark
+An idle writer with fewer than two commits has no cadence: it gets the cap. A batch
+write's writer says ``finished`` after its commit: nothing of it is in flight, so it is
+not live (a later write of the same job takes it again). An explicit ``stale_after``
+(``--stale-after``) wins over beat and cadence. The owner ``txsink-recover@...`` (the mark
 recovery leaves) is never a live writer.
 
 Reading dead wrongly costs a restart, not data: ``txsink recover`` fences the writer with
@@ -32,7 +41,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from txsink.protocol.codec import OwnerInfo, as_owner
+from txsink.protocol.codec import FINISHED_STATE, IDLE_STATE, OwnerInfo, as_owner
 
 CADENCE_FACTOR = 3.0
 STALE_FLOOR = 30.0
@@ -52,7 +61,8 @@ class Liveness:
     heartbeat_age: float | None  # seconds; None: no heartbeat yet
     cadence_s: float | None  # median seconds between recent commits; None: < 2 commits
     stale_after_s: float
-    stale_after_source: str  # "flag" | "cadence" | "no-cadence"
+    stale_after_source: str  # "flag" | "declared" | "cadence" | "no-cadence" | "finished"
+    beat_s: float | None = None  # the heartbeat interval the writer declared, if busy
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -87,6 +97,13 @@ def explain(v: Liveness) -> str:
     """Where ``v.stale_after_s`` came from, in words."""
     if v.stale_after_source == "flag":
         return "--stale-after"
+    if v.stale_after_source == "finished":
+        return "its batch write finished"
+    if v.stale_after_source == "declared":
+        return (
+            f"{CADENCE_FACTOR:g} x the {v.beat_s:g}s heartbeat it declared inside a commit, "
+            f"within [{STALE_FLOOR:g}, {STALE_CAP:g}]s"
+        )
     if v.cadence_s is None:
         return "no commit cadence yet: the cap"
     return (
@@ -107,19 +124,37 @@ def is_recover_owner(owner: OwnerLike) -> bool:
     return info is not None and info.owner.startswith(RECOVER_OWNER_PREFIX)
 
 
+def declared_beat(owner: OwnerLike) -> float | None:
+    """The heartbeat interval a writer inside a commit declared (None: idle, finished,
+    or a writer that declares none)."""
+    info = as_owner(owner)
+    if info is None or info.state in (IDLE_STATE, FINISHED_STATE):
+        return None
+    beat = info.beat_s
+    return beat if beat is not None and beat > 0 else None
+
+
+def is_finished(owner: OwnerLike) -> bool:
+    info = as_owner(owner)
+    return info is not None and info.state == FINISHED_STATE
+
+
 def judge(
     owner: OwnerLike,
     committed_at: Iterable[float | None],
     now: float,
     stale_after: float | None = None,
 ) -> Liveness:
-    """Whether the job's writer may be mid-batch, from its heartbeat and commit times.
-
-    ``stale_after`` given (not None) is used as is; otherwise it follows the cadence.
-    """
+    """Whether the job's writer may be mid-batch, from its heartbeat, the beat it
+    declared and its commit times. ``stale_after`` given (not None) is used as is."""
     cadence = commit_cadence(committed_at)
-    if stale_after is not None:
+    beat = declared_beat(owner)
+    if is_finished(owner):
+        threshold, source = 0.0, "finished"
+    elif stale_after is not None:
         threshold, source = float(stale_after), "flag"
+    elif beat is not None:
+        threshold, source = stale_threshold(beat), "declared"
     else:
         threshold = stale_threshold(cadence)
         source = "cadence" if cadence is not None else "no-cadence"
@@ -131,4 +166,5 @@ def judge(
         cadence_s=None if cadence is None else round(cadence, 3),
         stale_after_s=round(threshold, 3),
         stale_after_source=source,
+        beat_s=beat,
     )

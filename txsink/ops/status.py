@@ -44,7 +44,7 @@ from txsink.ops.liveness import (
     is_recover_owner,
     judge,
 )
-from txsink.ops.stores import Stores, resolve_jobs
+from txsink.ops.stores import Stores
 from txsink.ports.ledger import LEDGER_PARTITIONS
 from txsink.protocol.codec import JobMeta, Ledger, OwnerInfo, as_job_meta, as_ledger, as_owner
 from txsink.protocol.dedup import OpenBatch
@@ -139,11 +139,32 @@ class JobStatus:
     staging: list[StagingTable] = field(default_factory=list)
     warnings: list[Finding] = field(default_factory=list)
     targets: list[str] = field(default_factory=list)  # every table (multi-table jobs)
+    # the writer in one word: live | gone | finished (a batch write done) | recovered
+    # (txsink recover holds the job) | none (no writer took it yet)
+    writer: str = "none"
+    beat_s: float | None = None  # the heartbeat interval a writer inside a commit declared
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["warnings"] = [w.to_json() for w in self.warnings]
+        data["attention"] = self.attention
         return data
+
+    @property
+    def attention(self) -> str | None:
+        """The kind of the worst warning (warn before info), None when there is none."""
+        ranked = sorted(self.warnings, key=lambda w: LEVELS.get(w.level, 0), reverse=True)
+        return ranked[0].kind if ranked else None
+
+    def urgency(self) -> tuple[int, int, int]:
+        """Higher needs attention sooner: the worst warning's level, xids not yet
+        committed, then a writer that is not live (sort by this, descending)."""
+        worst = max((LEVELS.get(w.level, 0) for w in self.warnings), default=0)
+        return worst, len(self.pending), int(self.writer == "gone")
+
+
+#: how much a warning's level needs attention (status sorts jobs by it)
+LEVELS = {"warn": 2, "info": 1}
 
 
 def writer_is_live(
@@ -219,6 +240,8 @@ def assess(
         last_commit_at=last_at,
         last_commit_age=None if last_at is None else round(max(0.0, now - last_at), 1),
         targets=sorted(job_meta.targets),
+        writer=_writer_word(epoch, info, verdict),
+        beat_s=verdict.beat_s,
     )
     prepared = [r for r in records if r.state is XidState.PREPARED]
     prepared_tables = {t: r.xid for r in prepared for t in r.staging_tables}
@@ -362,7 +385,7 @@ def assess(
                 f"{epoch.number} ({epoch.owner}) now holds the job: the older writer is fenced",
             )
         )
-    elif age is not None and age >= stale_after:
+    elif age is not None and age >= stale_after and status.writer != "finished":
         busy = bool(prepared or status.staging)
         w.append(
             Finding(
@@ -379,6 +402,16 @@ def assess(
             )
         )
     return status
+
+
+def _writer_word(epoch: Epoch | None, owner: OwnerInfo | None, verdict: Liveness) -> str:
+    if epoch is None:
+        return "none"
+    if is_recover_owner(owner):
+        return "recovered"
+    if verdict.stale_after_source == "finished":
+        return "finished"
+    return "live" if verdict.live else "gone"
 
 
 def job_status(
@@ -414,15 +447,18 @@ def job_status(
 
 def collect_status(
     stores: Stores,
-    job: str | None = None,
+    jobs: list[str],
     *,
-    root: str = "",
     stuck_after: float = DEFAULT_STUCK_AFTER,
     stale_after: float | None = DEFAULT_STALE_AFTER,
 ) -> list[JobStatus]:
-    """Status of ``job`` (ConfigError if it does not exist) or of every job."""
+    """Status of each of ``jobs`` (names :func:`resolve_jobs` gave), most urgent first
+    (:meth:`JobStatus.urgency`), then by name."""
     now = time.time()
-    return [
+    found = [
         job_status(stores, name, now=now, stuck_after=stuck_after, stale_after=stale_after)
-        for name in resolve_jobs(stores.registry, job, root)
+        for name in jobs
     ]
+    found.sort(key=lambda j: j.job)
+    found.sort(key=JobStatus.urgency, reverse=True)
+    return found

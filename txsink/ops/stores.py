@@ -120,15 +120,20 @@ def open_stores(
     )
 
 
-def resolve_jobs(registry: Registry, job: str | None, root: str = "") -> list[str]:
-    """``[job]`` if it exists, all jobs when ``job`` is None; ConfigError for a missing one."""
+def resolve_jobs(
+    registry: Registry, job: str | None, root: str = "", *, where: str = ""
+) -> list[str]:
+    """``[job]`` if it exists, all jobs when ``job`` is None; ConfigError for a missing
+    one (``where``: the store in words, for the message)."""
     jobs = registry.list_jobs()
     if job is None:
         return jobs
     if job not in jobs:
-        known = ", ".join(jobs) if jobs else "none"
+        known = ", ".join(jobs[:10]) + (f" and {len(jobs) - 10} more" if len(jobs) > 10 else "")
+        store = where or f"Keeper{f' under {root}' if root else ''}"
         raise ConfigError(
-            f"job {job!r} does not exist in Keeper{f' under {root}' if root else ''} "
-            f"(jobs there: {known}); check --job, --keeper and --keeper-root"
+            f"job {job!r} does not exist in the {store} (jobs there: {known or 'none'}); "
+            "check --job, the store (--state, --keeper or --url) and --keeper-root; "
+            "`txsink status` lists the jobs there"
         )
     return [job]

@@ -419,17 +419,35 @@ def as_ledger(ledger: Ledger | Mapping[str, Any] | None) -> Ledger:
 # --------------------------------------------------------------------------- small nodes
 
 
+#: owner-node key: the seconds within which a writer in the middle of a commit promises
+#: its next heartbeat (txsink.ops.liveness judges such a writer by it)
+BEAT_KEY = "beat_s"
+#: owner states after a commit: a stream between batches; a batch write that is done
+IDLE_STATE = "idle"
+FINISHED_STATE = "finished"
+
+
 @dataclass(frozen=True)
 class OwnerInfo:
     """The owner node: who holds the job's epoch and when it last said so. ``state``
-    (running, publishing, recovering, mode-change, ...) and the other keys are what the
-    owner chose to report (``details``)."""
+    (running, publishing, idle, finished, recovering, mode-change, ...) and the other
+    keys are what the owner chose to report (``details``), among them the declared
+    heartbeat interval (:data:`BEAT_KEY`, :attr:`beat_s`)."""
 
     epoch: int | None
     owner: str
     heartbeat: float | None
     state: str = ""
     details: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def beat_s(self) -> float | None:
+        """The heartbeat interval the owner declared with its last beat (None: none)."""
+        raw = self.details.get(BEAT_KEY)
+        try:
+            return None if raw is None else float(raw)
+        except (TypeError, ValueError):
+            return None
 
 
 def encode_owner(info: OwnerInfo) -> dict[str, Any]:
