@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from tests.cli_schema import checked
 from txsink.cli.main import main
 
 pytestmark = pytest.mark.integration
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.integration
 def check(stack: Any, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, Any]:
     capsys.readouterr()
     code = main(["check", "--url", stack.url, "--keeper", stack.keeper, "--json", *args])
-    return code, json.loads(capsys.readouterr().out)
+    return code, checked(json.loads(capsys.readouterr().out), "check")
 
 
 def statuses(report: Any) -> dict[str, str]:
@@ -92,9 +93,10 @@ def test_verify_of_a_root_without_jobs_is_a_finding_not_clean(
     capsys.readouterr()
     code = main(["verify", "--url", stack.url, "--keeper", stack.keeper, "--state", state,
                  "--keeper-root", "/no-such-root", "--json"])  # fmt: skip
-    report = json.loads(capsys.readouterr().out)
+    report = checked(json.loads(capsys.readouterr().out), "verify")
     assert code == 1 and report["clean"] is False and report["jobs"] == []
-    assert "nothing was verified" in report["finding"]
+    [finding] = report["findings"]
+    assert finding["kind"] == "no-jobs" and "nothing was verified" in finding["message"]
     code = main(["verify", "--url", stack.url, "--keeper", stack.keeper, "--state", state,
                  "--keeper-root", "/no-such-root"])  # fmt: skip
     out = capsys.readouterr().out

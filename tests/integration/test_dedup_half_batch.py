@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from tests.cli_schema import checked
 from txsink.cli.main import main
 from txsink.ops.status import job_status
 from txsink.ops.stores import open_stores
@@ -84,7 +85,7 @@ class World:
 
     def cli(self, capsys: Any, *args: str) -> tuple[int, dict[str, Any]]:
         code = main(["recover", *args, "--job", self.job, *self.flags(), "--json"])
-        return code, json.loads(capsys.readouterr().out)
+        return code, checked(json.loads(capsys.readouterr().out), "recover")
 
 
 @pytest.fixture
@@ -105,8 +106,8 @@ def test_a_refused_value_leaves_a_named_half_batch_that_only_its_rerun_completes
     assert world.half_visible() == ["b5"]
     code, doc = world.cli(capsys, "--dry-run", "--stale-after", "0")
     assert code == 0, doc
-    assert [b["xid"] for b in doc["jobs"][0]["plan"]["open_dedup"]] == ["b5"]
-    assert doc["jobs"][0]["plan"]["open_dedup"][0]["rows_at_least"] <= visible[0]
+    assert [b["xid"] for b in doc["jobs"][0]["open_dedup"]] == ["b5"]
+    assert doc["jobs"][0]["open_dedup"][0]["rows_at_least"] <= visible[0]
 
     # no other batch may write: a plain save, a new txn_version; the target is untouched
     for version in (None, 6):
@@ -132,7 +133,7 @@ def test_a_failed_plain_save_is_given_up_with_discard_dedup_and_never_written_ag
     xid = found.group(1)
     assert world.half_visible() == [xid]
     code, doc = world.cli(capsys, "--yes", "--stale-after", "0")
-    assert code == 4 and [b["xid"] for b in doc["jobs"][0]["plan"]["open_dedup"]] == [xid]
+    assert code == 4 and [b["xid"] for b in doc["jobs"][0]["open_dedup"]] == [xid]
 
     # the operator deletes the rows, then gives the batch up
     ch.command(f"TRUNCATE TABLE {world.table}")

@@ -294,7 +294,7 @@ def test_cli_up_three_shards_each_its_own_engine_then_down_stops_them_all(
 
         os.kill(info["shard_pids"][1], 9)  # one shard dies: the stack is not up
         status = _txsink("embedded", "status", "--dir", root, "--json")
-        assert status.returncode == 1 and json.loads(status.stdout)["up"] is False
+        assert status.returncode == 5 and json.loads(status.stdout)["up"] is False  # unreachable
         again = _txsink("embedded", "up", "--dir", root, "--json")  # brings it back
         assert again.returncode == 0, again.stderr
         back = json.loads(again.stdout)

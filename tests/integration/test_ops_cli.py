@@ -30,6 +30,7 @@ import pyarrow as pa
 import pytest
 from kazoo.client import KazooClient
 
+from tests.cli_schema import checked
 from txsink.cli.main import main
 from txsink.config import WriterConfig
 from txsink.driver import JobHandle, job_meta, open_job
@@ -84,7 +85,9 @@ def begin(handle: JobHandle, owner: str) -> Epoch:
 
 def commit(handle: JobHandle, epoch: Epoch, batch: int, n: int = 6) -> None:
     parts = stage(handle, batch_xid(batch), rows(n, start=batch * 1000), run=epoch.owner)
-    handle.transactor.commit_batch(epoch, batch_xid(batch), batch, handle.config.table, parts)
+    handle.transactor.commit_batch(
+        epoch, batch_xid(batch), batch, handle.config.table, parts, streaming=True
+    )
 
 
 def crash_main(raw: str) -> None:
@@ -208,8 +211,12 @@ def cli(env: Env, capsys: pytest.CaptureFixture[str]) -> Callable[..., tuple[int
 
 
 def cli_json(cli: Callable[..., tuple[int, str, str]], command: str, *args: str) -> tuple[int, Any]:
+    """The exit status and the JSON of a command, checked against docs/cli-schema.json
+    (``ok`` agrees with the exit status)."""
     code, out, _ = cli(command, *args, "--json")
-    return code, json.loads(out)
+    payload = checked(json.loads(out), command)
+    assert payload["ok"] is (code == 0)
+    return code, payload
 
 
 def bogus(job: str, xid: str, batch: int | None, seq: int) -> XidRecord:
@@ -233,13 +240,13 @@ def test_stuck_prepared_xid_is_reported_then_rolled_forward_exactly_once(
     assert env.record("b1").state is XidState.PREPARED
     assert count(env.ch, env.table) == (10, 10)
 
-    code, out, _ = cli("status", "--stuck-after", "0")
-    assert code == 0
+    code, out, _ = cli("status", "-v", "--stuck-after", "0")
+    assert code == 1  # a warning needs attention
     assert "stuck-prepared: xid b1 (batch 1) of job orders-stream has been PREPARED" in out
     assert "owner run-B" in out and "LIVE" in out  # run-B's heartbeat is seconds old
     code, doc = cli_json(cli, "status", "--job", env.job, "--stuck-after", "0")
     job = doc["jobs"][0]
-    assert (code, job["last_batch"], job["rows_committed"], job["owner"]) == (0, 0, 10, "run-B")
+    assert (code, job["last_batch"], job["rows_committed"], job["owner"]) == (1, 0, 10, "run-B")
     assert [(p["xid"], p["state"], p["rows"]) for p in job["pending"]] == [("b1", "PREPARED", 6)]
     assert {w["kind"] for w in job["warnings"]} == {"stuck-prepared"}
     assert [s["referenced_by"] for s in job["staging"]] == ["prepared"]
@@ -256,8 +263,9 @@ def test_stuck_prepared_xid_is_reported_then_rolled_forward_exactly_once(
     code, doc = cli_json(cli, "recover", "--yes", "--stale-after", "0")
     assert code == 0, doc
     entry = doc["jobs"][0]
-    assert entry["report"]["rolled_forward"] == ["b1"]
-    assert entry["report"]["alarms"] == []
+    assert entry["outcome"]["report"]["rolled_forward"] == ["b1"]
+    assert entry["outcome"]["report"]["alarms"] == []
+    assert entry["plan"]["rolled_forward"] == ["b1"]  # the plan, not nested in itself
     assert entry["outcome"]["fenced_owner"] == "run-B"
     assert entry["outcome"]["epoch"] == epoch_before.number + 1
     assert doc["clean"] is True
@@ -314,8 +322,8 @@ def test_orphan_staging_is_reported_when_the_owner_is_stale_and_dropped_by_recov
         (orphan, "none", 4)
     ]
 
-    code, out, _ = cli("status", "--stale-after", "0")
-    assert code == 0
+    code, out, _ = cli("status", "-v", "--stale-after", "0")
+    assert code == 1
     assert f"orphan-staging: staging table {env.staging}.{orphan} (4 rows" in out
     assert "stale-owner" in out
 
@@ -480,11 +488,13 @@ def test_verify_warns_about_staging_left_by_a_recent_commit(
 # --------------------------------------------------------------------------- status / errors
 
 
-def test_status_of_a_missing_job_exits_one_and_real_subprocess_json(
+def test_status_of_a_missing_job_is_a_usage_error_and_real_subprocess_json(
     env: Env, cli: Callable[..., tuple[int, str, str]]
 ) -> None:
-    code, out, _ = cli("status", "--job", "nope")
-    assert code == 1 and "job 'nope' does not exist" in out
+    code, _, err = cli("status", "--job", "nope")
+    assert code == 2 and f"job 'nope' does not exist in the Keeper root {env.root}" in err
+    code, doc = cli_json(cli, "status", "--job", "nope")
+    assert code == 2 and doc["error"]["type"] == "ConfigError" and doc["error"]["next_step"]
     handle = env.open()
     commit(handle, begin(handle, "run-A"), 0)
     proc = subprocess.run(
@@ -521,7 +531,7 @@ def test_tune_measures_a_real_table_and_leaves_nothing_behind(
     code, doc = cli_json(cli, "tune", "--table", env.table, "--transactions", "4")
     assert code == 0
     assert doc["transactions"] == 4 and doc["parts_to_delay_insert"] == 200
-    assert 0 < doc["commit_seconds"]["p50"] <= doc["commit_seconds"]["p99"]
+    assert 0 < doc["commit_s"]["p50"] <= doc["commit_s"]["p99"]
     rec = doc["recommendation"]
     assert rec["interval"] >= max(1.0, rec["overhead_interval"], rec["parts_interval"])
     assert rec["parts_interval"] == pytest.approx(60 * 4 / 20)
@@ -639,9 +649,10 @@ def test_tls_flags_reach_the_clickhouse_client_of_a_command(
     try:
         for extra in ([], ["--ca-cert", str(other_ca)]):
             code, doc = status(*extra)
-            assert code == 2, doc
-            assert "certificate verify failed" in doc["error"].lower(), doc
-            assert proxy.url in doc["error"]
+            assert code == 2, doc  # a usage error: the CA flags must change
+            checked(doc, "status")
+            assert "certificate verify failed" in doc["error"]["message"].lower(), doc
+            assert proxy.url in doc["error"]["message"] and "--ca-cert" in doc["error"]["message"]
         for extra in (["--ca-cert", str(ca)], ["--no-verify"]):
             with warnings.catch_warnings():  # urllib3 warns about --no-verify, as it should
                 warnings.simplefilter("ignore")

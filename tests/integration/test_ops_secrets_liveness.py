@@ -119,7 +119,7 @@ def test_credentials_never_reach_keeper_or_the_clis_output(env: Env, tmp_path: P
     )  # fmt: skip
     assert code == 0, out + err
     assert SECRET not in out + err and KEEPER_SECRET not in out + err
-    assert len(json.loads(out)["jobs"][0]["report"]["rolled_back"]) == 1
+    assert len(json.loads(out)["jobs"][0]["outcome"]["report"]["rolled_back"]) == 1
     assert env.staging_tables() == []
     assert count(env.ch, env.table) == (6, 6)
 
@@ -174,9 +174,9 @@ def test_a_writer_that_stops_committing_reads_dead_after_its_cadence_and_recover
     assert code == 0, doc
     entry: dict[str, Any] = doc["jobs"][0]
     assert entry["refused"] is None
-    assert entry["plan"]["live"] is False
-    assert entry["plan"]["stale_after_s"] == liveness.STALE_FLOOR
-    assert entry["report"]["rolled_back"] == [in_flight]
+    assert entry["live"] is False
+    assert entry["stale_after_s"] == liveness.STALE_FLOOR
+    assert entry["outcome"]["report"]["rolled_back"] == [in_flight]
     assert entry["outcome"]["fenced_owner"] == "run-A"
     assert env.staging_tables() == []
     assert count(env.ch, env.table) == (48, 48)

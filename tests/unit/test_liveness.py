@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from txsink.ops import liveness as lv
 from txsink.ops.status import assess, liveness_of
 from txsink.ports.registry_memory import MemoryRegistry

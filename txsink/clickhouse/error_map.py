@@ -199,6 +199,12 @@ def map_error(
             f"(docs/operations.md#too-many-partitions): {detail}",
             code=code,
         )
+    if "CERTIFICATE_VERIFY_FAILED" in detail or "certificate verify failed" in detail:
+        return ConfigError(
+            f"ClickHouse at {url} failed {what}: the server's TLS certificate verify failed; "
+            f"name the CA that signed it (--ca-cert PATH, option ca_cert), or for a test "
+            f"server only turn the check off (--no-verify, option verify=false): {detail}"
+        )
     kind = classify(exc)
     if code is None and kind is not Transience.PERMANENT:
         return UnavailableError(
