@@ -257,14 +257,14 @@ def _one_line_per_job(jobs: list[st.JobStatus], store: str) -> str:
             "mode": j.mode or "?",
             "store": store,
             "last_batch": "-" if j.last_batch is None else j.last_batch,
-            "committed": short_age(j.last_commit_age) + (" ago" if j.last_commit_age else ""),
+            "age": short_age(j.last_commit_age),
             "pending": len(j.pending),
             "writer": j.writer,
             "attention": _attention(j),
         }
         for j in jobs
     ]
-    columns = ["job", "target", "mode", "store", "last_batch", "committed", "pending"]
+    columns = ["job", "target", "mode", "store", "last_batch", "age", "pending"]
     warned = sum(1 for j in jobs if any(w.level == "warn" for w in j.warnings))
     summary = f"{len(jobs)} job(s), {warned} need attention" + (
         "; `txsink status --job J` for one job's detail" if warned else ""
