@@ -366,3 +366,7 @@ def test_a_refused_or_unknown_setting_fails_before_anything_is_written(
         write(rows(spark, 10), stack, target, job=job, **{"settings.insert_quorom": "1"})
     assert "nothing was written" in str(unknown.value)
     assert _nothing_written(ch, zk, target, job)
+    with pytest.raises(Exception, match="the server refused them") as bad_value:
+        write(rows(spark, 10), stack, target, job=job, **{"settings.insert_quorum": "two"})
+    assert "insert_quorum" in str(bad_value.value)
+    assert _nothing_written(ch, zk, target, job)

@@ -23,7 +23,7 @@ from txsink.clickhouse.insert_settings import (
 )
 from txsink.clickhouse.warehouse import ClickHouseWarehouse
 from txsink.config import WriterConfig
-from txsink.errors import ConfigError
+from txsink.errors import ConfigError, TxSinkError
 from txsink.options import ALIASES, OPTIONS
 from txsink.protocol.ids import staging_name
 
@@ -247,8 +247,13 @@ class _Client:
     def setting_names(self) -> list[str]:
         return self.names
 
+    def query_rows(self, sql: str, settings: dict[str, str], what: str) -> list[Any]:
+        if any(not v.isdigit() for v in settings.values()):  # the server parses values
+            raise TxSinkError("Code: 27. Cannot parse input: expected UInt64")
+        return [(1,)]
 
-def test_validation_refuses_an_unknown_setting_before_anything_is_written() -> None:
+
+def test_validation_refuses_an_unknown_setting_or_a_bad_value_before_anything_is_written() -> None:
     pytest.importorskip("pyspark")
     from txsink.spark.validate import check_insert_settings
 
@@ -262,6 +267,10 @@ def test_validation_refuses_an_unknown_setting_before_anything_is_written() -> N
         check_insert_settings(cfg, Warehouse(), "attach")
     text = str(info.value)
     assert "did you mean insert_quorum?" in text and "nothing was written" in text
+    bad_value = WriterConfig.from_options({**BASE, "settings.insert_quorum": "two"})
+    refused = r"the server refused them \(Code: 27.*\): settings\.insert_quorum='two'"
+    with pytest.raises(ConfigError, match=refused):
+        check_insert_settings(bad_value, Warehouse(), "dedup")
     good = WriterConfig.from_options({**BASE, "settings.insert_quorum": "2"})
     check_insert_settings(good, Warehouse(), "dedup")
 

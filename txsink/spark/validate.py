@@ -44,7 +44,14 @@ from txsink.clickhouse.insert_settings import (
 )
 from txsink.clickhouse.values import Check, Rule, plan_rules
 from txsink.config import WriterConfig
-from txsink.errors import ConfigError, SchemaMismatch, UnavailableError
+from txsink.errors import (
+    CommitOutcomeUnknown,
+    ConfigError,
+    RetryableConflict,
+    SchemaMismatch,
+    TxSinkError,
+    UnavailableError,
+)
 from txsink.names import parse_url
 from txsink.ports.warehouse import ColumnInfo, TargetInfo
 from txsink.protocol import job as rules
@@ -284,6 +291,8 @@ def check_insert_settings(config: WriterConfig, warehouse: Any, mode: str) -> No
         mine = {n: v for n, v in effective.items() if n in given}
         known = client.setting_names() if set(given) - set(mine) else ()
         problems = passthrough_problems(mine, given, user=user, known=known)
+        if given and not problems:
+            problems = _probe_settings(client, given)
         if problems:
             raise ConfigError(
                 f"job {config.job}: ClickHouse on {client.url} would refuse the settings "
@@ -301,6 +310,21 @@ def check_insert_settings(config: WriterConfig, warehouse: Any, mode: str) -> No
                 "every insert",
                 config.job, user, client.url, ", ".join(overridden),
             )  # fmt: skip
+
+
+def _probe_settings(client: Any, given: Mapping[str, str]) -> list[str]:
+    """The server's own verdict on the values of ``given`` (a value it cannot parse, one
+    its constraints forbid): one statement that reads nothing, sent with them."""
+    try:
+        client.query_rows(
+            "SELECT 1", settings=given, what="try the settings given as options (SELECT 1)"
+        )
+    except (UnavailableError, RetryableConflict, CommitOutcomeUnknown):
+        raise  # no verdict on the settings
+    except TxSinkError as exc:
+        asked = ", ".join(f"settings.{k}={v!r}" for k, v in given.items())
+        return [f"the server refused them ({exc}): {asked}"]
+    return []
 
 
 def over_cluster(
