@@ -15,10 +15,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from txsink.clickhouse.insert_settings import refused_setting
 from txsink.credentials import MASK, merge_url_credentials, redact_url
 from txsink.errors import ConfigError
 from txsink.names import split_table
-from txsink.options import ALIASES, OPTIONS, SECRET_OPTIONS, SPARK_OWNED, Option
+from txsink.options import (
+    ALIASES,
+    OPTIONS,
+    SECRET_OPTIONS,
+    SETTING_PREFIXES,
+    SPARK_OWNED,
+    Option,
+    closest,
+    setting_name,
+    user_options,
+)
 
 __all__ = ["OPTIONS", "WriterConfig"]
 
@@ -64,6 +75,8 @@ class WriterConfig:
     shards: tuple[str, ...] = ()  # shard URLs (no userinfo); () = one server, `url`
     shard_by: str = ""
     shard_http_port: int | None = None
+    # ClickHouse settings for txsink's inserts (settings.<name>), sorted by name
+    settings: tuple[tuple[str, str], ...] = ()
 
     def __repr__(self) -> str:
         shown = []
@@ -91,12 +104,13 @@ class WriterConfig:
         for key in SPARK_OWNED:  # Spark passes its own writer options through
             given.pop(key, None)
         given = _resolve_aliases(given)
+        given, per_setting = _split_settings(given)
         unknown = sorted(set(given) - set(OPTIONS))
         if unknown:
             hints = [f"{u} (did you mean {m}?)" if (m := _closest(u)) else u for u in unknown]
             raise ConfigError(
                 f"unknown option(s) {', '.join(hints)}; known options: "
-                f"{', '.join(sorted(OPTIONS))} (see docs/options.md)"
+                f"{', '.join(sorted(user_options()))}, settings.<name> (see docs/options.md)"
             )
         shards = OPTIONS["shards"].parse(given.get("shards", ""))
         if shards and not given.get("url"):  # a sharded writer's url is its first shard
@@ -119,6 +133,7 @@ class WriterConfig:
         if creds.user is not None:
             raw["user"] = creds.user
         values = {name: OPTIONS[name].parse(text) for name, text in raw.items()}
+        values["settings"] = _merge_settings(values["settings"], per_setting)
         _check_shards(values)
         return WriterConfig(**values)
 
@@ -133,6 +148,9 @@ class WriterConfig:
         for f in fields(self):
             value = getattr(self, f.name)
             if value is None:
+                continue
+            if f.name == "settings":  # one option per setting: a value may hold a comma
+                out.update((f"settings.{k}", v) for k, v in value)
                 continue
             if isinstance(value, bool):
                 value = "true" if value else "false"
@@ -160,14 +178,58 @@ def _resolve_aliases(given: dict[str, str]) -> dict[str, str]:
 
 
 def _closest(unknown: str) -> str | None:
-    """The known option (or alias) an unknown one most looks like, if any is close."""
-    import difflib
-
-    known = [*OPTIONS, *ALIASES]
-    match = difflib.get_close_matches(unknown, known, n=1, cutoff=0.75)
-    if not match:
+    """The option (or alias) a user gives that an unknown one most looks like, if any is
+    close; internal options are never suggested."""
+    match = closest(unknown, [*user_options(), *ALIASES])
+    if match is None:
         return None
-    return match[0] if match[0] in OPTIONS else f"{match[0]} ({ALIASES[match[0]]})"
+    return match if match in OPTIONS else f"{match} ({ALIASES[match]})"
+
+
+def _split_settings(given: dict[str, str]) -> tuple[dict[str, str], dict[str, tuple[str, str]]]:
+    """``given`` without the options that each pass one ClickHouse setting
+    (:data:`~txsink.options.SETTING_PREFIXES`), and those as setting -> (value, the
+    option's key). One setting under two keys with different values is refused."""
+    rest: dict[str, str] = {}
+    found: dict[str, tuple[str, str]] = {}
+    for key, value in given.items():
+        prefix = next((p for p in SETTING_PREFIXES if key.startswith(p)), None)
+        if prefix is None:
+            rest[key] = value
+            continue
+        name = setting_name(key, key[len(prefix) :])
+        if name in found and found[name][0] != value:
+            raise ConfigError(
+                f"ClickHouse setting {name} is given twice with different values "
+                f"({found[name][1]}={found[name][0]!r}, {key}={value!r}): give it once"
+            )
+        found[name] = (value, key)
+    return rest, found
+
+
+def _merge_settings(
+    listed: tuple[tuple[str, str], ...], per_setting: Mapping[str, tuple[str, str]]
+) -> tuple[tuple[str, str], ...]:
+    """The option ``settings`` (a list) and the ``settings.<name>`` options as one sorted
+    tuple; the same setting in both with different values, and every setting txsink must
+    own (:func:`txsink.clickhouse.insert_settings.refused_setting`), refused."""
+    merged = dict(listed)
+    for name, (value, key) in per_setting.items():
+        if merged.get(name, value) != value:
+            raise ConfigError(
+                f"ClickHouse setting {name} is given twice with different values "
+                f"(settings: {name}={merged[name]!r}, {key}={value!r}): give it once"
+            )
+        merged[name] = value
+    refused = [(name, why) for name in sorted(merged) if (why := refused_setting(name))]
+    if refused:
+        raise ConfigError(
+            "refused ClickHouse setting(s) for txsink's inserts; nothing was written:\n  - "
+            + "\n  - ".join(f"settings.{name}: {why}" for name, why in refused)
+            + "\nRemove them (docs/options.md#clickhouse-settings lists what is refused "
+            "and why)"
+        )
+    return tuple(sorted(merged.items()))
 
 
 def _not_needed(opt: Option, given: Mapping[str, str]) -> bool:

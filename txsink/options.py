@@ -21,7 +21,8 @@ Pure: reads neither files nor the environment (:mod:`txsink.config` reads the va
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +45,7 @@ class Kind(enum.Enum):
     TABLE = "table"  # db.table (names.split_table), kept as given
     JOB = "job"  # a job name (protocol.ids.valid_job)
     USERPASS = "user:password"  # empty, or user:password
+    SETTINGS = "name=value,..."  # ClickHouse settings -> tuple[tuple[str, str], ...], by name
 
 
 _TRUE = ("true", "1", "yes", "on")
@@ -166,6 +168,37 @@ def _userpass(opt: Option, raw: str) -> str:
     return raw
 
 
+_SETTING_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def setting_name(opt: str, name: str) -> str:
+    """``name`` if it can be a ClickHouse setting name; ConfigError naming ``opt``."""
+    if not _SETTING_NAME.fullmatch(name):
+        raise ConfigError(
+            f"option {opt!r}: {name!r} is not a ClickHouse setting name (letters, digits, _)"
+        )
+    return name
+
+
+def _settings(opt: Option, raw: str) -> tuple[tuple[str, str], ...]:
+    """``insert_quorum=2, log_comment=etl`` -> the pairs, sorted by name; values are text
+    as given (around each entry, blanks are dropped); a name twice is refused."""
+    out: dict[str, str] = {}
+    for entry in (e.strip() for e in raw.split(",")):
+        if not entry:
+            continue
+        name, eq, value = entry.partition("=")
+        if not eq:
+            raise ConfigError(
+                f"option {opt.name!r} takes name=value pairs separated by commas, got {entry!r}"
+            )
+        name = setting_name(opt.name, name.strip())
+        if name in out:
+            raise ConfigError(f"option {opt.name!r} names setting {name} twice")
+        out[name] = value.strip()
+    return tuple(sorted(out.items()))
+
+
 _PARSERS: dict[Kind, Callable[[Option, str], Any]] = {
     Kind.TEXT: lambda opt, raw: raw,
     Kind.INT: _int,
@@ -178,6 +211,7 @@ _PARSERS: dict[Kind, Callable[[Option, str], Any]] = {
     Kind.TABLE: _table,
     Kind.JOB: _job,
     Kind.USERPASS: _userpass,
+    Kind.SETTINGS: _settings,
 }
 
 
@@ -353,6 +387,14 @@ _DECLARED: tuple[Option, ...] = (
         optional=True,
     ),
     Option(
+        "settings",
+        "ClickHouse settings for txsink's inserts (staging and dedup-mode blocks), "
+        "name=value pairs separated by commas; or one option per setting, "
+        "settings.<name>=<value> (a value with a comma). Settings txsink owns are refused "
+        "with the reason (see ClickHouse settings below)",
+        kind=Kind.SETTINGS,
+    ),
+    Option(
         "run_id",
         "set by foreach_batch to the streaming query's run id",
         internal=True,
@@ -378,8 +420,37 @@ ALIASES: dict[str, str] = {
     "txnappid": "job",  # Delta Lake: the writer's stable id
     "commit_mode": "mode",
     "tls_verify": "verify",
+    # Kafka Connect's ClickHouse sink: its username, and its list of ClickHouse settings
+    # ("insert_quorum=2,..."). Not hostname/port/ssl (together they are `url`) nor
+    # database (part of `table`): none of them is one txsink option.
+    "username": "user",
+    "clickhousesettings": "settings",
+    # Spark ClickHouse Connector (SCC): its SQL configurations spark.clickhouse.write.*
+    # given as options; batchSize is rows per insert, compression.codec none | lz4.
+    # Not maxRetry (retries, where retry_attempts counts attempts) nor retryInterval.
+    "spark.clickhouse.write.batchsize": "block_rows",
+    "spark.clickhouse.write.compression.codec": "compress",
 }
+#: Prefixes of options that each pass one ClickHouse setting: txsink's ``settings.<name>``
+#: and ``clickhouse_setting_<name>``, the prefix of clickhouse-java (the client SCC uses:
+#: its catalog's ``option.clickhouse_setting_<name>``).
+SETTING_PREFIXES = ("settings.", "clickhouse_setting_")
 SECRET_OPTIONS = tuple(o.name for o in _DECLARED if o.secret)
+
+
+def user_options() -> list[str]:
+    """The options a user gives (internal ones left out), in declaration order: the
+    lists and suggestions users see."""
+    return [name for name, opt in OPTIONS.items() if not opt.internal]
+
+
+def closest(word: str, known: Iterable[str], cutoff: float = 0.75) -> str | None:
+    """The one of ``known`` that ``word`` most looks like, if any is close (the
+    did-you-mean of unknown options and unknown ClickHouse settings)."""
+    import difflib
+
+    match = difflib.get_close_matches(word, list(known), n=1, cutoff=cutoff)
+    return match[0] if match else None
 
 
 def default_of(name: str) -> Any:

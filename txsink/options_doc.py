@@ -1,8 +1,10 @@
 """The generated tables of the docs, rendered from the code that decides them.
 
 Owns the generated parts of docs/options.md (the writer options table and the CLI's
-common flags table, from the options registry) and of docs/types.md (the type contract,
-from :func:`txsink.clickhouse.values.contract_table`), each between a pair of
+common flags table, from the options registry; the ClickHouse settings refused to
+``settings.<name>``, from :mod:`txsink.clickhouse.insert_settings`) and of docs/types.md
+(the type contract, from :func:`txsink.clickhouse.values.contract_table`), each between a
+pair of
 ``<!-- BEGIN GENERATED: ... -->`` / ``<!-- END GENERATED: ... -->`` markers. Everything
 outside the markers is prose kept as it is. Unit tests fail when a file is not what
 :func:`render` makes of it.
@@ -41,8 +43,6 @@ def _default(opt: Option) -> str:
 
 def _meaning(opt: Option) -> str:
     parts = []
-    if opt.internal:
-        parts.append("internal:")
     if opt.kind is Kind.CHOICE:
         parts.append(f"{' | '.join(opt.choices)}:")
     parts.append(opt.doc)
@@ -50,9 +50,12 @@ def _meaning(opt: Option) -> str:
 
 
 def options_table() -> str:
-    """Every writer option: name, default, variable, meaning."""
+    """Every writer option a user gives (internal ones, which txsink sets itself, left
+    out): name, default, variable, meaning."""
     lines = ["| option | default | env | meaning |", "|---|---|---|---|"]
     for opt in OPTIONS.values():
+        if opt.internal:
+            continue
         env = f"`${opt.env}`" if opt.env and opt.env_in_writer else ""
         lines.append(f"| `{opt.name}` | {_cell(_default(opt))} | {env} | {_cell(_meaning(opt))} |")
     return "\n".join(lines)
@@ -69,13 +72,28 @@ def flags_table() -> str:
     return "\n".join(lines)
 
 
+def refused_settings_table() -> str:
+    """The ClickHouse settings a user may not pass (``settings.<name>``) and why."""
+    from txsink.clickhouse.insert_settings import refused_settings
+
+    lines = ["| setting | it decides | instead |", "|---|---|---|"]
+    for name, (why, fix) in refused_settings().items():
+        lines.append(f"| `{name}` | {_cell(why)} | {_cell(fix)} |")
+    return "\n".join(lines)
+
+
 def types_table() -> str:
     from txsink.clickhouse.values import contract_table
 
     return contract_table()
 
 
-TABLES = {"options": options_table, "cli-flags": flags_table, "types": types_table}
+TABLES = {
+    "options": options_table,
+    "cli-flags": flags_table,
+    "refused-settings": refused_settings_table,
+    "types": types_table,
+}
 
 
 def render(text: str) -> str:

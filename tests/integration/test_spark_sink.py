@@ -303,3 +303,70 @@ def test_a_job_keeps_its_state_store_for_life_the_other_one_is_refused(spark, st
         assert "Nothing was written" in str(refused.value) and first in str(refused.value)
         after = ch.query(f"SELECT count(), uniqExact(id) FROM {target}").result_rows[0]
         assert after == (before + 40, before + 40)
+
+
+def _nothing_written(ch, zk, target, job):
+    """The target is empty, no staging of ``job`` is left and Keeper has no record of it."""
+    staged = ch.query(
+        "SELECT count() FROM system.tables WHERE database = 'txsink_staging' "
+        "AND startsWith(name, {p:String})",
+        parameters={"p": f"tx_{job}_"},
+    ).result_rows[0][0]
+    return (
+        ch.query(f"SELECT count() FROM {target}").result_rows[0][0] == 0
+        and staged == 0
+        and not job_recorded(zk, job)
+    )
+
+
+def test_settings_options_reach_every_insert_into_staging_and_the_target(
+    spark, stack, ch, fresh_db
+):
+    """settings.<name> options (issue 28) are sent with txsink's inserts: the server's
+    query_log shows the staging inserts of an attach write and the blocks of a dedup
+    write carrying the log_comment and max_insert_threads given."""
+    target = f"{fresh_db}.s"
+    ch.command(
+        f"CREATE TABLE {target} (id Int64, name String, price Decimal(10, 2), day Date) "
+        "ENGINE = MergeTree PARTITION BY toYYYYMM(day) ORDER BY id "
+        "SETTINGS non_replicated_deduplication_window = 1000"
+    )
+    tags = {}
+    for n, mode in enumerate(("attach", "dedup")):
+        tags[mode] = tag = f"txsink-test-{uuid.uuid4().hex[:8]}"
+        settings = {"settings.log_comment": tag, "settings.max_insert_threads": "1"}
+        write(rows(spark, 60, start=100 * n), stack, target, mode=mode, **settings)
+    assert ch.query(f"SELECT count(), uniqExact(id) FROM {target}").result_rows[0] == (120, 120)
+    ch.command("SYSTEM FLUSH LOGS")
+    for mode, tag in tags.items():
+        logged = ch.query(
+            "SELECT count(), countIf(Settings['max_insert_threads'] = '1'), "
+            "groupUniqArrayArray(tables) FROM merge('system', '^query_log(_[0-9]+)?$') "
+            "WHERE log_comment = {tag:String} AND query_kind = 'Insert' "
+            "AND type = 'QueryFinish'",
+            parameters={"tag": tag},
+        ).result_rows[0]
+        inserts, with_threads, tables = logged
+        assert inserts >= 1 and with_threads == inserts, (mode, logged)
+        into = {t.split(".", 1)[0] for t in tables}
+        assert into == ({"txsink_staging"} if mode == "attach" else {fresh_db}), (mode, tables)
+
+
+def test_a_refused_or_unknown_setting_fails_before_anything_is_written(
+    spark, stack, ch, zk, target
+):
+    """A setting txsink owns is refused naming it, why and what to do instead; a name
+    the server does not know gets a did-you-mean; in both cases nothing is written."""
+    job = f"r-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(Exception, match=r"settings\.insert_deduplicate") as refused:
+        write(rows(spark, 10), stack, target, job=job, **{"settings.insert_deduplicate": "0"})
+    assert "which txsink owns" in str(refused.value) and "leave it out" in str(refused.value)
+    assert _nothing_written(ch, zk, target, job)
+    with pytest.raises(Exception, match="did you mean insert_quorum") as unknown:
+        write(rows(spark, 10), stack, target, job=job, **{"settings.insert_quorom": "1"})
+    assert "nothing was written" in str(unknown.value)
+    assert _nothing_written(ch, zk, target, job)
+    with pytest.raises(Exception, match="the server refused them") as bad_value:
+        write(rows(spark, 10), stack, target, job=job, **{"settings.insert_quorum": "two"})
+    assert "insert_quorum" in str(bad_value.value)
+    assert _nothing_written(ch, zk, target, job)

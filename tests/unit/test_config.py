@@ -18,7 +18,7 @@ BASE = {"url": "http://h:8123", "table": "db.t", "keeper": "k:2181", "job": "j1"
 
 def test_every_option_is_documented_in_docs_options_md() -> None:
     text = (Path(__file__).parents[2] / "docs" / "options.md").read_text()
-    missing = [k for k in OPTIONS if f"`{k}`" not in text]
+    missing = [k for k in OPTIONS if not OPTIONS[k].internal and f"`{k}`" not in text]
     assert missing == []
 
 
@@ -70,6 +70,7 @@ _TYPES = {
     Kind.BOOL: bool,
     Kind.LIST: tuple[str, ...],
     Kind.URLS: tuple[str, ...],
+    Kind.SETTINGS: tuple[tuple[str, str], ...],
 }
 
 
@@ -104,7 +105,7 @@ def test_defaults_are_unchanged() -> None:
         "retry_attempts": "5", "retry_max_wait": "30", "publish_retry_s": "60",
         "txn_version": "", "retention": "1000", "dedup_order_by": "",
         "dedup_min_window": "100", "skip_committed_replays": "true", "metrics_textfile": "",
-        "shards": "", "shard_by": "", "shard_http_port": "", "run_id": "",
+        "shards": "", "shard_by": "", "shard_http_port": "", "settings": "", "run_id": "",
         "micro_batch": "false",
     }  # fmt: skip
     assert [n for n, o in OPTIONS.items() if o.internal] == ["run_id", "micro_batch"]

@@ -162,6 +162,14 @@ class Client:
         self._known.update((n, n in found) for n in wanted)
         return found
 
+    def setting_names(self) -> list[str]:
+        """Every setting name the server has (for a did-you-mean on an unknown one)."""
+        rows = self.query_rows(
+            "SELECT name FROM system.settings",
+            what="list the server's settings (system.settings)",
+        )
+        return [str(r[0]) for r in rows]
+
     def known(self, settings: Mapping[str, Any], optional: Iterable[str]) -> dict[str, Any]:
         """``settings`` without the ``optional`` names this server does not know (older
         servers refuse an unknown setting; 26.x ones override older spellings, so they

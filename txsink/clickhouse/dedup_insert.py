@@ -19,6 +19,7 @@ Every SQL statement dedup mode sends lives here, so the Spark layer holds none
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from txsink.clickhouse.blockers import dedup_window
@@ -50,11 +51,15 @@ _MARK_SQL = (
 )
 
 
-def insert_settings(job: str, xid: str, partition: int, index: int) -> dict[str, Any]:
-    """Per-block insert settings of dedup mode: the block's token and every setting the
-    guarantee relies on (:data:`~txsink.clickhouse.insert_settings.DEDUP_INSERT_SETTINGS`; the
-    warehouse leaves out the 26.x spellings an older server does not know)."""
+def insert_settings(
+    job: str, xid: str, partition: int, index: int, user: Iterable[tuple[str, str]] = ()
+) -> dict[str, Any]:
+    """Per-block insert settings of dedup mode: the user's (option ``settings.<name>``),
+    then the block's token and every setting the guarantee relies on
+    (:data:`~txsink.clickhouse.insert_settings.DEDUP_INSERT_SETTINGS`), which win; the
+    warehouse leaves out the 26.x spellings an older server does not know."""
     return {
+        **dict(user),
         "insert_deduplication_token": dedup_token(job, xid, partition, index),
         **DEDUP_INSERT_SETTINGS,
     }
@@ -63,10 +68,13 @@ def insert_settings(job: str, xid: str, partition: int, index: int) -> dict[str,
 class DedupTarget:
     """The target of a dedup-mode task, over one (borrowed) warehouse."""
 
-    def __init__(self, warehouse: Any, table: str) -> None:
+    def __init__(
+        self, warehouse: Any, table: str, settings: tuple[tuple[str, str], ...] = ()
+    ) -> None:
         self.warehouse = warehouse
         self.client = warehouse.client
         self.table = table
+        self.settings = settings  # the user's settings.<name> options
         self.db, self.name = split_table(table)
         self._defaults: dict[str, str] | None = None
 
@@ -77,7 +85,7 @@ class DedupTarget:
             block.to_batches(),
             block_rows=block.num_rows,
             block_bytes=NO_BYTE_LIMIT,
-            settings=insert_settings(job, xid, partition, index),
+            settings=insert_settings(job, xid, partition, index, self.settings),
         )
 
     def observe(self) -> tuple[dw.Mark, dw.Window] | None:

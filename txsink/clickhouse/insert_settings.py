@@ -1,14 +1,19 @@
-"""The settings txsink sends with its inserts, and why a user's profile may forbid them.
+"""The settings txsink sends with its inserts, why a user's profile may forbid them, and
+which settings a user may add (writer options ``settings.<name>``).
 
-Owned by the ClickHouse adapter; pure (no I/O). Invariant: every setting txsink relies on
-is sent with each insert, so only a profile that forbids the override is a problem.
+Owned by the ClickHouse adapter; pure (no I/O). Invariants: every setting txsink relies on
+is sent with each insert, so only a profile that forbids the override is a problem; this
+module is the one place that decides which settings a user may not pass
+(:func:`refused_setting`), and txsink's own values win over a user's in every insert.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from txsink.options import closest
 
 # --------------------------------------------------------------------------- insert settings
 
@@ -48,7 +53,8 @@ DEDUP_INSERT_SETTINGS: dict[str, Any] = {
     "max_partitions_per_insert_block": 0,
 }
 OPTIONAL_INSERT_SETTINGS = ("deduplicate_insert",)
-# What breaks which guarantee, for the messages of insert_settings_problems.
+# What breaks which guarantee, for the messages of insert_settings_problems and
+# refused_setting.
 _WHY = {
     "insert_deduplicate": "block deduplication",
     "deduplicate_insert": "block deduplication (26.x: overrides insert_deduplicate)",
@@ -58,6 +64,119 @@ _WHY = {
     "deduplicate_blocks_in_dependent_materialized_views": "deduplication in views",
     "insert_distributed_sync": "synchronous inserts through a Distributed table",
 }
+
+
+# --------------------------------------------------------------------------- user settings
+
+# Settings a user may not pass with ``settings.<name>``: what each decides that txsink must
+# own. Four families: txsink's own insert settings and the others that decide
+# deduplication or synchronous inserts (the guarantee); block boundaries (txsink cuts
+# blocks itself: a dedup token names one block, and a server that re-split or squashed
+# blocks would give a replay other blocks); values (docs/types.md: a row is stored as sent
+# or refused before it is sent, never altered by the server); the connection's own
+# parameters (clickhouse-connect sends them per request), which are no insert's settings.
+_DEDUP = "block deduplication"
+_SYNC = "synchronous inserts (rows in parts when the insert returns)"
+_VIEWS = "deduplication in materialized views"
+_OWNED: dict[str, str] = {
+    "insert_deduplicate": _DEDUP,
+    "deduplicate_insert": _DEDUP + " (26.x: overrides insert_deduplicate)",
+    "insert_deduplication_token": "each block's identity (dedup mode sets one per block)",
+    "async_insert": _SYNC,
+    "wait_for_async_insert": _SYNC,
+    "async_insert_deduplicate": _DEDUP + " of async inserts",
+    "optimize_on_insert": "staging keeping every row sent (the target's engine applies later)",
+    "max_partitions_per_insert_block": "blocks spanning many partitions (backfills)",
+    "deduplicate_blocks_in_dependent_materialized_views": _VIEWS,
+    "update_insert_deduplication_token_in_dependent_materialized_views": _VIEWS,
+    "materialized_views_ignore_errors": "views receiving every row (errors not dropped)",
+    "insert_distributed_sync": "synchronous inserts through a Distributed table",
+    "distributed_foreground_insert": "synchronous inserts through a Distributed table",
+    "insert_distributed_one_random_shard": (
+        "deduplication through a Distributed table (a replayed block must reach the shard "
+        "that has seen its token)"
+    ),
+}
+_BLOCKS = "the blocks txsink cuts (a dedup token names one block)"
+_VALUES = "the values stored (docs/types.md: every value is checked before it is sent)"
+_COLUMNS = "which column a value goes to (docs/types.md: the schema is checked first)"
+_CONNECTION = "the connection txsink opens, not the insert"
+_FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
+    _BLOCKS: (
+        "size blocks with the options block_rows / block_bytes",
+        (
+            "max_insert_block_size",
+            "max_insert_block_size_rows",
+            "max_insert_block_size_bytes",
+            "min_insert_block_size_rows",
+            "min_insert_block_size_bytes",
+            "min_insert_block_size_rows_for_materialized_views",
+            "min_insert_block_size_bytes_for_materialized_views",
+            "use_strict_insert_block_limits",
+        ),
+    ),
+    _VALUES: (
+        "txsink refuses a value ClickHouse would alter before sending it: leave it out",
+        (
+            "input_format_null_as_default",
+            "insert_null_as_default",
+            "input_format_defaults_for_omitted_fields",
+            "input_format_force_null_for_omitted_fields",
+            "input_format_allow_errors_num",
+            "input_format_allow_errors_ratio",
+            "date_time_overflow_behavior",
+        ),
+    ),
+    _COLUMNS: (
+        "name the DataFrame's columns as the table's: leave it out",
+        (
+            "input_format_arrow_allow_missing_columns",
+            "input_format_arrow_case_insensitive_column_matching",
+            "input_format_skip_unknown_fields",
+            "insert_allow_materialized_columns",
+        ),
+    ),
+    _CONNECTION: (
+        "use the writer options (compress, connect_timeout, send_receive_timeout)",
+        (
+            "session_id",
+            "session_timeout",
+            "session_check",
+            "query_id",
+            "database",
+            "default_format",
+            "compress",
+            "decompress",
+            "enable_http_compression",
+            "send_progress_in_http_headers",
+            "http_headers_progress_interval_ms",
+        ),
+    ),
+}
+_OWNED_FIX = "txsink sends its own value with every insert that needs it: leave it out"
+
+
+def refused_settings() -> dict[str, tuple[str, str]]:
+    """Every setting a user may not pass: name -> (what it decides, what to do instead).
+    The one list (:func:`refused_setting`, docs/options.md's table)."""
+    out = {n: (why, _OWNED_FIX) for n, why in _OWNED.items()}
+    for name in (*STAGING_INSERT_SETTINGS, *DEDUP_INSERT_SETTINGS):  # txsink's own, always
+        out.setdefault(name, (_WHY.get(name, "the exactly-once guarantee"), _OWNED_FIX))
+    for why, (fix, names) in _FAMILIES.items():
+        out.update((n, (why, fix)) for n in names)
+    return out
+
+
+_REFUSED = refused_settings()
+
+
+def refused_setting(name: str) -> str | None:
+    """Why a user may not pass ClickHouse setting ``name`` to txsink's inserts and what to
+    do instead, or None when it may be passed."""
+    if name not in _REFUSED:
+        return None
+    why, fix = _REFUSED[name]
+    return f"{name} decides {why}, which txsink owns; {fix}"
 
 
 @dataclass(frozen=True)
@@ -104,19 +223,59 @@ def insert_settings_problems(
         have = effective.get(name)
         if have is None:
             continue
-        need = str(value)
         why = _WHY.get(name, "the exactly-once guarantee")
-        if have.readonly and not _same_setting(have.value, need):
-            problems.append(
-                f"{name}={have.value} is fixed for user {user} (a read-only/const settings "
-                f"constraint), but {mode} mode needs {name}={need} for {why}; {how}"
-            )
-        elif not _within(need, have.min, have.max):
-            problems.append(
-                f"{name} is bounded to [{have.min or '-'}, {have.max or '-'}] for user {user}, "
-                f"but {mode} mode needs {name}={need} for {why}; {how}"
-            )
+        need = f"{mode} mode needs {name}={value} for {why}"
+        problem = _constraint(have, str(value), user, need, how)
+        if problem:
+            problems.append(problem)
     return problems
+
+
+def passthrough_problems(
+    effective: Mapping[str, SettingValue],
+    given: Mapping[str, str],
+    *,
+    user: str,
+    known: Iterable[str] = (),
+) -> list[str]:
+    """Why the settings a user passes (``settings.<name>``, :func:`refused_setting`
+    already applied) cannot be sent, judged by the rules of
+    :func:`insert_settings_problems`: a name the server does not know (with the closest
+    of ``known``, the server's setting names), a value a settings constraint of ``user``
+    forbids."""
+    problems: list[str] = []
+    how = f"change the value, or the settings profile/constraints of user {user}"
+    names = list(known)
+    for name, value in given.items():
+        have = effective.get(name)
+        if have is None:
+            match = closest(name, names) if names else None
+            hint = f" (did you mean {match}?)" if match else ""
+            problems.append(
+                f"option settings.{name}: the server has no setting {name}{hint}; "
+                f"setting names are case-sensitive (system.settings lists them)"
+            )
+            continue
+        problem = _constraint(have, value, user, f"option settings.{name} asks for {value!r}", how)
+        if problem:
+            problems.append(problem)
+    return problems
+
+
+def _constraint(have: SettingValue, need: str, user: str, asked: str, how: str) -> str | None:
+    """Why ``user`` cannot set ``have.name`` to ``need`` (None: it can)."""
+    name = have.name
+    if have.readonly and not _same_setting(have.value, need):
+        return (
+            f"{name}={have.value} is fixed for user {user} (a read-only/const settings "
+            f"constraint), but {asked}; {how}"
+        )
+    if not _within(need, have.min, have.max):
+        return (
+            f"{name} is bounded to [{have.min or '-'}, {have.max or '-'}] for user {user}, "
+            f"but {asked}; {how}"
+        )
+    return None
 
 
 def _same_setting(have: str, need: str) -> bool:

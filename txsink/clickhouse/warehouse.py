@@ -74,7 +74,8 @@ class ClickHouseWarehouse(Publisher):
         ``table`` is ``db.table``, or a bare staging table name (in ``staging_db``; its
         inserts run with ``optimize_on_insert=0``). ``settings`` is a dict for every block
         or a callable ``block_index -> dict`` (dedup mode: a per-block
-        ``insert_deduplication_token``).
+        ``insert_deduplication_token``); the user's ``settings.<name>`` options arrive
+        here, under the staging settings, which win.
         A block is retried after an ambiguous failure only if it carries such a token.
         Block boundaries depend only on the batch sizes, so a replay of the same data cuts
         the same blocks.
@@ -95,7 +96,8 @@ class ClickHouseWarehouse(Publisher):
         rows = size = blocks = 0
         for block in iter_blocks(batches, block_rows=block_rows, block_bytes=block_bytes):
             extra = settings(blocks) if callable(settings) else settings
-            block_settings = self.client.known({**base, **(extra or {})}, OPTIONAL_INSERT_SETTINGS)
+            # txsink's staging settings win over any given (a user's settings.<name>)
+            block_settings = self.client.known({**(extra or {}), **base}, OPTIONAL_INSERT_SETTINGS)
             idempotent = bool(block_settings.get("insert_deduplication_token"))
             self.client.insert_arrow(
                 db, name, block, settings=block_settings or None, idempotent=idempotent

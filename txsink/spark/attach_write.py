@@ -81,7 +81,11 @@ def _stage(plan: WritePlan, warehouse: Any, task: Task, batches: Iterator[Any]) 
             warehouse.create_staging(cfg.table, name, plan.target_info)
             created.append(name)
             stats = warehouse.insert_blocks(
-                name, rows, block_rows=cfg.block_rows, block_bytes=cfg.block_bytes
+                name,
+                rows,
+                block_rows=cfg.block_rows,
+                block_bytes=cfg.block_bytes,
+                settings=dict(cfg.settings) or None,
             )
             sent = {name: stats.rows}
     except BaseException:
@@ -129,7 +133,11 @@ def _stage_sharded(
         if not pending.get(k):
             return
         stats = warehouse.insert_blocks(
-            names[k], pending.pop(k), block_rows=cfg.block_rows, block_bytes=cfg.block_bytes
+            names[k],
+            pending.pop(k),
+            block_rows=cfg.block_rows,
+            block_bytes=cfg.block_bytes,
+            settings=dict(cfg.settings) or None,
         )
         size.pop(k, None)
         sent[names[k]] = sent.get(names[k], 0) + stats.rows

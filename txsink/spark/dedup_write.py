@@ -265,7 +265,7 @@ def write_dedup(plan: WritePlan, task: Task, batches: Iterator[Any]) -> TxCommit
 
             def target() -> DedupTarget:  # borrowed only once a block is to be sent
                 warehouse = stack.enter_context(borrowed_warehouse(cfg))
-                return DedupTarget(warehouse, cfg.table)
+                return DedupTarget(warehouse, cfg.table, cfg.settings)
 
             return _write(plan, task, first, blocks, registry, target)
     except ValueRefused as exc:  # checked as blocks are cut: earlier ones may be sent

@@ -40,10 +40,18 @@ from txsink.clickhouse.insert_settings import (
     DEDUP_INSERT_SETTINGS,
     STAGING_INSERT_SETTINGS,
     insert_settings_problems,
+    passthrough_problems,
 )
 from txsink.clickhouse.values import Check, Rule, plan_rules
 from txsink.config import WriterConfig
-from txsink.errors import ConfigError, SchemaMismatch, UnavailableError
+from txsink.errors import (
+    CommitOutcomeUnknown,
+    ConfigError,
+    RetryableConflict,
+    SchemaMismatch,
+    TxSinkError,
+    UnavailableError,
+)
 from txsink.names import parse_url
 from txsink.ports.warehouse import ColumnInfo, TargetInfo
 from txsink.protocol import job as rules
@@ -262,18 +270,33 @@ def check_insert_settings(config: WriterConfig, warehouse: Any, mode: str) -> No
     """Refuse, before anything is written, a writer whose user cannot run txsink's inserts
     with the settings they rely on
     (:func:`~txsink.clickhouse.insert_settings.insert_settings_problems` over
-    ``system.settings`` read as that user); log the profile defaults txsink overrides
-    (``deduplicate_insert='disable'`` and the like)."""
+    ``system.settings`` read as that user), or with the settings its options
+    ``settings.<name>`` add (a name the server does not know, with a did-you-mean; a
+    value a constraint forbids: :func:`~txsink.clickhouse.insert_settings.passthrough_problems`);
+    log the profile defaults txsink overrides (``deduplicate_insert='disable'`` and the
+    like)."""
     wanted = STAGING_INSERT_SETTINGS if mode == "attach" else DEDUP_INSERT_SETTINGS
     user = config.user or "default"
+    given = dict(config.settings)
     for server in getattr(warehouse, "shards", None) or [warehouse]:
         client = server.client
-        effective = client.effective_settings([*wanted, "readonly"])
+        effective = client.effective_settings([*wanted, "readonly", *given])
         problems = insert_settings_problems(effective, wanted, user=user, mode=mode)
         if problems:
             raise ConfigError(
                 f"job {config.job}: the settings of ClickHouse user {user} on {client.url} "
                 f"would break the exactly-once guarantee of {mode} mode for {config.table}; "
+                f"nothing was written:\n  - " + "\n  - ".join(problems)
+            )
+        mine = {n: v for n, v in effective.items() if n in given}
+        known = client.setting_names() if set(given) - set(mine) else ()
+        problems = passthrough_problems(mine, given, user=user, known=known)
+        if given and not problems:
+            problems = _probe_settings(client, given)
+        if problems:
+            raise ConfigError(
+                f"job {config.job}: ClickHouse on {client.url} would refuse the settings "
+                f"given as options for the inserts into {config.table} (user {user}); "
                 f"nothing was written:\n  - " + "\n  - ".join(problems)
             )
         overridden = sorted(
@@ -287,6 +310,21 @@ def check_insert_settings(config: WriterConfig, warehouse: Any, mode: str) -> No
                 "every insert",
                 config.job, user, client.url, ", ".join(overridden),
             )  # fmt: skip
+
+
+def _probe_settings(client: Any, given: Mapping[str, str]) -> list[str]:
+    """The server's own verdict on the values of ``given`` (a value it cannot parse, one
+    its constraints forbid): one statement that reads nothing, sent with them."""
+    try:
+        client.query_rows(
+            "SELECT 1", settings=given, what="try the settings given as options (SELECT 1)"
+        )
+    except (UnavailableError, RetryableConflict, CommitOutcomeUnknown):
+        raise  # no verdict on the settings
+    except TxSinkError as exc:
+        asked = ", ".join(f"settings.{k}={v!r}" for k, v in given.items())
+        return [f"the server refused them ({exc}): {asked}"]
+    return []
 
 
 def over_cluster(
