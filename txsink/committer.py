@@ -229,9 +229,10 @@ def _commit_writes(
     streaming: bool,
     targets: dict[str, str] | None,
 ) -> dict[str, Any]:
-    from txsink.metrics import count, record_commit
+    from txsink.metrics import count, record_commit, serve
 
     config = handle.config
+    serve(config)  # the scrape endpoint (metrics_port), once per process
     msgs = [m for _, ms in writes for m in ms]
     if targets:
         stored = rules.JobFacts.of(handle.registry.job_meta(config.job))

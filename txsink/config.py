@@ -64,6 +64,7 @@ class WriterConfig:
     shards: tuple[str, ...] = ()  # shard URLs (no userinfo); () = one server, `url`
     shard_by: str = ""
     shard_http_port: int | None = None
+    metrics_port: int | None = None
 
     def __repr__(self) -> str:
         shown = []
