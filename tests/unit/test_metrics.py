@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from txsink import metrics
 from txsink.config import WriterConfig
+from txsink.metrics import export
 
 BASE = {"url": "http://h:8123", "table": "db.t", "keeper": "k:2181", "job": "j1"}
 
@@ -198,14 +199,16 @@ def test_a_port_held_by_another_program_is_one_warning_and_retried_later(
         squatter.listen()
         port = squatter.getsockname()[1]
         cfg = config(metrics_port=port)
+        store = metrics.store_of(cfg)
+        assert store is not None
         with caplog.at_level(logging.INFO, logger="txsink.metrics"):
             for _ in range(3):
-                metrics.serve(cfg, clock=lambda: now[0])
+                export.serve(port, store, "j1", clock=lambda: now[0])
                 metrics.record_commit(cfg, commit())
     warnings = [r for r in caplog.records if "not served by this process" in r.getMessage()]
     assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
-    now[0] = metrics.RETRY_BIND_S + 1  # the other program is gone: a later commit binds
-    metrics.serve(cfg, clock=lambda: now[0])
+    now[0] = export.RETRY_BIND_S + 1  # the other program is gone: a later commit binds
+    export.serve(port, store, "j1", clock=lambda: now[0])
     assert value(scrape(port), "txsink_batches_committed_total") == 3
 
 
@@ -241,3 +244,20 @@ def test_a_port_held_by_an_earlier_txsink_worker_of_the_same_state_is_no_warning
     info = samples(text)
     assert any(name == "txsink_metrics_endpoint_info" and ("pid", str(old.pid)) in labels
                for name, labels in info)  # fmt: skip
+
+
+def test_a_writer_without_metrics_never_imports_prometheus_client() -> None:
+    """Every commit calls the hooks; a Python worker pays for prometheus_client (about
+    50 ms) only when a writer asks for metrics."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from types import SimpleNamespace as N; import txsink.committer; "
+        "from txsink import metrics; from txsink.config import WriterConfig; "
+        f"cfg = WriterConfig.from_options({BASE!r}); metrics.serve(cfg); "
+        "metrics.count(cfg, recoveries=1); metrics.record_commit(cfg, N(action='committed', "
+        "xid='b1', rows=1, partitions=1, seconds=0.1)); "
+        "assert 'prometheus_client' not in sys.modules, 'imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
