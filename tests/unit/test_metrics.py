@@ -261,3 +261,40 @@ def test_a_writer_without_metrics_never_imports_prometheus_client() -> None:
         "assert 'prometheus_client' not in sys.modules, 'imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_a_takeover_counts_the_batches_and_rows_its_recovery_rolled_forward(
+    tmp_path: Path,
+) -> None:
+    """A driver killed after PREPARE: the next run's recovery publishes the batch, and
+    the metrics count it as rolled forward with its rows (the replay is then skipped)."""
+    from txsink.committer import rolled_forward_at_takeover
+    from txsink.ports.registry_memory import MemoryRegistry
+    from txsink.ports.warehouse_memory import MemoryWarehouse
+    from txsink.protocol.ids import staging_name
+    from txsink.protocol.states import StagedPart
+    from txsink.transactor import Transactor
+
+    class Crash(Exception):
+        pass
+
+    def crash(point: str) -> None:
+        if point == "driver.after_prepare":
+            raise Crash(point)
+
+    registry, wh = MemoryRegistry(), MemoryWarehouse()
+    first = Transactor(registry, wh, "j1", fault=crash)
+    epoch = first.begin("run-1")
+    staging = staging_name("j1", "b3", "00000001", 0, 0, 1).table
+    wh.stage(staging, {"202401": [1, 2, 3], "202402": [4]})
+    parts = [StagedPart(staging, "202401", 3), StagedPart(staging, "202402", 1)]
+    with pytest.raises(Crash):
+        first.commit_batch(epoch, "b3", 3, "db.t", parts)
+    again = Transactor(registry, wh, "j1")
+    again.begin("run-2")
+    handle = SimpleNamespace(
+        transactor=again, registry=registry, config=config(metrics_textfile=tmp_path / "m.prom")
+    )
+    assert rolled_forward_at_takeover(handle) == {"batches_rolled_forward": 1, "rows_committed": 4}
+    handle.config = config()  # no metrics asked for: not even the record reads
+    assert rolled_forward_at_takeover(handle) == {}
