@@ -298,3 +298,23 @@ def test_a_takeover_counts_the_batches_and_rows_its_recovery_rolled_forward(
     assert rolled_forward_at_takeover(handle) == {"batches_rolled_forward": 1, "rows_committed": 4}
     handle.config = config()  # no metrics asked for: not even the record reads
     assert rolled_forward_at_takeover(handle) == {}
+
+
+def test_the_grafana_dashboard_queries_only_series_txsink_exports(tmp_path: Path) -> None:
+    import re
+
+    prom = tmp_path / "txsink.prom"
+    metrics.record_commit(config(metrics_textfile=prom), commit())
+    exported = set()
+    for family in text_string_to_metric_families(prom.read_text()):
+        exported |= {s.name for s in family.samples}
+    dashboard = Path(__file__).parents[2] / "docs" / "grafana" / "txsink-dashboard.json"
+    panels = json.loads(dashboard.read_text())["panels"]
+    queried = {
+        name
+        for panel in panels
+        for target in panel.get("targets", [])
+        for name in re.findall(r"txsink_[a-z_]+", target["expr"])
+    }
+    assert queried and queried <= exported, queried - exported
+    assert {f"txsink_{name}_total" for name in metrics.COUNTERS} - queried == set()
