@@ -229,9 +229,10 @@ def _commit_writes(
     streaming: bool,
     targets: dict[str, str] | None,
 ) -> dict[str, Any]:
-    from txsink.metrics import count, record_commit
+    from txsink.metrics import count, record_commit, serve
 
     config = handle.config
+    serve(config)  # the scrape endpoint (metrics_port), once per process
     msgs = [m for _, ms in writes for m in ms]
     if targets:
         stored = rules.JobFacts.of(handle.registry.job_meta(config.job))
@@ -244,12 +245,13 @@ def _commit_writes(
     incoming = {t for m in msgs for t in m.staging}
     query_id = next((m.extra.get("query_id", "") for m in msgs if m.extra), "")
     owner = handle.registry.current_epoch(config.job)
+    handle.transactor.last_recovery = None
     try:
         epoch = epoch_for_run(
             handle, run_id, mode.value, keep=incoming, query_id=query_id, targets=targets
         )
         if owner is None or owner.owner != run_id:
-            count(config, recoveries=1)
+            count(config, recoveries=1, **rolled_forward_at_takeover(handle))
         if targets:  # a run checks the job's identity at takeover only: tables per batch
             stored = rules.JobFacts.of(handle.registry.job_meta(config.job))
             refusal = rules.tables_refusal(config.job, stored, targets)
@@ -278,6 +280,21 @@ def _commit_writes(
         sweep_strays(handle, xid, incoming)
     record_commit(config, result)
     return dict(result.__dict__)
+
+
+def rolled_forward_at_takeover(handle: JobHandle) -> dict[str, int]:
+    """The batches (and their rows) the takeover's recovery just rolled forward, for the
+    metrics: a few record reads, only when there were any."""
+    from txsink.metrics import store_of
+
+    report = handle.transactor.last_recovery
+    if report is None or not report.rolled_forward or store_of(handle.config) is None:
+        return {}
+    rows = 0
+    for xid in report.rolled_forward:
+        record = handle.registry.get(handle.config.job, xid)
+        rows += record.rows if record is not None else 0
+    return {"batches_rolled_forward": len(report.rolled_forward), "rows_committed": rows}
 
 
 def sweep_strays(handle: Any, xid: str, incoming: set[str]) -> None:

@@ -75,6 +75,7 @@ class WriterConfig:
     shards: tuple[str, ...] = ()  # shard URLs (no userinfo); () = one server, `url`
     shard_by: str = ""
     shard_http_port: int | None = None
+    metrics_port: int | None = None
     # ClickHouse settings for txsink's inserts (settings.<name>), sorted by name
     settings: tuple[tuple[str, str], ...] = ()
 

@@ -64,6 +64,7 @@ class Option:
     kind: Kind = Kind.TEXT
     choices: tuple[str, ...] = ()
     minimum: int = 0
+    maximum: int | None = None
     zero_ok: bool = False
     optional: bool = False
     env: str = ""
@@ -96,6 +97,8 @@ def _int(opt: Option, raw: str) -> int | None:
         raise ConfigError(f"option {opt.name!r} must be an integer, got {raw!r}") from None
     if value < opt.minimum:
         raise ConfigError(f"option {opt.name!r} must be >= {opt.minimum}, got {value}")
+    if opt.maximum is not None and value > opt.maximum:
+        raise ConfigError(f"option {opt.name!r} must be <= {opt.maximum}, got {value}")
     return value
 
 
@@ -364,6 +367,15 @@ _DECLARED: tuple[Option, ...] = (
         Kind.BOOL,
     ),
     Option("metrics_textfile", "write Prometheus text-format metrics to this file"),
+    Option(
+        "metrics_port",
+        "serve the metrics for Prometheus to scrape on this port of the driver "
+        "(http://driver:port/metrics), started by the first commit of a process",
+        kind=Kind.INT,
+        minimum=1,
+        maximum=65535,
+        optional=True,
+    ),
     Option(
         "shards",
         "a table on several ClickHouse shards: comma-separated shard URLs "

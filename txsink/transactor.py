@@ -159,6 +159,7 @@ class Transactor:
         self.job = job
         self.retention = retention
         self._namespace = ""
+        self.last_recovery: RecoveryReport | None = None  # of the last begin(): metrics
         # carries out every publish step; owns the clock, fault hook and sleep (the
         # properties below), so one set on this Transactor later reaches it too
         self.runner = StepRunner(
@@ -223,7 +224,7 @@ class Transactor:
         self.registry.ensure_job(self.job, JobMeta() if meta is None else meta)
         epoch = self.registry.take_epoch(self.job, owner or default_owner())
         self.registry.heartbeat(epoch, {"state": "recovering"})
-        report = self.recover(epoch, keep=keep)
+        report = self.last_recovery = self.recover(epoch, keep=keep)
         if report.alarms:
             raise RecoveryAlarm(
                 f"job {self.job}: recovery needs an operator: {'; '.join(report.alarms)}. "

@@ -208,18 +208,45 @@ def test_foreach_batch_refuses_bad_options_before_the_query_starts():
         txsink.foreach_batch(url="http://h:1", keeper="k:1", job="j", table="nodot")
 
 
-def test_metrics_textfile_counts_commits_skips_and_latency(spark, stack, tmp_path, ch, target):
+def test_metrics_textfile_and_endpoint_count_commits_skips_and_latency(
+    spark, stack, tmp_path, ch, target
+):
+    """The textfile and the driver's scrape endpoint (``metrics_port``, read with urllib
+    after the saves, as Prometheus would) show the same totals: the rows written once."""
+    import socket
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
     metrics = tmp_path / "txsink.prom"
     job = f"m-{uuid.uuid4().hex[:8]}"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     for _ in range(2):  # the second save is a replay of txn_version 1: skipped
         write(
-            rows(spark, 40), stack, target, job=job, txn_version="1", metrics_textfile=str(metrics)
-        )
-    text = metrics.read_text()
-    assert f'txsink_batches_committed_total{{job="{job}"}} 1' in text
-    assert f'txsink_batches_skipped_total{{job="{job}"}} 1' in text
-    assert f'txsink_rows_committed_total{{job="{job}"}} 40' in text
-    assert f'txsink_commit_seconds_count{{job="{job}"}} 2' in text
+            rows(spark, 40), stack, target, job=job, txn_version="1",
+            metrics_textfile=str(metrics), metrics_port=str(port),
+        )  # fmt: skip
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        scraped = resp.read().decode()
+
+    def values(text):
+        return {
+            s.name: s.value
+            for f in text_string_to_metric_families(text)
+            for s in f.samples
+            if s.labels.get("job") == job and "le" not in s.labels
+        }
+
+    for text in (metrics.read_text(), scraped):
+        got = values(text)
+        assert got["txsink_batches_committed_total"] == 1
+        assert got["txsink_batches_skipped_total"] == 1
+        assert got["txsink_rows_committed_total"] == 40
+        assert got["txsink_commit_seconds_count"] == 2
+        assert got["txsink_last_commit_timestamp_seconds"] > time.time() - 600
+    assert "txsink_metrics_endpoint_info" in scraped
 
 
 def test_the_kafka_example_of_docs_install_over_json_files_is_exact(

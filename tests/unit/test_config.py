@@ -105,7 +105,8 @@ def test_defaults_are_unchanged() -> None:
         "retry_attempts": "5", "retry_max_wait": "30", "publish_retry_s": "60",
         "txn_version": "", "retention": "1000", "dedup_order_by": "",
         "dedup_min_window": "100", "skip_committed_replays": "true", "metrics_textfile": "",
-        "shards": "", "shard_by": "", "shard_http_port": "", "settings": "", "run_id": "",
+        "shards": "", "shard_by": "", "shard_http_port": "", "settings": "", "metrics_port": "",
+        "run_id": "",
         "micro_batch": "false",
     }  # fmt: skip
     assert [n for n, o in OPTIONS.items() if o.internal] == ["run_id", "micro_batch"]
@@ -133,6 +134,8 @@ def test_client_connect_settings_default_to_the_option_defaults() -> None:
         ("block_bytes", "10", ">= 1024"),
         ("txn_version", "x", "integer"),
         ("shard_http_port", "0", ">= 1"),
+        ("metrics_port", "0", ">= 1"),
+        ("metrics_port", "65536", "<= 65535"),
     ],
 )
 def test_a_bad_value_error_names_the_key_and_what_it_accepts(
