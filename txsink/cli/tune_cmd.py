@@ -27,7 +27,7 @@ def run_tune(args: argparse.Namespace, out: Output) -> int:
             meta = stores.registry.job_meta(args.job)
             shards = list(meta.shards) if meta else []
 
-        def measure(warehouse: Any) -> tm.TuneResult:
+        def measure(warehouse: Any, step: Any) -> tm.TuneResult:
             return tn.measure(
                 stores.registry,
                 warehouse,
@@ -37,16 +37,22 @@ def run_tune(args: argparse.Namespace, out: Output) -> int:
                 writers=args.writers,
                 merge_seconds=args.merge_seconds,
                 progress=out.progress,
+                step=step,
             )
 
-        if shards:
-            db = stores.warehouse().staging_db
-            result = tn.combine_shards(
-                shards,
-                [measure(ClickHouseWarehouse(stores.shard_client(u), db)) for u in shards],
-            )
-        else:
-            result = measure(stores.warehouse())
+        total = (args.transactions + 1) * max(1, len(shards))
+        with out.bar(total, "tune") as step:
+            if shards:
+                db = stores.warehouse().staging_db
+                result = tn.combine_shards(
+                    shards,
+                    [
+                        measure(ClickHouseWarehouse(stores.shard_client(u), db), step)
+                        for u in shards
+                    ],
+                )
+            else:
+                result = measure(stores.warehouse(), step)
         rate, source = args.rows_per_second, "--rows-per-second"
         if rate is None and args.job:
             jobs_of(stores, args)

@@ -134,8 +134,10 @@ def measure(
     writers: int = DEFAULT_WRITERS,
     merge_seconds: float = DEFAULT_MERGE_SECONDS,
     progress: Callable[[str], None] | None = None,
+    step: Callable[[str], None] | None = None,
 ) -> TuneResult:
-    """Run ``transactions`` tiny real transactions into a scratch copy of ``table``."""
+    """Run ``transactions`` tiny real transactions into a scratch copy of ``table``
+    (``step`` hears of each one done: a progress bar)."""
     if transactions < 2:
         raise ConfigError(f"--transactions must be at least 2, got {transactions}")
     client = warehouse.client
@@ -200,6 +202,8 @@ def measure(
             t1 = time.perf_counter()
             result = transactor.commit_batch(epoch, batch_xid(i), i, scratch, parts)
             t2 = time.perf_counter()
+            if step is not None:
+                step(f"transaction {i} of {transactions}")
             if i == 0:
                 warmup = t2 - t0
                 continue
