@@ -355,10 +355,9 @@ _DECLARED: tuple[Option, ...] = (
     ),
     Option(
         "create_table",
-        "if_missing: a missing target is created from the DataFrame's schema (types: "
-        "docs/types.md#created-tables) with order_by, partition_by, engine and "
-        "table_settings, on every shard; never: a missing target is an error "
-        "(docs/options.md#creating-the-target)",
+        "when the target is missing: if_missing creates it from the DataFrame's schema "
+        "(types: docs/types.md#created-tables) with order_by, partition_by, engine and "
+        "table_settings, on every shard; never fails (docs/options.md#creating-the-target)",
         default="never",
         kind=Kind.CHOICE,
         choices=CREATE_TABLE,

@@ -282,3 +282,65 @@ def test_a_missing_target_without_create_table_is_the_error_it_was_with_the_way_
         read_target(WriterConfig.from_options(BASE), _schema(), warehouse)
     assert "create_table=if_missing" in str(err.value) and err.value.code == 60
     assert warehouse.created == []
+
+
+class _Client:
+    url = "http://ch:8123"
+
+    def __init__(self, error: Exception | None) -> None:
+        self.error = error
+        self.sent: list[str] = []
+
+    def command(self, sql: str, **_: Any) -> None:
+        self.sent.append(sql)
+        if self.error is not None:
+            raise self.error
+
+
+def test_a_create_that_loses_the_race_to_another_writer_succeeds() -> None:
+    """A concurrent CREATE ... IF NOT EXISTS may answer TABLE_ALREADY_EXISTS (57)."""
+    from txsink.clickhouse.warehouse import ClickHouseWarehouse
+    from txsink.errors import TxSinkError
+
+    client = _Client(TxSinkError("Code: 57. Table db.t already exists", code=57))
+    ClickHouseWarehouse(client).create_target("db.t", "CREATE TABLE IF NOT EXISTS db.t ...")  # type: ignore[arg-type]
+    assert client.sent == ["CREATE TABLE IF NOT EXISTS db.t ..."]
+
+
+def test_a_create_the_server_refuses_names_the_options_and_shows_the_statement() -> None:
+    from txsink.clickhouse.warehouse import ClickHouseWarehouse
+    from txsink.errors import TxSinkError, UnavailableError
+
+    client = _Client(TxSinkError("Code: 47. Unknown identifier nope", code=47))
+    with pytest.raises(ConfigError, match="order_by, partition_by, engine") as err:
+        ClickHouseWarehouse(client).create_target("db.t", "CREATE TABLE x ORDER BY nope")  # type: ignore[arg-type]
+    assert "ORDER BY nope" in str(err.value) and err.value.code == 47
+    down = _Client(UnavailableError("ClickHouse at http://ch:8123 is unreachable"))
+    with pytest.raises(UnavailableError):  # passing trouble stays what it is
+        ClickHouseWarehouse(down).create_target("db.t", "CREATE TABLE x")  # type: ignore[arg-type]
+
+
+def test_a_sharded_job_creates_the_table_on_every_shard() -> None:
+    from txsink.clickhouse.shards import ShardedWarehouse
+    from txsink.clickhouse.warehouse import ClickHouseWarehouse
+
+    clients = [_Client(None), _Client(None), _Client(None)]
+    sharded = ShardedWarehouse([ClickHouseWarehouse(c) for c in clients])  # type: ignore[arg-type]
+    sharded.create_target("db.t", "CREATE TABLE IF NOT EXISTS db.t ...")
+    assert [c.sent for c in clients] == [["CREATE TABLE IF NOT EXISTS db.t ..."]] * 3
+
+
+def test_key_columns_are_created_without_nullable_unless_nullable_keys_are_allowed() -> None:
+    """ClickHouse refuses a Nullable sorting or partition key by default; Spark marks most
+    columns nullable. A null in such a column is then refused per value (NOT_NULL)."""
+    fields = [("id", "long", True), ("odd`ts", "timestamp", True), ("v", "string", True)]
+    common = {"engine": "MergeTree", "dedup_window": None}
+    sql = plan_create("db.t", fields, order_by="id", partition_by="toYYYYMM(`odd\\`ts`)",
+                      table_settings="", **common)  # fmt: skip
+    assert "`id` Int64," in sql and "`odd\\`ts` DateTime64(6, 'UTC')," in sql
+    assert "`v` Nullable(String)" in sql
+    allowed = plan_create("db.t", fields, order_by="id", partition_by="",
+                          table_settings="allow_nullable_key=1", **common)  # fmt: skip
+    assert "`id` Nullable(Int64)," in allowed
+    rules = plan_rules([SparkField("id", "bigint")], [ColumnInfo("id", "Int64")])
+    assert [r.check for r in rules] == [Check.NOT_NULL]

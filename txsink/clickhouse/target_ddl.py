@@ -14,6 +14,10 @@ as it finds it, like any other. Invariants:
   checked to be one clause each (balanced, quote-aware, no ``;``), the engine to be of the
   MergeTree family (the only tables txsink can write: attach mode moves partitions, dedup
   mode needs block deduplication); ClickHouse judges the expressions themselves;
+- a column the keys (``order_by``, ``partition_by``) name is created without
+  ``Nullable`` (ClickHouse refuses Nullable keys unless ``allow_nullable_key``), whatever
+  Spark's nullability says: Spark marks most columns nullable, and an actual null is
+  refused value by value, as for any non-Nullable column;
 - a table created for dedup mode gets the dedup window dedup mode requires
   (``non_replicated_deduplication_window = dedup_min_window``) unless the user's
   ``table_settings`` name it; replicated engines keep the server's
@@ -199,6 +203,10 @@ def plan_create(
             "order_by to create it: the sorting key of the MergeTree table, e.g. "
             "order_by=id or order_by=customer_id,ts (tuple() for none). Nothing was written"
         )
+    settings = parse_table_settings(table_settings)
+    if not _nullable_keys_allowed(settings):
+        keys = key_columns(order_by, partition_by)
+        fields = [(n, spark, nullable and n not in keys) for n, spark, nullable in fields]
     columns = created_columns(fields)
     # nulls bound for a column that cannot be Nullable are refused value by value, as
     # validation does for any target: only the types are checked here
@@ -211,7 +219,6 @@ def plan_create(
         raise SchemaMismatch(
             f"txsink cannot create {table} for this DataFrame:\n  - " + "\n  - ".join(problems)
         )
-    settings = parse_table_settings(table_settings)
     if dedup_window is not None:
         settings = with_dedup_window(check_engine(engine), settings, dedup_window)
     return create_sql(
@@ -221,6 +228,30 @@ def plan_create(
         order_by=order_by,
         partition_by=partition_by,
         settings=settings,
+    )
+
+
+_NAME_RE = re.compile(r"'(?:[^'\\]|\\.)*'|`((?:[^`\\]|\\.)*)`|([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def key_columns(*keys: str) -> frozenset[str]:
+    """The names the key expressions mention (plain or backquoted identifiers outside
+    string literals): the columns a created table makes non-Nullable, since ClickHouse
+    refuses Nullable key columns by default. A function name that is also a column's
+    name counts too (that column then refuses nulls: safe, at worst strict)."""
+    found: set[str] = set()
+    for text in keys:
+        for m in _NAME_RE.finditer(text or ""):
+            if m.group(1) is not None:
+                found.add(re.sub(r"\\(.)", r"\1", m.group(1)))
+            elif m.group(2):
+                found.add(m.group(2))
+    return frozenset(found)
+
+
+def _nullable_keys_allowed(settings: Sequence[tuple[str, str]]) -> bool:
+    return any(
+        k == "allow_nullable_key" and v.strip("'") not in ("0", "false") for k, v in settings
     )
 
 
