@@ -78,6 +78,11 @@ class WriterConfig:
     metrics_port: int | None = None
     # ClickHouse settings for txsink's inserts (settings.<name>), sorted by name
     settings: tuple[tuple[str, str], ...] = ()
+    create_table: str = "never"
+    order_by: str = ""
+    partition_by: str = ""
+    engine: str = "MergeTree"
+    table_settings: str = ""
 
     def __repr__(self) -> str:
         shown = []
@@ -136,6 +141,7 @@ class WriterConfig:
         values = {name: OPTIONS[name].parse(text) for name, text in raw.items()}
         values["settings"] = _merge_settings(values["settings"], per_setting)
         _check_shards(values)
+        _check_create(values)
         return WriterConfig(**values)
 
     @property
@@ -261,3 +267,16 @@ def _check_shards(values: Mapping[str, Any]) -> None:
             "option 'shard_http_port' is for shards discovered from a Distributed table; "
             "with 'shards' each URL carries its port"
         )
+
+
+def _check_create(values: Mapping[str, Any]) -> None:
+    """The table-creation options are well-formed (checked even while the target exists:
+    a mistake should not wait for the day the table is missing)."""
+    from txsink.clickhouse.target_ddl import check_options
+
+    check_options(
+        engine=values["engine"],
+        order_by=values["order_by"],
+        partition_by=values["partition_by"],
+        table_settings=values["table_settings"],
+    )

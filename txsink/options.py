@@ -226,6 +226,7 @@ MODES = ("auto", "attach", "dedup")
 VISIBILITIES = ("partition", "batch")
 COMPRESSIONS = ("lz4", "zstd", "gzip", "none")
 STATES = ("keeper", "clickhouse")
+CREATE_TABLE = ("never", "if_missing")
 # Spark passes its own writer options through to the data source: ignored, not refused.
 SPARK_OWNED = ("path", "checkpointlocation", "queryname")
 
@@ -405,6 +406,34 @@ _DECLARED: tuple[Option, ...] = (
         "settings.<name>=<value> (a value with a comma). Settings txsink owns are refused "
         "with the reason (see ClickHouse settings below)",
         kind=Kind.SETTINGS,
+    ),
+    Option(
+        "create_table",
+        "when the target is missing: if_missing creates it from the DataFrame's schema "
+        "(types: docs/types.md#created-tables) with order_by, partition_by, engine and "
+        "table_settings, on every shard; never fails (docs/options.md#creating-the-target)",
+        default="never",
+        kind=Kind.CHOICE,
+        choices=CREATE_TABLE,
+    ),
+    Option(
+        "order_by",
+        "create_table: the ORDER BY of the created table (required to create one), e.g. "
+        "id or customer_id,ts; tuple() for none",
+    ),
+    Option(
+        "partition_by", "create_table: the PARTITION BY of the created table, e.g. toYYYYMM(ts)"
+    ),
+    Option(
+        "engine",
+        "create_table: the created table's engine, of the MergeTree family, with its "
+        "arguments (ReplacingMergeTree(ver))",
+        default="MergeTree",
+    ),
+    Option(
+        "table_settings",
+        "create_table: the created table's SETTINGS, name=value,... (index_granularity=8192); "
+        "in dedup mode non_replicated_deduplication_window defaults to dedup_min_window",
     ),
     Option(
         "run_id",

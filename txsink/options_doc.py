@@ -3,8 +3,9 @@
 Owns the generated parts of docs/options.md (the writer options table and the CLI's
 common flags table, from the options registry; the ClickHouse settings refused to
 ``settings.<name>``, from :mod:`txsink.clickhouse.insert_settings`) and of docs/types.md
-(the type contract, from :func:`txsink.clickhouse.values.contract_table`), each between a
-pair of
+(the type contract, from :func:`txsink.clickhouse.values.contract_table`, and the types
+of created tables, from :func:`txsink.clickhouse.target_ddl.created_types_table`), each
+between a pair of
 ``<!-- BEGIN GENERATED: ... -->`` / ``<!-- END GENERATED: ... -->`` markers. Everything
 outside the markers is prose kept as it is. Unit tests fail when a file is not what
 :func:`render` makes of it.
@@ -88,11 +89,18 @@ def types_table() -> str:
     return contract_table()
 
 
+def created_types_table() -> str:
+    from txsink.clickhouse.target_ddl import created_types_table as table
+
+    return table()
+
+
 TABLES = {
     "options": options_table,
     "cli-flags": flags_table,
     "refused-settings": refused_settings_table,
     "types": types_table,
+    "created-types": created_types_table,
 }
 
 

@@ -84,6 +84,8 @@ def test_a_missing_table_fails_the_check(
 ) -> None:
     code, report = check(stack, capsys, "--table", f"{fresh_db}.nope")
     assert code == 1 and statuses(report)["table"] == "fail"
+    detail = next(c["detail"] for c in report["checks"] if c["name"] == "table")
+    assert "create_table=if_missing" in detail
 
 
 @pytest.mark.parametrize("state", ["keeper", "clickhouse"])

@@ -325,3 +325,30 @@ def test_tune_measures_every_shard_and_combines_them_leaving_nothing_behind(
             f"SELECT name FROM system.tables WHERE database = '{db}' AND name LIKE '__txsink%'"
         ).result_rows
         assert left == [] and c.query(f"SELECT count() FROM {table}").result_rows[0][0] == 20
+
+
+def test_create_table_creates_the_missing_target_on_every_shard_that_lacks_it(
+    cluster: Services, shards: list[Any], db: str
+) -> None:
+    """Driver-side only: validation creates the table where it is missing (here: on every
+    shard but the first, which has it already), then validates all of them."""
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    from txsink.spark.validate import validate
+
+    info = cluster.info
+    shards[0].command(
+        f"CREATE TABLE {db}.made (`id` Int64, `s` Nullable(String)) ENGINE = MergeTree ORDER BY id"
+    )
+    schema = StructType([StructField("id", LongType()), StructField("s", StringType())])
+    config = WriterConfig.from_options(
+        {"keeper": info.keeper, "table": f"{db}.made", "job": f"mk-{uuid.uuid4().hex[:8]}",
+         "shards": ",".join(info.shards), "create_table": "if_missing", "order_by": "id"}
+    )  # fmt: skip
+    assert validate(config, schema).mode == "attach"
+    columns = [
+        c.query(f"SELECT name, type FROM system.columns WHERE database = '{db}' AND "
+                "table = 'made' ORDER BY position").result_rows
+        for c in shards
+    ]  # fmt: skip
+    assert columns == [[("id", "Int64"), ("s", "Nullable(String)")]] * SHARDS

@@ -106,8 +106,8 @@ def test_defaults_are_unchanged() -> None:
         "txn_version": "", "retention": "1000", "dedup_order_by": "",
         "dedup_min_window": "100", "skip_committed_replays": "true", "metrics_textfile": "",
         "shards": "", "shard_by": "", "shard_http_port": "", "settings": "", "metrics_port": "",
-        "run_id": "",
-        "micro_batch": "false",
+        "run_id": "", "micro_batch": "false", "create_table": "never", "order_by": "",
+        "partition_by": "", "engine": "MergeTree", "table_settings": "",
     }  # fmt: skip
     assert [n for n, o in OPTIONS.items() if o.internal] == ["run_id", "micro_batch"]
 

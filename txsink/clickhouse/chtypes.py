@@ -6,14 +6,25 @@ Owned by the ClickHouse adapter; pure (no I/O). Spark types are spelled as
 (``LowCardinality(Nullable(String))``). Invariants: :func:`check_schema` returns errors
 naming the table and column; soft warnings (unsigned targets, precision loss the user
 probably intends) go to the optional ``notes`` list.
+
+:func:`created_type` runs the other way, for a table txsink creates
+(``create_table=if_missing``): for each Spark type the ClickHouse type that
+:func:`check_schema` accepts and that stores every value unaltered (at most checked per
+value where no ClickHouse type holds Spark's whole range: dates and times before 1900 or
+after 2299, nulls in an Array, Map, Tuple or JSON column, which cannot be Nullable).
+A unit test proves that for every type family of docs/types.md.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from txsink.clickhouse.sqltext import split_top_level
+from txsink.errors import SchemaMismatch
+from txsink.names import quote_ident
 from txsink.ports.warehouse import ColumnInfo
 
 # default_kind values of system.columns a DataFrame cannot (or need not) supply.
@@ -343,3 +354,96 @@ def check_schema(
             "the DataFrame; add it to the DataFrame or give the column a DEFAULT"
         )
     return errors
+
+
+# --------------------------------------------------------------------------- creation
+
+# Spark's scalar types (parsed names) -> the ClickHouse type a created column gets.
+# Instants and wall clocks alike go into a UTC DateTime64(6): microseconds kept, and in
+# UTC a timestamp_ntz's wall clock is its stored instant (no conversion, also nested).
+CREATED_TIMESTAMP = "DateTime64(6, 'UTC')"
+_CREATED = {
+    **{name: f"Int{bits}" for name, bits in SPARK_INT_BITS.items()},
+    "float": "Float32",
+    "double": "Float64",
+    "boolean": "Bool",
+    **{name: "String" for name in STRINGISH},
+    "binary": "String",
+    "date": "Date32",  # 1900-2299; Date would refuse everything before 1970
+    "timestamp": CREATED_TIMESTAMP,
+    "timestamp_ntz": CREATED_TIMESTAMP,
+    "variant": "JSON",  # sent as its JSON text (txsink.clickhouse.values)
+}
+# What ClickHouse cannot wrap in Nullable on every server txsink supports: a null there
+# is refused value by value (txsink.clickhouse.values), never stored as an empty value.
+NEVER_NULLABLE = ("Array", "Map", "Tuple", "JSON")
+
+
+def created_type(spark: str | Mapping[str, Any], nullable: bool = True, *, where: str = "") -> str:
+    """The ClickHouse type txsink creates a column of Spark type ``spark`` with.
+
+    ``spark`` is Spark's JSON form of the type (``DataType.jsonValue()``: ``"long"``,
+    ``"decimal(10,2)"``, ``{"type": "array", "elementType": ..., "containsNull": ...}``):
+    unlike ``simpleString()`` it says which array elements, map values and struct fields
+    may be null. ``nullable``: whether the field may be null (``Nullable(T)`` then).
+    ``where`` names the column in errors. SchemaMismatch for a type no column can hold
+    as it is, naming the column and the cast to make."""
+    return _created(spark, nullable, where or "the column", nested=False)
+
+
+def _created(spark: str | Mapping[str, Any], nullable: bool, where: str, *, nested: bool) -> str:
+    if isinstance(spark, Mapping):
+        kind = spark.get("type")
+        if kind == "array":
+            inner = _created(spark["elementType"], bool(spark.get("containsNull", True)),
+                             f"{where}[]", nested=True)  # fmt: skip
+            return f"Array({inner})"
+        if kind == "map":  # keys are never null in Spark, and never Nullable in ClickHouse
+            key = _created(spark["keyType"], False, f"{where}{{key}}", nested=True)
+            value = _created(spark["valueType"], bool(spark.get("valueContainsNull", True)),
+                             f"{where}{{value}}", nested=True)  # fmt: skip
+            return f"Map({key}, {value})"
+        if kind == "struct":
+            elements = []
+            for f in spark.get("fields", ()):
+                name = str(f["name"])
+                if "`" in name or "\\" in name:
+                    raise SchemaMismatch(
+                        f"{where}: struct field {name!r} has a backquote or backslash in its "
+                        "name, which a created Tuple cannot carry through txsink's type "
+                        "checks; rename the field in Spark"
+                    )
+                sub = _created(f["type"], bool(f.get("nullable", True)), f"{where}.{name}",
+                               nested=True)  # fmt: skip
+                elements.append(f"{quote_ident(name)} {sub}")
+            return f"Tuple({', '.join(elements)})"
+        raise SchemaMismatch(
+            f"{where}: Spark type {kind or spark!r} has no ClickHouse type txsink creates; "
+            "cast it in Spark (docs/types.md), or create the table yourself"
+        )
+    parsed = parse_spark_type(str(spark))
+    s = parsed.name
+    if s == "variant" and nested:
+        raise SchemaMismatch(
+            f"{where}: a variant inside an array, map or struct is not supported; write it "
+            "as a column of its own, or to_json() it into a string"
+        )
+    if s == "decimal":
+        base = f"Decimal({parsed.args[0]}, {parsed.args[1]})"
+    elif s.startswith("interval ") and "year" not in s and "month" not in s:
+        base = "Int64"  # a day-time interval travels as its count of microseconds
+    elif s in _CREATED:
+        base = _CREATED[s]
+    else:
+        fix = {
+            "void": "a column of nulls only has no type: cast it in Spark to the type it "
+            "stands for",
+        }.get(s, "cast it in Spark to a type docs/types.md lists, or create the table yourself")
+        if s.startswith("interval "):
+            fix = "cast it to a whole number of months (e.g. `year * 12 + month`) first"
+        raise SchemaMismatch(
+            f"{where}: Spark type {s} has no ClickHouse type txsink creates; {fix}"
+        )
+    if nullable and not base.startswith(NEVER_NULLABLE):
+        return f"Nullable({base})"
+    return base

@@ -317,6 +317,11 @@ class ShardedWarehouse:
         for shard in self.shards:
             shard.ensure_staging_db()
 
+    def create_target(self, table: str, sql: str) -> None:
+        """The target created on every shard (``create_table=if_missing``)."""
+        for shard in self.shards:
+            shard.create_target(table, sql)
+
     def partition_rows(self, table: str, db: str | None = None) -> dict[str, int]:
         """Rows per partition id summed over the shards (the job's whole table)."""
         out: dict[str, int] = {}

@@ -23,8 +23,9 @@ import pyarrow as pa
 
 from txsink.clickhouse.blocks import iter_blocks
 from txsink.clickhouse.insert_settings import OPTIONAL_INSERT_SETTINGS, STAGING_INSERT_SETTINGS
+from txsink.clickhouse.observe import TABLE_ALREADY_EXISTS
 from txsink.clickhouse.publish import Publisher
-from txsink.errors import ConfigError
+from txsink.errors import ConfigError, RetryableConflict, TxSinkError, UnavailableError
 from txsink.names import split_table
 from txsink.ports.warehouse import (
     BlockSettings,
@@ -57,6 +58,26 @@ class ClickHouseWarehouse(Publisher):
     def target_infos(self, target: str) -> list[TargetInfo]:
         """The target on every server of this warehouse: one."""
         return [self.target_info(target)]
+
+    def create_target(self, table: str, sql: str) -> None:
+        """Run a target's ``CREATE TABLE IF NOT EXISTS`` (``create_table=if_missing``, the
+        statement from :func:`~.target_ddl.plan_create`). Idempotent; a writer racing
+        another to create the table succeeds (``TABLE_ALREADY_EXISTS`` is what a
+        concurrent create may answer). A statement the server refuses is a ConfigError
+        naming the creation options and showing the statement."""
+        try:
+            self.client.command(sql, table=table, what=f"create {table}")
+        except TxSinkError as exc:
+            if exc.code == TABLE_ALREADY_EXISTS:
+                return
+            if isinstance(exc, (ConfigError, UnavailableError, RetryableConflict)):
+                raise
+            raise ConfigError(
+                f"creating {table} on {self.client.url} (create_table=if_missing) failed: "
+                f"{exc}. Check the options order_by, partition_by, engine and "
+                f"table_settings; the statement was:\n{sql}",
+                code=exc.code,
+            ) from exc
 
     # ------------------------------------------------------------------ inserts
 

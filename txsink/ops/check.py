@@ -61,6 +61,7 @@ class CheckReport:
 
 def run_check(config: WriterConfig, clock: Callable[[], float] = time.perf_counter) -> CheckReport:
     """Every check for ``config``'s server, target and state store (see the module doc)."""
+    from txsink.clickhouse.error_map import UNKNOWN_TABLE
     from txsink.driver import open_warehouse
 
     checks: list[Check] = []
@@ -73,7 +74,13 @@ def run_check(config: WriterConfig, clock: Callable[[], float] = time.perf_count
         try:
             info = warehouse.target_info(config.table)
         except TxSinkError as exc:
-            checks.append(Check("table", FAIL, str(exc)))
+            hint = (
+                "; a writer given create_table=if_missing (with order_by) creates it from "
+                "its DataFrame, then check it again"
+                if exc.code == UNKNOWN_TABLE
+                else ""
+            )
+            checks.append(Check("table", FAIL, f"{exc}{hint}"))
             info = None
         if info is not None:
             checks.append(Check("table", OK, f"{config.table}: {info.engine}"))

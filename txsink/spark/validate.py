@@ -4,8 +4,10 @@ Checks, in order, each failing with one error that names the object and the reme
 ClickHouse reachable and the target exists; the DataFrame schema fits the target
 (:func:`txsink.clickhouse.chtypes.check_schema`); the mode is possible on this target
 (MOVE PARTITION blockers, dedup-window requirements); Keeper reachable. Nothing is
-created in the target by validation; the staging database is ensured, and Keeper's
-``<keeper_root>/namespace`` node (the store's id) on first use.
+written to the target by validation; the staging database is ensured, and Keeper's
+``<keeper_root>/namespace`` node (the store's id) on first use. A missing target is
+created first where ``create_table=if_missing`` (:func:`read_target`), then validated
+as it is found: a racing writer may have created it with another schema.
 
 Values: Spark marks most source columns nullable (Parquet, Kafka, JSON), so a nullable
 DataFrame column bound for a non-Nullable ClickHouse column is accepted here, and every
@@ -36,12 +38,14 @@ from pyspark.sql.types import StructType
 from txsink.clickhouse.blockers import attach_blockers, dedup_blockers, dedup_notes
 from txsink.clickhouse.chtypes import SparkField, check_schema, parse_ch_type, unwrap
 from txsink.clickhouse.dedup_insert import view_tables
+from txsink.clickhouse.error_map import UNKNOWN_TABLE
 from txsink.clickhouse.insert_settings import (
     DEDUP_INSERT_SETTINGS,
     STAGING_INSERT_SETTINGS,
     insert_settings_problems,
     passthrough_problems,
 )
+from txsink.clickhouse.target_ddl import plan_create
 from txsink.clickhouse.values import Check, Rule, plan_rules
 from txsink.config import WriterConfig
 from txsink.errors import (
@@ -206,11 +210,7 @@ def _validate(
 
     with borrowed_warehouse(config) as warehouse:
         if infos is None:
-            infos = (
-                warehouse.target_infos(config.table)
-                if config.shards
-                else [warehouse.target_info(config.table)]
-            )
+            infos = read_target(config, schema, warehouse)
         info = infos[0]
         if info.engine == "Distributed" and not config.shards:
             over = over_cluster(config, schema, info, warehouse)
@@ -264,6 +264,53 @@ def _validate(
         shard_infos=tuple(infos) if mode == "attach" and config.shards else (),
         namespace=namespace,
     )
+
+
+def read_target(config: WriterConfig, schema: StructType, warehouse: Any) -> list[TargetInfo]:
+    """The target on every server; where it is missing and ``create_table=if_missing``,
+    created first (:func:`create_target`). Costs nothing while the table exists: the
+    read that finds it missing is the one validation makes anyway."""
+
+    def read() -> list[TargetInfo]:
+        if config.shards:
+            return list(warehouse.target_infos(config.table))
+        return [warehouse.target_info(config.table)]
+
+    try:
+        return read()
+    except ConfigError as exc:
+        if exc.code != UNKNOWN_TABLE:
+            raise
+        if config.create_table != "if_missing":
+            raise ConfigError(
+                f"{exc}; or let the writer create it from the DataFrame's schema: "
+                "create_table=if_missing with order_by (docs/options.md#creating-the-target)",
+                code=exc.code,
+            ) from None
+    create_target(config, schema, warehouse)
+    return read()
+
+
+def create_target(config: WriterConfig, schema: StructType, warehouse: Any) -> None:
+    """``CREATE TABLE IF NOT EXISTS`` the target from the DataFrame's schema, on every
+    server of the job (:func:`txsink.clickhouse.target_ddl.plan_create`); the statement
+    is logged. A table made for dedup mode (``mode=dedup``, or a job pinned to it) gets
+    the dedup window dedup mode requires."""
+    dedup = config.mode == "dedup" or (config.mode == "auto" and read_pin(config)[0] == "dedup")
+    sql = plan_create(
+        config.table,
+        [(f.name, f.dataType.jsonValue(), f.nullable) for f in schema.fields],
+        engine=config.engine,
+        order_by=config.order_by,
+        partition_by=config.partition_by,
+        table_settings=config.table_settings,
+        dedup_window=config.dedup_min_window if dedup else None,
+    )
+    log.info(
+        "job %s: %s does not exist; creating it on %s (create_table=if_missing):\n%s",
+        config.job, config.table, ", ".join(config.shard_urls), sql,
+    )  # fmt: skip
+    warehouse.create_target(config.table, sql)
 
 
 def check_insert_settings(config: WriterConfig, warehouse: Any, mode: str) -> None:
