@@ -95,6 +95,8 @@ ALTERED: list[tuple[str, str, str, str]] = [
     ("before 1970 into Date", "date'1969-12-31'", "Date", "range"),
     ("too long for FixedString", "'abcde'", "FixedString(4)", "4 bytes"),
     ("outside the enum", "'c'", "Enum8('a' = 1, 'b' = 2)", "'c'"),
+    ("variant JSON null into JSON (stored as {})", "parse_json('null')", "JSON", "'null'"),
+    ("variant number into JSON", "parse_json('5')", "JSON", "'5'"),
 ]  # fmt: skip
 
 

@@ -205,6 +205,18 @@ def test_a_variant_column_is_sent_as_its_json_text_and_a_null_stays_null() -> No
     nullable = plan_rules([SparkField("v", "variant", True)], [ColumnInfo("v", "Nullable(JSON)")])
     with_null = pa.record_batch({"v": pa.array([None], struct.type)})
     assert apply(nullable, with_null, "db.t").column(0).to_pylist() == [None]
+    # a variant JSON null would be stored as {}, a number refused mid-write: both refused
+    # here, naming the column and the value
+    from txsink.clickhouse.values import ValueRefused
+
+    empty_meta = b"\x01\x00\x00"
+    for encoded, shown in ((b"\x00", "'null'"), (bytes([3 << 2, 5]), "'5'")):
+        odd = pa.array([{"value": value, "metadata": metadata},
+                        {"value": encoded, "metadata": empty_meta}], struct.type)  # fmt: skip
+        with pytest.raises(ValueRefused) as refused:
+            apply(nullable, pa.record_batch({"v": odd}), "db.t")
+        assert "column v of db.t" in str(refused.value) and shown in str(refused.value)
+        assert "JSON objects" in str(refused.value)
 
 
 def test_whole_numbers_into_floats_and_decimals_are_refused_where_they_would_not_fit() -> None:

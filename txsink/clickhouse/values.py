@@ -371,6 +371,11 @@ def _variant_json(arr: Any, r: Rule, table: str) -> Any:
         None if v is None else VariantVal(v["value"], v["metadata"]).toJson()
         for v in arr.to_pylist()
     ]
+    # a JSON column holds objects: the server stores a JSON null as {} (altered) and
+    # refuses a number, string or array half-way through a write; refuse them all here
+    others = [t for t in texts if t is not None and not t.lstrip().startswith("{")]
+    if others:
+        _refuse(r, table, len(others), others[0], _VARIANT_FIX)
     return pa.array(texts, pa.string())
 
 
@@ -393,6 +398,12 @@ def _refuse(r: Rule, table: str, count: int, example: Any, fix: str) -> None:
 _NULL_FIX = (
     "ClickHouse stores a null there as the type's default (0, '', []); fill the nulls in "
     "Spark (coalesce / fillna) or make the element type Nullable"
+)
+_VARIANT_FIX = (
+    "a JSON column holds JSON objects; a variant null would be stored as {} and a number, "
+    "string or array is refused by the server; wrap the value in an object in Spark "
+    "(e.g. parse_json(concat('{\"v\":', to_json(col), '}'))) or write to_json(col) into "
+    "a String column"
 )
 _NESTED_NTZ_FIX = (
     "a timestamp_ntz inside an array, map or struct would be read in {zone}; cast it to "
@@ -465,7 +476,8 @@ _SAYS = {
     Check.WALL_CLOCK: "stored as the instant showing its wall clock in the column's zone "
     "(or the server's)",
     Check.VARIANT_JSON: "sent as its JSON text (Spark's `to_json`), typed by the server "
-    "path by path",
+    "path by path; a value that is not a JSON object (null, a number, a string, an array) "
+    "is refused",
 }
 # the rules that convert a top-level column (the others only check), applied first
 CONVERSIONS = {Check.WALL_CLOCK: _wall_clock, Check.VARIANT_JSON: _variant_json}
