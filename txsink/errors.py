@@ -17,6 +17,8 @@ errors here and keep the server's error code in ``code``.
 - :class:`DedupWindowExceeded`: dedup mode refused a block the target's dedup window may
   no longer recognise (or may not hold until a replay).
 - :class:`UnavailableError`: ClickHouse or Keeper cannot be reached.
+- :class:`Refused`: an operator command refused to act (a live writer holds the job);
+  nothing was done.
 - :class:`KeeperRequestTooLarge`: a Keeper write would exceed the server's request limit;
   it was not sent (``code`` holds the estimated size).
 """
@@ -67,6 +69,11 @@ class HalfVisibleBatch(TxSinkError):
 
 class UnavailableError(TxSinkError):
     """ClickHouse or Keeper is unreachable or its session expired."""
+
+
+class Refused(TxSinkError):
+    """An operator command refused to act, for example because a live writer holds the
+    job; nothing was done (``txsink`` exits 3)."""
 
 
 class KeeperRequestTooLarge(TxSinkError):

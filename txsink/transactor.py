@@ -294,6 +294,7 @@ class Transactor:
             mark = discarded(self.registry, self.job, xid)
             if mark is not None and streaming:  # its tasks skipped: Spark moves on
                 log.warning("job %s: xid %s was discarded by the operator", self.job, xid)
+                self._rest(epoch, streaming=streaming)
                 return CommitResult(xid, "discarded", seconds=self.clock() - started)
             if mark is not None:
                 raise ConfigError(rules.discarded_refusal(self.job, xid, target, mark))
@@ -325,6 +326,7 @@ class Transactor:
             log.info("job %s: %s; replay is a no-op", self.job, decision.reason)
             if existing is not None and existing.mode is Mode.DEDUP:
                 self.forget_dedup_state(xid)  # a crash may have come before the cleanup
+            self._rest(epoch, streaming=streaming)
             return CommitResult(xid, "skipped", seconds=self.clock() - started)
         if decision.action is plans.BatchAction.ROLL_FORWARD:
             assert existing is not None
@@ -510,6 +512,15 @@ class Transactor:
         )
         if record.batch is not None and record.batch % 50 == 0:
             self.prune(epoch)
+
+    def _rest(self, epoch: Epoch, *, streaming: bool) -> None:
+        """A commit that published nothing (a replay skipped, a discarded batch) still
+        ends the writer's promise to beat: the owner rests as after a commit."""
+        try:
+            self.registry.heartbeat(epoch, {"state": IDLE_STATE if streaming else FINISHED_STATE})
+        except TxSinkError as exc:  # only a verdict's patience depends on it; a fenced
+            # writer hears FencedError at its next prepare, as it would have before
+            log.info("job %s: resting heartbeat not written: %s", self.job, exc)
 
     def prune(self, epoch: Epoch) -> list[str]:
         records = self.registry.list(self.job)

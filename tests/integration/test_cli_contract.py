@@ -166,14 +166,14 @@ def test_status_watch_redraws_until_interrupted(
 ) -> None:
     begin(env.open(), "run-A")
     proc = subprocess.Popen(
-        [TXSINK, "status", *env.flags(), "--watch", "0.3"],
+        [TXSINK, "status", *env.flags(), "--watch", "0.5"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     time.sleep(3.0)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
-    assert out.count("txsink status, every 0.3s") >= 2 and out.count(env.job) >= 2
+    assert out.count("txsink status, every 0.5s") >= 2 and out.count(env.job) >= 2
 
 
 def test_an_unreachable_keeper_is_one_line_within_seconds(tmp_path: Path) -> None:

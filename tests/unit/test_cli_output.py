@@ -100,3 +100,27 @@ def test_watch_with_json_is_a_usage_error_before_connecting(
     doc = checked(json.loads(capsys.readouterr().out), "status")
     assert code == Exit.USAGE and doc["error"]["type"] == "ConfigError"
     assert "poll `txsink status --json`" in doc["error"]["message"]
+
+
+def test_table_names_are_data_never_keys_the_seam_could_rename() -> None:
+    """A multi-table job writing tables named like units (cpu_seconds, logins_at): their
+    names and row counts reach the JSON unchanged, and the output validates."""
+    from txsink.ops.status import JobStatus, PendingXid
+
+    tables = {"db.cpu_seconds": 5, "db.logins_at": 6, "db.user_age": 7}
+    job = JobStatus(
+        job="j", target="db.cpu_seconds", mode="attach", staging_database="s", epoch=1,
+        owner="run", owner_epoch=1, owner_state="running", heartbeat_age=1.0, live=True,
+        cadence_s=None, stale_after_s=30.0, stale_after_source="declared", committed=0,
+        rows_committed=0, last_batch=None, last_commit_at=None, last_commit_age=None,
+        pending=[PendingXid("b1", 1, "PREPARED", 0.5, 18, ["t"], 1, tables)],
+        targets=sorted(tables), writer="live", beat_s=5.0,
+    )  # fmt: skip
+    stream = io.StringIO()
+    Output(json_mode=True, stream=stream, command="status").result(
+        Exit.OK, "", jobs=[job.to_json()], keeper_root="/r", state="keeper", warnings=0
+    )
+    doc = checked(json.loads(stream.getvalue()), "status")
+    [pending] = doc["jobs"][0]["pending"]
+    assert pending["tables"] == [{"table": t, "rows": n} for t, n in tables.items()]
+    assert pending["age_s"] == 0.5 and doc["jobs"][0]["heartbeat_age_s"] == 1.0

@@ -110,17 +110,49 @@ def test_a_writer_that_died_after_its_first_prepare_reads_gone_after_30s_not_600
     assert gone.writer == "gone"
 
 
-def test_a_finished_batch_write_is_not_live_and_reads_finished() -> None:
+def test_a_finished_batch_write_reads_finished_but_keeps_the_idle_patience() -> None:
+    """Shown as finished, never warned stale; judged like an idle stream, because the
+    next write of the job stages before it takes the job (its staging is no orphan)."""
     clock = Clock()
     reg = MemoryRegistry(clock=clock)
     tx = Transactor(reg, MemoryWarehouse(), JOB, clock=clock)
     epoch = tx.begin("run-1")
     tx.commit_batch(epoch, "v1", 1, TARGET, [])  # a batch write (txn_version 1)
     v = verdict_after(reg, clock, 0.5)
-    assert (v.live, v.stale_after_source) == (False, "finished")
-    st = assess(JOB, now=clock.t + 0.5, **status_inputs(reg, "attach"))  # type: ignore[arg-type]
-    assert (st.live, st.writer) == (False, "finished")
-    assert not [w for w in st.warnings if w.kind == "stale-owner"]
+    assert (v.live, v.stale_after_source, v.stale_after_s) == (True, "finished", lv.STALE_CAP)
+    assert "its batch write finished" in lv.explain(v)
+    for later in (0.5, 700.0):
+        st = assess(JOB, now=clock.t + later, **status_inputs(reg, "attach"))  # type: ignore[arg-type]
+        assert st.writer == "finished"
+        assert not [w for w in st.warnings if w.kind == "stale-owner"]
+    with_staging = {**status_inputs(reg, "attach"), "staging_sizes": {"tx_x": {"rows": 1}}}
+    st = assess(JOB, now=clock.t + 1, **with_staging)  # type: ignore[arg-type]
+    assert (st.writer, st.live, st.warnings) == ("live", True, [])  # the next save, in flight
+
+
+def test_a_replayed_batch_leaves_the_writer_resting_not_promising_a_beat() -> None:
+    """A restart whose first batch is a skipped replay: the takeover's promise of a
+    5 s beat ends with that commit, so the idle stream keeps its cadence's patience."""
+    reg, clock = run_writer(every=60.0, commits=4)
+    tx = Transactor(reg, MemoryWarehouse(), JOB, clock=clock)
+    epoch = tx.begin("run-2")
+    assert tx.commit_batch(epoch, "b3", 3, TARGET, [], streaming=True).action == "skipped"
+    v = verdict_after(reg, clock, 31.0)
+    assert (v.live, v.stale_after_source, v.stale_after_s) == (True, "cadence", 180.0)
+
+
+def test_a_commit_of_a_slow_job_keeps_its_cadence_patience_inside_the_commit() -> None:
+    """The declared beat is only kept between a commit's statements: a slow job's
+    commit (a MOVE that runs 40 s) is judged by the longer of beat and cadence."""
+    reg, clock = run_writer(every=120.0, commits=4)
+    Transactor(reg, MemoryWarehouse(), JOB, clock=clock).begin("run-2")  # inside a commit
+    v = verdict_after(reg, clock, 40.0)
+    assert (v.live, v.beat_s, v.stale_after_source, v.stale_after_s) == (
+        True,
+        5.0,
+        "cadence",
+        360.0,
+    )
 
 
 def test_a_publish_that_waits_declares_its_beat_and_idle_does_not() -> None:

@@ -126,3 +126,26 @@ def test_a_sharded_job_cannot_be_switched_to_dedup() -> None:
     with pytest.raises(ConfigError, match="takes attach mode only"):
         change_mode(Stores(reg, None), "j", "dedup", stale_after=600, force=True)  # type: ignore[arg-type]
     assert reg.job_meta("j").mode == "attach"  # type: ignore[union-attr]
+
+
+def test_a_mode_change_refused_for_a_live_writer_is_exit_3_and_after_the_fence_exit_4() -> None:
+    """Refused with nothing done (a live writer: Exit.REFUSED), or refused after the
+    writer was fenced (a PREPARED xid: Exit.OPERATOR, the message says it is fenced)."""
+    from txsink.cli.output import Exit, exit_of
+    from txsink.errors import RecoveryAlarm, Refused
+    from txsink.protocol.states import Mode, XidRecord, XidState
+
+    reg = MemoryRegistry()
+    reg.ensure_job("j", {"target": "db.t", "mode": "attach"})
+    epoch = Transactor(reg, MemoryWarehouse(), "j").begin("run-1")  # heartbeat: now
+    with pytest.raises(Refused, match="live writer") as live:
+        change_mode(Stores(reg, None), "j", "dedup", stale_after=None, force=False)  # type: ignore[arg-type]
+    assert exit_of(live.value) is Exit.REFUSED
+    assert reg.current_epoch("j") == epoch  # nothing was done
+    reg.prepare(
+        epoch, XidRecord("j", "b1", 1, XidState.PREPARED, epoch.number, Mode.ATTACH, "db.t")
+    )
+    with pytest.raises(RecoveryAlarm, match="fenced now") as fenced:
+        change_mode(Stores(reg, None), "j", "dedup", stale_after=None, force=True)  # type: ignore[arg-type]
+    assert exit_of(fenced.value) is Exit.OPERATOR
+    assert reg.job_meta("j").mode == "attach"  # type: ignore[union-attr]

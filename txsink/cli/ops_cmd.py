@@ -17,6 +17,7 @@ Exit statuses follow :class:`txsink.cli.output.Exit` (docs/cli.md#exit-statuses)
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from typing import Any
 
@@ -195,10 +196,16 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
+WATCH_MIN_S = 0.5  # --watch: no faster, so a typo cannot hammer Keeper and ClickHouse
+
+
 def run_status(args: argparse.Namespace, out: Output) -> int:
-    if args.watch is not None and (out.json_mode or args.watch <= 0):
+    if args.watch is not None and (
+        out.json_mode or not math.isfinite(args.watch) or args.watch < WATCH_MIN_S
+    ):
         raise ConfigError(
-            "--watch N redraws a terminal every N > 0 seconds; for machines, poll "
+            f"--watch N redraws a terminal every N >= {WATCH_MIN_S:g} seconds (got "
+            f"{args.watch:g}{' with --json' if out.json_mode else ''}); for machines, poll "
             "`txsink status --json` instead"
         )
     with open_stores(args) as stores:
@@ -253,7 +260,7 @@ def _one_line_per_job(jobs: list[st.JobStatus], store: str) -> str:
     rows = [
         {
             "job": j.job,
-            "target": j.target + (f" +{len(j.targets) - 1}" if len(j.targets) > 1 else ""),
+            "target": j.target + (f"+{len(j.targets) - 1}" if len(j.targets) > 1 else ""),
             "mode": j.mode or "?",
             "store": store,
             "last_batch": "-" if j.last_batch is None else j.last_batch,

@@ -32,6 +32,7 @@ from typing import Any, TextIO
 from txsink.errors import (
     ConfigError,
     FencedError,
+    Refused,
     TxSinkError,
     UnavailableError,
 )
@@ -54,7 +55,7 @@ def exit_of(exc: TxSinkError) -> Exit:
         return Exit.UNREACHABLE
     if isinstance(exc, ConfigError):
         return Exit.USAGE
-    if isinstance(exc, FencedError):
+    if isinstance(exc, FencedError | Refused):
         return Exit.REFUSED
     return Exit.OPERATOR
 

@@ -17,6 +17,7 @@ from txsink.cli.common import jobs_of, open_stores, store_name
 from txsink.cli.output import Exit, Output, age, finding
 from txsink.errors import ConfigError
 from txsink.ops import recovery as rc
+from txsink.ops.liveness import Liveness, explain
 
 EXIT_REFUSED = Exit.REFUSED
 EXIT_ALARMS = Exit.OPERATOR
@@ -173,8 +174,17 @@ def _live_refusal(args: argparse.Namespace, v: rc.RecoveryPlanView) -> str:
         + (
             f"--stale-after {v.stale_after_s:g}s"
             if args.stale_after is not None
-            else f"its stale threshold {v.stale_after_s:g}s (commit cadence "
-            + (f"{v.cadence_s:g}s" if v.cadence_s is not None else "unknown")
+            else f"its stale threshold {v.stale_after_s:g}s ("
+            + explain(
+                Liveness(
+                    v.live,
+                    v.heartbeat_age,
+                    v.cadence_s,
+                    v.stale_after_s,
+                    v.stale_after_source,
+                    v.beat_s,
+                )
+            )
             + ")"
         )
         + ", so it may be mid-batch. Stop that query (or wait "

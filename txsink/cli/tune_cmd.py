@@ -94,7 +94,8 @@ def run_tune(args: argparse.Namespace, out: Output) -> int:
     ]
     by_parts = ", ".join(
         f"{k} partition(s): p50 {v['p50']:.3f} s / p95 {v['p95']:.3f} s"
-        for k, v in data["commit_seconds_by_partitions"].items()
+        for v in data["commit_s_by_partitions"]
+        for k in (v["partitions"],)
     )
     text = "\n".join(
         [

@@ -61,7 +61,15 @@ class VerifyResult:
             "clean": self.clean,
             "anomalies": [a.to_json() for a in self.anomalies],
             "warnings": [w.to_json() for w in self.warnings],
-            "checked": dict(self.checked),
+            # per-table checks as a list: a table's name is data, never a JSON key
+            "checked": {
+                **self.checked,
+                **(
+                    {"tables": [{"table": t, **c} for t, c in self.checked["tables"].items()]}
+                    if "tables" in self.checked
+                    else {}
+                ),
+            },
         }
 
 

@@ -23,9 +23,11 @@ The heartbeat is stale, and the writer presumed dead, once it is older than::
 - ``STALE_CAP`` = 600 s: a slow job never blocks ``txsink recover`` for more than ten
   minutes, however slow its cadence.
 
-An idle writer with fewer than two commits has no cadence: it gets the cap. A batch
-write's writer says ``finished`` after its commit: nothing of it is in flight, so it is
-not live (a later write of the same job takes it again). An explicit ``stale_after``
+A busy writer of a slow job keeps the longer of the two (its commit's statements do not
+beat while they run). An idle writer with fewer than two commits has no cadence: it gets
+the cap. A batch write's writer says ``finished`` after its commit and is shown so, but
+judged like an idle stream: the next write of the job stages before it takes the job,
+and its staging is not an orphan. An explicit ``stale_after``
 (``--stale-after``) wins over beat and cadence. The owner ``txsink-recover@...`` (the mark
 recovery leaves) is never a live writer.
 
@@ -98,7 +100,12 @@ def explain(v: Liveness) -> str:
     if v.stale_after_source == "flag":
         return "--stale-after"
     if v.stale_after_source == "finished":
-        return "its batch write finished"
+        return "its batch write finished; " + (
+            f"{CADENCE_FACTOR:g} x its {v.cadence_s:g}s commit cadence, within "
+            f"[{STALE_FLOOR:g}, {STALE_CAP:g}]s"
+            if v.cadence_s is not None
+            else "no commit cadence yet: the cap"
+        )
     if v.stale_after_source == "declared":
         return (
             f"{CADENCE_FACTOR:g} x the {v.beat_s:g}s heartbeat it declared inside a commit, "
@@ -146,15 +153,23 @@ def judge(
     stale_after: float | None = None,
 ) -> Liveness:
     """Whether the job's writer may be mid-batch, from its heartbeat, the beat it
-    declared and its commit times. ``stale_after`` given (not None) is used as is."""
+    declared and its commit times. ``stale_after`` given (not None) is used as is.
+
+    A busy writer is judged by the longer of its declared beat and its cadence (a
+    commit's statements do not beat while they run, so a slow job's commit keeps the
+    cadence's patience). A finished batch write is judged like an idle stream: the next
+    write of the same job stages before it takes the job, so recovery must not call that
+    staging an orphan at once; ``txsink status`` still names the writer ``finished``."""
     cadence = commit_cadence(committed_at)
     beat = declared_beat(owner)
-    if is_finished(owner):
-        threshold, source = 0.0, "finished"
-    elif stale_after is not None:
+    if stale_after is not None:
         threshold, source = float(stale_after), "flag"
-    elif beat is not None:
+    elif is_finished(owner):  # the next write of the job may already be staging
+        threshold, source = stale_threshold(cadence), "finished"
+    elif beat is not None and (cadence is None or beat >= cadence):
         threshold, source = stale_threshold(beat), "declared"
+    elif beat is not None:  # a commit of a slow job: its cadence is the longer promise
+        threshold, source = stale_threshold(cadence), "cadence"
     else:
         threshold = stale_threshold(cadence)
         source = "cadence" if cadence is not None else "no-cadence"

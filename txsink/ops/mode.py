@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from txsink.errors import ConfigError
+from txsink.errors import ConfigError, RecoveryAlarm, Refused
 from txsink.ops.status import recover_owner, writer_is_live
 from txsink.ops.stores import Stores
 from txsink.protocol.dedup import xid_key as dedup_xid_key
@@ -77,7 +77,7 @@ def change_mode(
         return ModeChange(job, old, new, changed=False)
     owner = registry.owner(job)
     if writer_is_live(owner, time.time(), stale_after) and not force:
-        raise ConfigError(
+        raise Refused(
             f"job {job} has a live writer ({owner.owner if owner else None}); stop the streaming "
             f"query first (a batch in flight was written in mode {old}); pass --force only "
             f"once you know it has stopped (e.g. it just failed)"
@@ -88,17 +88,19 @@ def change_mode(
     registry.heartbeat(epoch, {"state": "mode-change", "mode": old})
     prepared = [r.xid for r in registry.list(job) if r.state is XidState.PREPARED]
     if prepared:
-        raise ConfigError(
-            f"job {job} has PREPARED xid(s) {', '.join(prepared)} staged in mode {old}; run "
+        raise RecoveryAlarm(
+            f"job {job} has PREPARED xid(s) {', '.join(prepared)} staged in mode {old}; its "
+            f"writer is fenced now (epoch {epoch.number}) and the mode is unchanged; run "
             f"`txsink recover --job {job}` first, then change the mode"
         )
     open_dedup = [b.xid for b in open_dedup_batches(registry, job)]
     if meta.pinned_mode is Mode.DEDUP and open_dedup:
-        raise ConfigError(
+        raise RecoveryAlarm(
             f"job {job} has half-written dedup batch(es) {', '.join(open_dedup)}: their rows "
             f"are partly in the target and only a dedup-mode replay finishes them exactly "
-            f"once. Restart the query in dedup mode until that batch commits, stop it, then "
-            f"change the mode"
+            f"once. Its writer is fenced now (epoch {epoch.number}) and the mode is "
+            f"unchanged. Restart the query in dedup mode until that batch commits, stop it, "
+            f"then change the mode"
         )
     registry.heartbeat(epoch, {"state": "mode-changed", "mode": new})
     for xid in open_dedup:  # attach -> dedup: stale state of batches never committed

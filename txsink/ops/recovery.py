@@ -43,6 +43,9 @@ class RecoveryPlanView:
     plan: RecoveryReport
     cadence_s: float | None = None
     stale_after_s: float = STALE_CAP
+    # how the threshold was reached (txsink.ops.liveness.explain renders it)
+    stale_after_source: str = "no-cadence"
+    beat_s: float | None = None
     expected_alarms: list[str] = field(default_factory=list)
     roll_forward_rows: dict[str, int] = field(default_factory=dict)
     # dedup batches stopped half-way: recovery cannot finish them, only name them
@@ -62,9 +65,11 @@ class RecoveryPlanView:
             "live": self.live,
             "cadence_s": self.cadence_s,
             "stale_after_s": self.stale_after_s,
+            "stale_after_source": self.stale_after_source,
+            "beat_s": self.beat_s,
             "plan": self.plan.to_json(),
             "expected_alarms": list(self.expected_alarms),
-            "roll_forward_rows": dict(self.roll_forward_rows),
+            "roll_forward_rows": [{"xid": x, "rows": n} for x, n in self.roll_forward_rows.items()],
             "open_dedup": [asdict(b) for b in self.open_dedup],
             "empty": self.empty,
         }
@@ -100,6 +105,8 @@ def plan_job_recovery(
         report,
         cadence_s=verdict.cadence_s,
         stale_after_s=verdict.stale_after_s,
+        stale_after_source=verdict.stale_after_source,
+        beat_s=verdict.beat_s,
         open_dedup=open_dedup_batches(registry, job),
     )
     for xid in report.rolled_forward:

@@ -46,7 +46,15 @@ from txsink.ops.liveness import (
 )
 from txsink.ops.stores import Stores
 from txsink.ports.ledger import LEDGER_PARTITIONS
-from txsink.protocol.codec import JobMeta, Ledger, OwnerInfo, as_job_meta, as_ledger, as_owner
+from txsink.protocol.codec import (
+    FINISHED_STATE,
+    JobMeta,
+    Ledger,
+    OwnerInfo,
+    as_job_meta,
+    as_ledger,
+    as_owner,
+)
 from txsink.protocol.dedup import OpenBatch
 from txsink.protocol.ids import parse_staging, staging_prefix
 from txsink.protocol.ops import Alarm
@@ -148,6 +156,8 @@ class JobStatus:
         data = asdict(self)
         data["warnings"] = [w.to_json() for w in self.warnings]
         data["attention"] = self.attention
+        for p in data["pending"]:  # a table's name is data, never a JSON key
+            p["tables"] = [{"table": t, "rows": n} for t, n in p["tables"].items()]
         return data
 
     @property
@@ -240,7 +250,6 @@ def assess(
         last_commit_at=last_at,
         last_commit_age=None if last_at is None else round(max(0.0, now - last_at), 1),
         targets=sorted(job_meta.targets),
-        writer=_writer_word(epoch, info, verdict),
         beat_s=verdict.beat_s,
     )
     prepared = [r for r in records if r.state is XidState.PREPARED]
@@ -278,6 +287,7 @@ def assess(
             )
         )
 
+    status.writer = _writer_word(epoch, info, verdict, busy=bool(status.pending or status.staging))
     w = status.warnings
     for r in prepared:
         if r.mode is Mode.ATTACH:
@@ -404,12 +414,16 @@ def assess(
     return status
 
 
-def _writer_word(epoch: Epoch | None, owner: OwnerInfo | None, verdict: Liveness) -> str:
+def _writer_word(
+    epoch: Epoch | None, owner: OwnerInfo | None, verdict: Liveness, *, busy: bool
+) -> str:
+    """``busy``: the job has xids not yet committed or staging (a finished writer's job
+    with either is judged live or gone like any other)."""
     if epoch is None:
         return "none"
     if is_recover_owner(owner):
         return "recovered"
-    if verdict.stale_after_source == "finished":
+    if owner is not None and owner.state == FINISHED_STATE and not busy:
         return "finished"
     return "live" if verdict.live else "gone"
 

@@ -75,10 +75,13 @@ class TuneResult:
         }
 
     def to_json(self) -> dict[str, Any]:
-        by_parts = {
-            str(k): self.stats("commit_seconds", [s for s in self.samples if s.partitions == k])
+        by_parts = [
+            {
+                "partitions": k,
+                **self.stats("commit_seconds", [s for s in self.samples if s.partitions == k]),
+            }
             for k in sorted({s.partitions for s in self.samples})
-        }
+        ]
         return {
             "table": self.table,
             "scratch_table": self.scratch_table,
@@ -90,7 +93,7 @@ class TuneResult:
             "overhead_seconds": self.stats("overhead_seconds"),
             "prepare_seconds": self.stats("prepare_seconds"),
             "publish_seconds": self.stats("publish_seconds"),
-            "commit_seconds_by_partitions": by_parts,
+            "commit_s_by_partitions": by_parts,
             "parts_to_delay_insert": self.parts_to_delay_insert,
             "parts_to_throw_insert": self.parts_to_throw_insert,
             "partitions_available": self.partitions_available,
