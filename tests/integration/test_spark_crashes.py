@@ -26,20 +26,21 @@ from txsink.protocol.states import XidState
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
-def test_random_kill_minus_9_of_the_driver_several_times_is_exact(stack, ch, fresh_db, tmp_path):
-    # 20 one-file batches: a kill lands 0-2 s after a commit, so two runs use at most
-    # about eight of them and each kill still finds the stream running
-    job = new_job(tmp_path, ch, fresh_db, stack.url, stack.keeper, files=20, rows_per_file=1000)
+def test_a_random_kill_minus_9_of_the_driver_mid_stream_is_exact(stack, ch, fresh_db, tmp_path):
+    # 12 one-file batches: a kill lands 0-2 s after a commit, so the killed run uses at
+    # most about four of them and the kill still finds the stream running (a second kill
+    # tested nothing the first does not: the every-point matrices crash at each step)
+    job = new_job(tmp_path, ch, fresh_db, stack.url, stack.keeper, files=12, rows_per_file=1000)
     rng = random.Random(1234)
     registry = open_registry(job.config())
     try:  # each kill lands 0-2 s after the run committed one more batch: mid-stream
         codes = [
             job.run(files_per_trigger=1, kill_when=kill_after_progress(registry, job.name, rng))
-            for _ in range(2)
+            for _ in range(1)
         ]
     finally:
         registry.close()
-    assert codes.count(-9) == 2, f"the driver was not killed mid-stream: {codes}"
+    assert codes.count(-9) == 1, f"the driver was not killed mid-stream: {codes}"
     for _ in range(2):
         if job.run() == 0:
             break

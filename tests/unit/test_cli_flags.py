@@ -132,3 +132,14 @@ def test_the_clis_clickhouse_retries_are_the_writers_defaults() -> None:
     )
     policy = RetryPolicy()  # what the CLI's stores use
     assert (policy.attempts, policy.max_wait) == (config.retry_attempts, config.retry_max_wait)
+
+
+def test_a_command_fails_fast_its_timeouts_are_its_own() -> None:
+    """A wrong address is one line within seconds: 5 s for Keeper and ClickHouse in a
+    command, while a writer keeps its 15 s and 10 s."""
+    from txsink.cli.main import build_parser
+    from txsink.options import default_of
+
+    args = build_parser().parse_args(["status"])
+    assert (args.keeper_timeout, args.connect_timeout) == (5.0, 5.0)
+    assert (default_of("keeper_timeout"), default_of("connect_timeout")) == (15.0, 10.0)
