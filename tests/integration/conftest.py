@@ -119,6 +119,16 @@ def spark() -> Iterator[Any]:
 
 
 @pytest.fixture
+def new_york(spark: Any) -> Iterator[Any]:
+    """The Spark session with its session time zone set to America/New_York (a zone
+    neither UTC nor the server's), restored afterwards."""
+    before = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", "America/New_York")
+    yield spark
+    spark.conf.set("spark.sql.session.timeZone", before)
+
+
+@pytest.fixture
 def ch(stack: StackInfo) -> Iterator[Client]:
     client = client_for(stack)
     try:

@@ -77,14 +77,6 @@ COLUMNS: list[tuple[str, str, str, str, str, Any, Any]] = [
 ]  # fmt: skip
 
 
-@pytest.fixture
-def new_york(spark: Any) -> Any:
-    before = spark.conf.get("spark.sql.session.timeZone")
-    spark.conf.set("spark.sql.session.timeZone", "America/New_York")
-    yield spark
-    spark.conf.set("spark.sql.session.timeZone", before)
-
-
 def _save(df: Any, stack: Any, table: str, job: str, **options: str) -> None:
     writer = (
         df.write.format("clickhouse_tx")

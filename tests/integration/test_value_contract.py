@@ -100,14 +100,6 @@ ALTERED: list[tuple[str, str, str, str]] = [
 ]  # fmt: skip
 
 
-@pytest.fixture
-def new_york(spark: Any) -> Any:
-    before = spark.conf.get("spark.sql.session.timeZone")
-    spark.conf.set("spark.sql.session.timeZone", "America/New_York")
-    yield spark
-    spark.conf.set("spark.sql.session.timeZone", before)
-
-
 def _ddl(table: str, columns: list[tuple[str, str]], mode: str) -> str:
     cols = ", ".join(f"`{n}` {t}" for n, t in [("id", "Int64"), *columns])
     window = " SETTINGS non_replicated_deduplication_window = 100" if mode == "dedup" else ""

@@ -10,6 +10,7 @@ ValueError, never guesses.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 _TTL_RE = re.compile(r"\sTTL\s", re.IGNORECASE)
 _QUOTED_RE = re.compile(r"'(?:[^'\\]|\\.)*'")
@@ -52,9 +53,11 @@ def split_top_level(s: str, sep: str = ",") -> list[str]:
     return parts
 
 
-def closing_paren(text: str) -> int:
-    """Index of the parenthesis closing the one ``text`` starts with (quote-aware)."""
-    depth, quote, i = 0, "", 0
+def outside_quotes(text: str) -> Iterator[tuple[int, str]]:
+    """Each character of ``text`` outside quotes and backquotes, with its index (a
+    backslash inside quotes escapes the next character); ValueError at the end of a text
+    that leaves a quote open."""
+    quote, i = "", 0
     while i < len(text):
         ch = text[i]
         if quote:
@@ -64,13 +67,23 @@ def closing_paren(text: str) -> int:
                 quote = ""
         elif ch in "'`\"":
             quote = ch
-        elif ch == "(":
+        else:
+            yield i, ch
+        i += 1
+    if quote:
+        raise ValueError(f"an unclosed {quote} in {text!r}")
+
+
+def closing_paren(text: str) -> int:
+    """Index of the parenthesis closing the one ``text`` starts with (quote-aware)."""
+    depth = 0
+    for i, ch in outside_quotes(text):
+        if ch == "(":
             depth += 1
         elif ch == ")":
             depth -= 1
             if depth == 0:
                 return i
-        i += 1
     raise ValueError(f"unbalanced parentheses in {text!r}")
 
 

@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from txsink.clickhouse.chtypes import SparkField, check_schema, created_type
-from txsink.clickhouse.sqltext import closing_paren, split_top_level
+from txsink.clickhouse.sqltext import closing_paren, outside_quotes, split_top_level
 from txsink.errors import ConfigError, SchemaMismatch
 from txsink.names import qualified, quote_ident, split_table
 from txsink.ports.warehouse import ColumnInfo
@@ -47,27 +47,16 @@ _SETTING_RE = re.compile(
 def _one_clause(text: str, option: str) -> str:
     """``text`` stripped, if it is one SQL clause: parentheses balanced outside quotes and
     backquotes, every quote closed, no ``;``. ConfigError naming ``option`` otherwise."""
-    depth, quote = 0, ""
-    i = 0
-    while i < len(text):
-        ch = text[i]
-        if quote:
-            if ch == "\\":
-                i += 1
-            elif ch == quote:
-                quote = ""
-        elif ch in "'`\"":
-            quote = ch
-        elif ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-        elif ch == ";":
-            depth = -1
-        if depth < 0:
-            break
-        i += 1
-    if depth or quote:
+    depth = 0
+    try:
+        for _, ch in outside_quotes(text):
+            depth += {"(": 1, ")": -1}.get(ch, 0)
+            if ch == ";" or depth < 0:
+                depth = -1
+                break
+    except ValueError:  # a quote left open
+        depth = -1
+    if depth:
         raise ConfigError(
             f"option {option}={text!r} is not one SQL clause (unbalanced parentheses or "
             "quotes, or a ';'); give the expression as it follows the keyword in "
