@@ -25,27 +25,45 @@ from txsink.transactor import Transactor
 log = logging.getLogger(__name__)
 
 
-def open_registry(config: WriterConfig) -> Registry:
-    """The job's coordination store: Keeper, or KeeperMap tables (``state=clickhouse``)."""
-    if config.state == "clickhouse":
+def state_registry(
+    state: str,
+    *,
+    keeper: str,
+    root: str,
+    state_database: str,
+    connect: Callable[[], Any],
+    auth: str | None = None,
+    timeout: float = 15.0,
+    retry_s: float = 30.0,
+) -> Registry:
+    """The one place a coordination store is chosen (writers, the CLI, ops callers):
+    Keeper at ``keeper``, or with ``state="clickhouse"`` the KeeperMap table of
+    ``state_database`` on the server ``connect()`` opens (closing the registry closes
+    that client)."""
+    root = "/" + root.strip("/")
+    if state == "clickhouse":
         from txsink.keeper.keepermap import keepermap_registry
 
         registry: Registry = keepermap_registry(
-            open_client(config),
-            config.state_database,
-            config.keeper_root,
-            timeout=config.keeper_timeout,
-            retry_s=config.keeper_retry_s,
+            connect(), state_database, root, timeout=timeout, retry_s=retry_s
         )
         return registry
     from txsink.keeper.kazoo_registry import KazooRegistry
 
-    return KazooRegistry.from_options(
-        config.keeper,
-        config.keeper_root,
-        config.keeper_auth or None,
-        config.keeper_timeout,
-        config.keeper_retry_s,
+    return KazooRegistry(keeper, root, auth=auth or None, timeout=timeout, retry_s=retry_s)
+
+
+def open_registry(config: WriterConfig) -> Registry:
+    """The job's coordination store: Keeper, or KeeperMap tables (``state=clickhouse``)."""
+    return state_registry(
+        config.state,
+        keeper=config.keeper,
+        root=config.keeper_root,
+        state_database=config.state_database,
+        connect=lambda: open_client(config),
+        auth=config.keeper_auth or None,
+        timeout=config.keeper_timeout,
+        retry_s=config.keeper_retry_s,
     )
 
 

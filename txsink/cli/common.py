@@ -210,31 +210,21 @@ def open_stores(args: argparse.Namespace) -> Stores:
     """Connect to Keeper and ClickHouse as the common flags say (both fail fast with a
     named error): :class:`txsink.ops.stores.Stores`, shards reached with the same
     credentials and TLS settings."""
-    from txsink.keeper.kazoo_registry import KazooRegistry
+    from txsink.driver import state_registry
     from txsink.ops.stores import Stores
 
     creds = resolve_credentials(args)
     tls = connect_settings(args)
-    root = "/" + args.keeper_root.strip("/")
-    registry: Any
-    if getattr(args, "state", "keeper") == "clickhouse":
-        from txsink.keeper.keepermap import keepermap_registry
-
-        registry = keepermap_registry(
-            tls.connect(creds.url, creds.user, creds.password),
-            args.state_database,
-            root,
-            timeout=args.keeper_timeout,
-            retry_s=args.keeper_retry_s,
-        )
-    else:
-        registry = KazooRegistry(
-            args.keeper,
-            root,
-            auth=creds.keeper_auth,
-            timeout=args.keeper_timeout,
-            retry_s=args.keeper_retry_s,
-        )
+    registry = state_registry(
+        getattr(args, "state", "keeper"),
+        keeper=args.keeper,
+        root=args.keeper_root,
+        state_database=args.state_database,
+        connect=lambda: tls.connect(creds.url, creds.user, creds.password),
+        auth=creds.keeper_auth,
+        timeout=args.keeper_timeout,
+        retry_s=args.keeper_retry_s,
+    )
     try:
         client = tls.connect(creds.url, creds.user, creds.password)
     except BaseException:

@@ -12,7 +12,6 @@ from txsink.clickhouse.client import connect
 from txsink.clickhouse.observe import DEFAULT_STAGING_DB
 from txsink.clickhouse.warehouse import ClickHouseWarehouse
 from txsink.errors import ConfigError
-from txsink.keeper.kazoo_registry import KazooRegistry
 from txsink.ports.registry import Registry
 from txsink.protocol.codec import JobMeta, as_job_meta
 
@@ -98,18 +97,17 @@ def open_stores(
 ) -> Stores:
     """Connect to the state store (Keeper, or with ``state="clickhouse"`` the KeeperMap
     table on ``url``) and ClickHouse (both fail fast with a named error)."""
-    registry: Any
-    if state == "clickhouse":
-        from txsink.keeper.keepermap import keepermap_registry
+    from txsink.driver import state_registry
 
-        registry = keepermap_registry(
-            connect(url, user, password), state_database, "/" + keeper_root.strip("/"),
-            timeout=timeout,
-        )  # fmt: skip
-    else:
-        registry = KazooRegistry(
-            keeper, "/" + keeper_root.strip("/"), auth=keeper_auth, timeout=timeout
-        )
+    registry = state_registry(
+        state,
+        keeper=keeper,
+        root=keeper_root,
+        state_database=state_database,
+        connect=lambda: connect(url, user, password),
+        auth=keeper_auth,
+        timeout=timeout,
+    )
     try:
         client = connect(url, user, password)
     except BaseException:
