@@ -30,7 +30,7 @@ from txsink.errors import ConfigError
 from txsink.ops import anomalies as an
 from txsink.ops import status as st
 from txsink.ops import tune_model as tm
-from txsink.ops.liveness import Liveness, explain
+from txsink.ops.liveness import explain
 
 
 def register(subparsers: Any) -> None:
@@ -297,11 +297,7 @@ def _render_status(j: st.JobStatus) -> str:
     cadence = (
         f"commits every {j.cadence_s:g}s (median)" if j.cadence_s is not None else "not yet known"
     )
-    why = explain(
-        Liveness(
-            j.live, j.heartbeat_age, j.cadence_s, j.stale_after_s, j.stale_after_source, j.beat_s
-        )
-    )
+    why = explain(j)
     head = kv_table(
         {
             "target": f"{j.target} ({j.mode or '?'} mode)"

@@ -17,7 +17,7 @@ from txsink.cli.common import jobs_of, open_stores, store_name
 from txsink.cli.output import Exit, Output, age, finding
 from txsink.errors import ConfigError
 from txsink.ops import recovery as rc
-from txsink.ops.liveness import Liveness, explain
+from txsink.ops.liveness import explain
 
 EXIT_REFUSED = Exit.REFUSED
 EXIT_ALARMS = Exit.OPERATOR
@@ -174,18 +174,7 @@ def _live_refusal(args: argparse.Namespace, v: rc.RecoveryPlanView) -> str:
         + (
             f"--stale-after {v.stale_after_s:g}s"
             if args.stale_after is not None
-            else f"its stale threshold {v.stale_after_s:g}s ("
-            + explain(
-                Liveness(
-                    v.live,
-                    v.heartbeat_age,
-                    v.cadence_s,
-                    v.stale_after_s,
-                    v.stale_after_source,
-                    v.beat_s,
-                )
-            )
-            + ")"
+            else f"its stale threshold {v.stale_after_s:g}s (" + explain(v) + ")"
         )
         + ", so it may be mid-batch. Stop that query (or wait "
         "until its heartbeat is stale), or re-run with --force to fence it"

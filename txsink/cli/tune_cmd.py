@@ -93,9 +93,8 @@ def run_tune(args: argparse.Namespace, out: Output) -> int:
         for s in data.get("shards", [])
     ]
     by_parts = ", ".join(
-        f"{k} partition(s): p50 {v['p50']:.3f} s / p95 {v['p95']:.3f} s"
+        f"{v['partitions']} partition(s): p50 {v['p50']:.3f} s / p95 {v['p95']:.3f} s"
         for v in data["commit_s_by_partitions"]
-        for k in (v["partitions"],)
     )
     text = "\n".join(
         [

@@ -41,7 +41,7 @@ import itertools
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from txsink.protocol.codec import FINISHED_STATE, IDLE_STATE, OwnerInfo, as_owner
 
@@ -95,8 +95,20 @@ def stale_threshold(
     return min(cap, max(floor, factor * cadence))
 
 
-def explain(v: Liveness) -> str:
-    """Where ``v.stale_after_s`` came from, in words."""
+class Verdict(Protocol):
+    """What :func:`explain` reads of a verdict: a :class:`Liveness`, or a view that
+    carries its fields (``txsink status``'s JobStatus, ``recover``'s plan view)."""
+
+    @property
+    def stale_after_source(self) -> str: ...
+    @property
+    def cadence_s(self) -> float | None: ...
+    @property
+    def beat_s(self) -> float | None: ...
+
+
+def explain(v: Verdict) -> str:
+    """Where a verdict's stale threshold came from, in words."""
     if v.stale_after_source == "flag":
         return "--stale-after"
     if v.stale_after_source == "finished":

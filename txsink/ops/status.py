@@ -41,13 +41,13 @@ from txsink.ops.liveness import (
     Liveness,
     explain,
     heartbeat_age,
+    is_finished,
     is_recover_owner,
     judge,
 )
 from txsink.ops.stores import Stores
 from txsink.ports.ledger import LEDGER_PARTITIONS
 from txsink.protocol.codec import (
-    FINISHED_STATE,
     JobMeta,
     Ledger,
     OwnerInfo,
@@ -423,7 +423,7 @@ def _writer_word(
         return "none"
     if is_recover_owner(owner):
         return "recovered"
-    if owner is not None and owner.state == FINISHED_STATE and not busy:
+    if is_finished(owner) and not busy:
         return "finished"
     return "live" if verdict.live else "gone"
 
