@@ -6,7 +6,11 @@ for), on batches shaped like Spark's (10,000-row Arrow batches of the narrow dat
 - ``write``: ``txsink.spark.writer.write_partition`` of one partition (attach mode) next
   to the baseline's ``BaselineWriter.write`` of the same batches: the per-row path;
 - ``fixed``: what one small batch ``save()`` costs besides the rows: ``validate`` on the
-  driver, two tasks' ``write_partition`` of 1,000 rows, ``commit_batch``.
+  driver, two tasks' ``write_partition`` of 1,000 rows, ``commit_batch``;
+- ``trips``: every round trip of one such batch of 4 tasks (4 staging tables of one
+  target partition, as a streaming micro-batch of 4 files), counted and timed where
+  txsink makes it (``Client._call`` for ClickHouse statements, ``KazooConn.wait`` for
+  Keeper requests), next to the floor of one round trip (``SELECT 1``, one Keeper read).
 """
 
 from __future__ import annotations
@@ -15,8 +19,11 @@ import contextlib
 import dataclasses
 import itertools
 import re
+import statistics
+import sys
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow.dataset as pads
@@ -26,7 +33,7 @@ from benchmarks.sinks import BaselineWriter
 from benchmarks.throughput import create_target, truncate
 from txsink import committer
 from txsink.config import WriterConfig
-from txsink.protocol.ids import adhoc_xid
+from txsink.protocol.ids import adhoc_xid, batch_xid
 from txsink.spark import writer as w
 
 TOP_LINES = 70
@@ -97,6 +104,117 @@ def fixed_cost_save(bench: Bench, table: str, small: list[Any]) -> None:
     committer.commit_batch(plan, msgs, None)
 
 
+TRIP_TASKS = 4
+# a statement's kind: its description up to the first name, number or literal in it
+_NAMED = re.compile(r"[.`'{(:0-9]")
+
+
+def _kind(what: str) -> str:
+    words = []
+    for word in what.split():
+        if _NAMED.search(word):
+            break
+        words.append(word)
+    return " ".join(words[:4]) or what.split(" ", 1)[0]
+
+
+@contextlib.contextmanager
+def traced(trips: list[tuple[str, str, float]]) -> Iterator[None]:
+    """Append ``(store, kind, ms)`` of every ClickHouse statement and Keeper request made
+    while inside (instrumentation of the real calls, not a stand-in)."""
+    from txsink.clickhouse.client import Client
+    from txsink.keeper.kazoo_conn import KazooConn
+
+    call, wait = Client._call, KazooConn.wait
+
+    def timed_call(self: Any, fn: Callable[[], Any], **kw: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return call(self, fn, **kw)
+        finally:
+            trips.append(("ClickHouse", _kind(kw["what"]), (time.perf_counter() - t) * 1000))
+
+    def timed_wait(self: Any, async_result: Any) -> Any:
+        caller = sys._getframe(1).f_code.co_name
+        caller = sys._getframe(2).f_code.co_name if caller in ("attempt", "read") else caller
+        t = time.perf_counter()
+        try:
+            return wait(self, async_result)
+        finally:
+            trips.append(("Keeper", caller, (time.perf_counter() - t) * 1000))
+
+    Client._call = timed_call  # type: ignore[method-assign]
+    KazooConn.wait = timed_wait  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Client._call = call  # type: ignore[method-assign]
+        KazooConn.wait = wait  # type: ignore[method-assign]
+
+
+def trips_of_a_batch(bench: Bench, table: str, small: list[Any], reps: int) -> dict[str, Any]:
+    """Round trips of a micro-batch of ``TRIP_TASKS`` tasks in a stream's steady state
+    (one run, batch after batch; the takeover of the first batch is left out), per phase
+    (tasks / commit): count and p50 ms per kind over ``reps`` batches; the floor of one
+    round trip."""
+    from txsink.driver import borrowed_job
+
+    per: dict[tuple[str, str, str], list[list[float]]] = {}
+    first = save_plan(bench, table)
+    run_id = f"trips-{uuid.uuid4().hex[:8]}"
+    for b in range(reps + 1):  # batches of one stream's run; the first takes the job over
+        plan = dataclasses.replace(
+            first,
+            config=dataclasses.replace(first.config, micro_batch=True),
+            xid=batch_xid(b),
+            run_id=run_id,
+            batch=b,
+        )
+        phases: dict[str, list[tuple[str, str, float]]] = {"tasks": [], "commit": []}
+        msgs = []
+        with traced(phases["tasks"]):
+            for p in range(TRIP_TASKS):
+                with task(p):
+                    msgs.append(w.write_partition(plan, iter(small)))
+        with traced(phases["commit"]):
+            committer.commit_batch(plan, msgs, b)
+        if not b:
+            continue
+        for phase, trips in phases.items():
+            seen: dict[tuple[str, str, str], list[float]] = {}
+            for store, kind, ms in trips:
+                seen.setdefault((phase, store, kind), []).append(ms)
+            for key, values in seen.items():
+                per.setdefault(key, []).append(values)
+    rows = []
+    for (phase, store, kind), batches_ in per.items():
+        rows.append(
+            {
+                "phase": phase,
+                "store": store,
+                "kind": kind,
+                "count": statistics.median(len(b) for b in batches_),
+                "ms": statistics.median(sum(b) for b in batches_),
+            }
+        )
+    cfg = WriterConfig.from_options(bench.sink_options(table, mode="attach"))
+    floor: dict[str, list[float]] = {"ClickHouse": [], "Keeper": []}
+    with borrowed_job(cfg) as handle:
+        for _ in range(30):
+            t = time.perf_counter()
+            handle.warehouse.client.query_rows("SELECT 1", what="SELECT 1")
+            floor["ClickHouse"].append((time.perf_counter() - t) * 1000)
+            t = time.perf_counter()
+            handle.registry.owner(cfg.job)
+            floor["Keeper"].append((time.perf_counter() - t) * 1000)
+    return {
+        "tasks": TRIP_TASKS,
+        "batches": reps,
+        "rows": sorted(rows, key=lambda r: (r["phase"] != "tasks", r["store"], -r["ms"])),
+        "floor_ms": {k: statistics.median(v) for k, v in floor.items()},
+    }
+
+
 def profiled(fn: Any) -> tuple[float, str]:
     from pyinstrument import Profiler
 
@@ -125,6 +243,7 @@ def run(bench: Bench, progress: Any) -> dict[str, Any]:
     fixed_s, fixed_txt = profiled(
         lambda: [fixed_cost_save(bench, table, small) for _ in itertools.repeat(None, saves)]
     )
+    trips = trips_of_a_batch(bench, table, small, reps=10)
     progress(
         f"  {rows:,} rows: baseline write {baseline_s:.2f}s, txsink write_partition "
         f"{write_s:.2f}s; fixed cost of a save {fixed_s / saves * 1000:.0f} ms"
@@ -134,6 +253,7 @@ def run(bench: Bench, progress: Any) -> dict[str, Any]:
         "baseline_write_s": baseline_s,
         "txsink_write_s": write_s,
         "fixed_save_ms": fixed_s / saves * 1000,
+        "trips": trips,
         "profiles": {
             "baseline_write": baseline_txt,
             "txsink_write": write_txt,

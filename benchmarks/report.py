@@ -389,9 +389,44 @@ def section_profile(r: dict[str, Any]) -> list[str]:
         f"+ commit) {pr['fixed_save_ms']:.0f} ms.",
         "",
     ]
+    out += section_trips(pr.get("trips"))
     for name, text in pr["profiles"].items():
         out += [f"### {name}", "", "```", text, "```", ""]
     return out
+
+
+def section_trips(tr: dict[str, Any] | None) -> list[str]:
+    """The round trips of one small batch, per phase and kind (hotpath.trips_of_a_batch)."""
+    if not tr:
+        return []
+    floor = tr["floor_ms"]
+    out = [
+        f"### Round trips of one batch of {tr['tasks']} tasks",
+        "",
+        f"Micro-batches of a stream (one run, after its first batch) of {tr['tasks']} tasks "
+        "of 1,000 rows each (4 staging tables of one target partition, as 4 files per "
+        "trigger), in-process; every "
+        "ClickHouse statement (`Client._call`) and Keeper request (`KazooConn.wait`) "
+        f"timed where txsink makes it; count and ms are medians over {tr['batches']} "
+        f"batches. The floor of one round trip here: `SELECT 1` {floor['ClickHouse']:.1f} "
+        f"ms, one Keeper read {floor['Keeper']:.1f} ms. The tasks run one after another "
+        "here; Spark runs them two at a time on two cores.",
+        "",
+        "| phase | store | request | count | ms |",
+        "|---|---|---|---|---|",
+    ]
+    totals: dict[tuple[str, str], list[float]] = {}
+    for row in tr["rows"]:
+        out.append(
+            f"| {row['phase']} | {row['store']} | {row['kind']} | {row['count']:g} | "
+            f"{row['ms']:.1f} |"
+        )
+        total = totals.setdefault((row["phase"], row["store"]), [0.0, 0.0])
+        total[0] += row["count"]
+        total[1] += row["ms"]
+    for (phase, store), (count, ms) in totals.items():
+        out.append(f"| **{phase}** | **{store}** | all | **{count:g}** | **{ms:.1f}** |")
+    return [*out, ""]
 
 
 NOTES = """## Where the time goes

@@ -101,7 +101,7 @@ def test_a_replicated_target_is_not_blocked_and_its_staging_has_its_own_keeper_p
     assert zk.exists(f"{path}/replicas/r1") is not None
     assert zk.get_children(f"{target.zookeeper_path}/replicas") == ["r1"]  # target untouched
 
-    staged = wh.target_info(f"{env['staging_db']}.{name}", views=False)
+    staged = wh.target_info(f"{env['staging_db']}.{name}", staging=True)
     assert staged.engine == "ReplicatedReplacingMergeTree"
     assert check_move_compat(staged, target) is None  # keys, columns, indices, projections
     assert not staged.table_ttl  # staging keeps every row (and needed no ALTER)
@@ -130,7 +130,7 @@ def test_a_leftover_keeper_replica_of_a_staging_name_is_dropped_and_the_staging_
 
     wh.create_staging(f"{db}.t", name)
     assert replica_row(ch, env["staging_db"], name)[0] == path
-    staged = wh.target_info(f"{env['staging_db']}.{name}", views=False)
+    staged = wh.target_info(f"{env['staging_db']}.{name}", staging=True)
     assert check_move_compat(staged, target) is None
     wh.drop_stagings([name])
     assert zk.exists(path) is None

@@ -425,7 +425,7 @@ def _warehouse_seeing(live: TargetInfo) -> tuple[Any, _RecordingClient]:
     client = _RecordingClient()
     wh = ClickHouseWarehouse(client, "txsink_staging")  # type: ignore[arg-type]
 
-    def target_info(name: str, views: bool = True) -> TargetInfo:
+    def target_info(name: str, staging: bool = False) -> TargetInfo:
         if name == "db.t":
             return live
         create = client.sql[-1]

@@ -182,20 +182,38 @@ class Observer:
         )
         return {name: {"rows": int(r), "bytes": int(b)} for name, r, b in rows}
 
-    def target_info(self, target: str, *, views: bool = True) -> TargetInfo:
+    def target_info(self, target: str, *, staging: bool = False) -> TargetInfo:
         """What the schema and mode checks need about ``db.table``; ConfigError if missing.
 
-        One round trip (scalar subqueries over the system tables): it runs for every
-        staging table a task creates. ``views=False`` skips the scan of materialized views
-        (a staging table has none)."""
+        One round trip (scalar subqueries over the system tables). ``staging``: the
+        read-back of a staging table a task just created (one per task): what
+        :func:`~.blockers.check_move_compat` compares and what the staging's protection
+        reads (its ``engine_full``, TTLs), without the scans a staging table does not
+        need: materialized views (it has none), the server's merge-tree defaults (its
+        ``settings`` are only those of its own SETTINGS clause), its replica (checked
+        on the target) and the time zone. About 3 of 11 ms per task on the embedded
+        server (docs/benchmarks.md, round trips)."""
         db, name = split_table(target)
         sub = "WHERE database = {db:String} AND table = {t:String}"
         mvs = (
-            "(SELECT groupArray((database, name, if(as_select != '', as_select, "
+            "[]"
+            if staging
+            else "(SELECT groupArray((database, name, if(as_select != '', as_select, "
             "create_table_query))) FROM system.tables WHERE engine = 'MaterializedView')"
-            if views
-            else "[]"
         )
+        defaults_sql = (
+            "[]"
+            if staging
+            else "(SELECT groupArray((name, value)) FROM system.merge_tree_settings "
+            "WHERE name IN {names:Array(String)})"
+        )
+        replicas_sql = (
+            "[]"
+            if staging
+            else "(SELECT groupArray((if(zookeeper_name IN ('', 'default'), '', "
+            f"zookeeper_name || ':') || zookeeper_path, replica_name)) FROM system.replicas {sub})"
+        )
+        zone_sql = "''" if staging else "timezone()"
         rows = self.client.query_rows(
             "SELECT engine, engine_full, partition_key, sorting_key, primary_key, "
             "sampling_key, storage_policy, dependencies_database, dependencies_table, "
@@ -205,13 +223,10 @@ class Observer:
             "(SELECT groupArray((name, type_full, toString(granularity), expr)) "
             f"FROM system.data_skipping_indices {sub}), "
             f"(SELECT groupArray((name, query)) FROM system.projections {sub}), "
-            "(SELECT groupArray((name, value)) FROM system.merge_tree_settings "
-            f"WHERE name IN {{names:Array(String)}}), {mvs}, "
-            "(SELECT groupArray((if(zookeeper_name IN ('', 'default'), '', "
-            "zookeeper_name || ':') || zookeeper_path, replica_name)) "
-            f"FROM system.replicas {sub}), timezone() "
+            f"{defaults_sql}, {mvs}, {replicas_sql}, {zone_sql} "
             "FROM system.tables WHERE database = {db:String} AND name = {t:String}",
-            parameters={"db": db, "t": name, "names": list(MERGE_TREE_SETTING_KEYS)},
+            parameters={"db": db, "t": name}
+            | ({} if staging else {"names": list(MERGE_TREE_SETTING_KEYS)}),
             what=f"inspect {target}",
             table=target,
         )

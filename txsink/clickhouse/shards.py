@@ -344,9 +344,9 @@ class ShardedWarehouse:
         wanted = list(names)
         return all(shard.settle(wanted) for shard in self.shards)
 
-    def target_info(self, target: str, *, views: bool = True) -> TargetInfo:
+    def target_info(self, target: str, *, staging: bool = False) -> TargetInfo:
         """The first shard's table (validation checks every shard: :meth:`target_infos`)."""
-        return self.shards[0].target_info(target, views=views)
+        return self.shards[0].target_info(target, staging=staging)
 
     def target_infos(self, target: str) -> list[TargetInfo]:
         return [shard.target_info(target) for shard in self.shards]

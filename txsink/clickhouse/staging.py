@@ -150,7 +150,7 @@ class Stager(Observer):
             else:
                 raise
             create()
-        return self.target_info(f"{self.staging_db}.{table}", views=False)
+        return self.target_info(f"{self.staging_db}.{table}", staging=True)
 
     def _protect(self, fq: str, staged: TargetInfo) -> None:
         """Make the (still empty) staging table keep every row until it is moved.
@@ -214,7 +214,7 @@ class Stager(Observer):
             what=f"create batch staging {fq} AS {src}",
         )
         if target:
-            self._protect(fq, self.target_info(f"{self.staging_db}.{table}", views=False))
+            self._protect(fq, self.target_info(f"{self.staging_db}.{table}", staging=True))
 
 
 def check_same_replica(expected: TargetInfo, now: TargetInfo, client: Any) -> None:

@@ -228,7 +228,7 @@ class MemoryWarehouse:
             raise self.capabilities.missing("query_log", f"the ATTACH log of {target}", "")
         return self._call("attach_logged", lambda: self.query_log.get(tag, 0) > 0)
 
-    def target_info(self, target: str, *, views: bool = True) -> TargetInfo:
+    def target_info(self, target: str, *, staging: bool = False) -> TargetInfo:
         def act() -> TargetInfo:
             t = self._table(target)
             db, _, name = target.partition(".")
@@ -239,7 +239,7 @@ class MemoryWarehouse:
                 engine="MergeTree",
                 engine_full=f"MergeTree PARTITION BY {t.partition_by or 'tuple()'} ORDER BY ()",
                 partition_key=t.partition_by,
-                dependent_views=self.views.get(target, ()) if views else (),
+                dependent_views=self.views.get(target, ()) if not staging else (),
                 settings=window,
             )
 
