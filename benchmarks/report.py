@@ -27,50 +27,28 @@ def rng(s: dict[str, Any], fmt: str = ",.0f") -> str:
     return f"{s['median']:{fmt}} ({s['min']:{fmt}} - {s['max']:{fmt}})"
 
 
-def target_rows(r: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
-    rows: list[tuple[str, str, bool | None]] = []
-    tp = r.get("throughput", {}).get("narrow")
-    if tp:
-        ab, db = tp["ratios"]["attach/baseline"]["median"], tp["ratios"]["dedup/baseline"]["median"]
-        attach = tp["sinks"]["attach"]["rows_per_s"]["median"]
-        wide = r["throughput"].get("wide") or {}
-        aw = wide.get("ratios", {}).get("attach/baseline", {}).get("median")
-        rows += [
-            ("attach/baseline narrow >= 0.95", f"{ab:.3f}", ab >= 0.95),
-            ("dedup/baseline narrow >= 0.90", f"{db:.3f}", db >= 0.90),
-            ("attach narrow >= 1,000,000 rows/s", f"{attach:,.0f}", attach >= 1_000_000),
-        ]
-        if aw is not None:
-            rows.append(("attach/baseline wide >= 0.95", f"{aw:.3f}", aw >= 0.95))
-    co = r.get("commit")
-    if co:
-        p99 = max(co["driver_1"]["p99_ms"], co["driver_4"]["p99_ms"])
-        rows.append(("commit p99 <= 100 ms (1 and 4 partitions)", f"{p99:.1f} ms", p99 <= 100))
-        for k, limit in ((16, 150), (64, 400)):
-            if f"driver_{k}" in co:
-                p = co[f"driver_{k}"]["p99_ms"]
-                rows.append(
-                    (f"commit p99 <= {limit} ms ({k} partitions)", f"{p:.1f} ms", p <= limit)
-                )
-    lat = r.get("latency")
-    for c in (lat or {}).get("cases", []):
-        if c["rows"] != 10_000 or c.get("spread"):
-            continue
-        for sink, limit in (("foreach_batch", 50), ("clickhouse_tx", 100)):
-            o = c[f"{sink}_overhead"]
+Target = tuple[str, str, bool | None]
+
+
+def target_rows(r: dict[str, Any]) -> list[Target]:
+    """Every target of the benchmarks (issue 29's and the earlier ones still held), what
+    this run measured and whether it is met."""
+    rows: list[Target] = []
+    rows += _throughput_targets(r.get("throughput") or {})
+    rows += _latency_targets(r.get("latency") or {})
+    rows += _commit_targets(r.get("commit") or {})
+    values = r.get("values")
+    if values:
+        share = max(x["share_pct"] for x in values.values())
+        rows.append(
+            ("per-value checks <= 3% of the insert (largest share)", f"{share:.2f}%", share <= 3)
+        )
+    st = r.get("state")
+    if st:
+        for key, label in (("commit", "driver commit"), ("save", "dedup save")):
+            d = st["paired_ms"][key]["median"]
             rows.append(
-                (
-                    f"{sink} addBatch overhead p50 <= {limit} ms (10k rows)",
-                    f"{o['p50_ms']:+.0f} ms",
-                    o["p50_ms"] <= limit,
-                )
-            )
-            rows.append(
-                (
-                    f"{sink} overhead p99 <= 2x p50 (10k rows)",
-                    f"{o['p99_ms']:+.0f} ms",
-                    o["p99_ms"] <= 2 * max(o["p50_ms"], 0),
-                )
+                (f"state=clickhouse adds <= 15 ms per batch ({label})", f"{d:+.1f} ms", d <= 15)
             )
     mem = r.get("memory")
     if mem and mem.get("growth"):
@@ -79,11 +57,111 @@ def target_rows(r: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     return rows
 
 
+def _throughput_targets(tp: dict[str, Any]) -> list[Target]:
+    rows: list[Target] = []
+    for schema in ("narrow", "wide"):
+        ratios = (tp.get(schema) or {}).get("ratios")
+        if not ratios:
+            continue
+        for sink, limit in (("attach", 0.98), ("dedup", 0.95)):
+            x = ratios[f"{sink}/baseline"]["median"]
+            rows.append((f"{sink}/baseline {schema} >= {limit:.2f}", f"{x:.3f}", x >= limit))
+    if tp.get("narrow"):
+        attach = tp["narrow"]["sinks"]["attach"]["rows_per_s"]["median"]
+        rows.append(("attach narrow >= 1,000,000 rows/s", f"{attach:,.0f}", attach >= 1_000_000))
+    return rows
+
+
+def _latency_targets(lat: dict[str, Any]) -> list[Target]:
+    rows: list[Target] = []
+    for c in lat.get("cases", []):
+        spread = bool(c.get("spread"))
+        limit = 40 if spread else 25
+        size = f"{c['rows'] // 1000}k rows{', 4 partitions' if spread else ''}"
+        for sink in ("clickhouse_tx", "foreach_batch"):
+            o = c[f"{sink}_overhead"]
+            p50, p99 = o["p50_ms"], o["p99_ms"]
+            rows.append(
+                (
+                    f"{sink} addBatch overhead p50 <= {limit} ms ({size})",
+                    f"{p50:+.0f} ms",
+                    p50 <= limit,
+                )
+            )
+            rows.append(
+                (
+                    f"{sink} overhead p99 <= 2x p50 ({size})",
+                    f"{p99:+.0f} ms",
+                    p99 <= 2 * max(p50, 0),
+                )
+            )
+    return rows
+
+
+def _commit_targets(co: dict[str, Any]) -> list[Target]:
+    rows: list[Target] = []
+    for k in (16, 64):
+        d = co.get(f"driver_{k}")
+        if d:
+            ratio = d["p99_ms"] / d["p50_ms"]
+            rows.append(
+                (
+                    f"commit p99 <= 2x p50 ({k} partitions)",
+                    f"{d['p99_ms']:.1f} / {d['p50_ms']:.1f} ms = {ratio:.2f}x",
+                    ratio <= 2,
+                )
+            )
+    return rows
+
+
 def section_targets(r: dict[str, Any]) -> list[str]:
-    out = ["## Targets", "", "| target | measured | met |", "|---|---|---|"]
+    out = [
+        "## Targets",
+        "",
+        "A target not met names what stands in its way, measured in this run.",
+        "",
+        "| target | measured | met | when not met: the floor |",
+        "|---|---|---|---|",
+    ]
     for name, value, ok in target_rows(r):
-        out.append(f"| {name} | {value} | {'yes' if ok else '**no**'} |")
+        why = "" if ok else floor_of(r, name)
+        out.append(f"| {name} | {value} | {'yes' if ok else '**no**'} | {why} |")
     return [*out, ""]
+
+
+def floor_of(r: dict[str, Any], target: str) -> str:
+    """What keeps a target out of reach, from this run's own figures."""
+    trips = (r.get("profile") or {}).get("trips")
+    if "addBatch overhead" in target and trips:
+        count: dict[tuple[str, str], float] = {}
+        for row in trips["rows"]:
+            if not row["kind"].startswith("INSERT"):  # the baseline inserts the same
+                key = (row["phase"], row["store"])
+                count[key] = count.get(key, 0.0) + row["count"]
+        floor = trips["floor_ms"]["ClickHouse"]
+        return (
+            f"round trips the protocol makes per micro-batch of {trips['tasks']} tasks: "
+            f"{count.get(('tasks', 'ClickHouse'), 0):g} ClickHouse statements besides the "
+            f"inserts in the tasks (staging create, its read-back, the parts read), "
+            f"{count.get(('commit', 'ClickHouse'), 0):g} in the commit (views check, staging "
+            f"read, one MOVE per staging table, drop, stray listing) and "
+            f"{count.get(('commit', 'Keeper'), 0):g} Keeper requests; one statement costs at "
+            f"least {floor:.1f} ms here (`SELECT 1`), most 4 to 8 ms (round trips, below)"
+        )
+    if "overhead p99" in target:
+        return "the p50 is above its target; the p99 follows the commit's p99 (2.)"
+    if target.startswith("commit p99"):
+        return (
+            "the p99 follows the target's background merges of many small parts "
+            "(2.: a merge holds the parts MOVE adds to); the p50 is the MOVE itself"
+        )
+    if target.startswith("state=clickhouse"):
+        return "every Keeper request is a SQL statement over HTTP (2d.)"
+    if target.startswith("per-value"):
+        return "one Arrow compute pass per rule over every value of its column (5.)"
+    if "/baseline" in target:
+        return "see 1. and the profiles: the same insert_arrow plus txsink's per-block work"
+    return ""
 
 
 def section_machine(r: dict[str, Any]) -> list[str]:
