@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from txsink.errors import TxSinkError
@@ -27,20 +28,69 @@ from txsink.spark.task import Task, check_values
 
 
 def write_attach(plan: WritePlan, task: Task, batches: Iterator[Any]) -> TxCommitMessage:
-    """A :class:`~txsink.spark.task.PartitionWriter`: stage ``batches`` (pooled client;
-    an empty partition stages nothing and opens nothing)."""
+    """A :class:`~txsink.spark.task.PartitionWriter`: stage ``batches`` on a pooled client.
+
+    The staging table is made while the task waits for its first batch (Spark's read of
+    the file or topic: tens of milliseconds, on this stack longer than the CREATE and its
+    read-back), in one thread of the task's own that is done before anything else uses
+    the client. A partition that turns out empty drops it again. A sharded job makes a
+    shard's staging when the first of that shard's rows arrive."""
     from txsink.driver import borrowed_warehouse
 
-    first = next(batches, None)
-    if first is None:
-        return task.message(plan)
-
-    def chained() -> Iterator[Any]:
-        yield first
-        yield from batches
-
     with borrowed_warehouse(plan.config) as warehouse:
-        return _stage(plan, warehouse, task, chained())
+        if plan.config.shards:
+            first = next(batches, None)
+            if first is None:
+                return task.message(plan)
+            return _stage(plan, warehouse, task, _chained(first, batches))
+        name = _staging_name(plan, task, None)
+        created = [name]
+        with ThreadPoolExecutor(1, thread_name_prefix="txsink-staging") as ahead:
+            making = ahead.submit(
+                warehouse.create_staging, plan.config.table, name, plan.target_info
+            )
+            try:
+                first = next(batches, None)
+            except BaseException:
+                _drop_when_made(warehouse, making, created)
+                raise
+            if first is None:  # nothing to stage: the table made ahead goes again
+                _drop_when_made(warehouse, making, created)
+                return task.message(plan)
+            try:
+                making.result()  # a failed CREATE (or its checks) is this task's failure
+            except BaseException:
+                _drop_when_made(warehouse, making, created)  # a CREATE that landed
+                raise
+        return _stage(plan, warehouse, task, _chained(first, batches), created)
+
+
+def _chained(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
+    yield first
+    yield from rest
+
+
+def _drop_when_made(warehouse: Any, making: Future[None], created: list[str]) -> None:
+    """Wait for the staging made ahead, then drop it (it holds no rows). A CREATE that
+    failed left nothing to drop (:meth:`create_staging` drops what it refuses); a drop
+    that fails leaves an empty table that the commit's stray sweep or recovery drops."""
+    with contextlib.suppress(Exception):
+        making.result()
+    with contextlib.suppress(TxSinkError, OSError):
+        warehouse.drop_stagings(created)
+
+
+def _staging_name(plan: WritePlan, task: Task, shard: int | None) -> str:
+    return staging_name(
+        plan.config.job,
+        task.xid,
+        run_tag(task.run_id),
+        task.partition,
+        task.attempt,
+        task.attempt_id,
+        plan.namespace,
+        shard=shard,
+    ).table
 
 
 def _guarded(plan: WritePlan, batches: Iterator[Any], block_rows: int) -> Iterator[Any]:
@@ -56,30 +106,26 @@ def _guarded(plan: WritePlan, batches: Iterator[Any], block_rows: int) -> Iterat
     fault_point("executor.mid_write")
 
 
-def _stage(plan: WritePlan, warehouse: Any, task: Task, batches: Iterator[Any]) -> TxCommitMessage:
+def _stage(
+    plan: WritePlan,
+    warehouse: Any,
+    task: Task,
+    batches: Iterator[Any],
+    made: list[str] | None = None,
+) -> TxCommitMessage:
+    """Insert ``batches`` into the task's staging (``made``: the table, made already; a
+    sharded job's are made here) and report what it holds."""
     cfg = plan.config
-
-    def name_on(shard: int | None) -> str:
-        return staging_name(
-            cfg.job,
-            task.xid,
-            run_tag(task.run_id),
-            task.partition,
-            task.attempt,
-            task.attempt_id,
-            plan.namespace,
-            shard=shard,
-        ).table
-
     rows = _guarded(plan, batches, cfg.block_rows)
-    created: list[str] = []
+    created: list[str] = list(made or [])
     try:
         if cfg.shards:
-            sent = _stage_sharded(plan, warehouse, rows, name_on, created, task.partition)
+            sent = _stage_sharded(
+                plan, warehouse, rows, lambda k: _staging_name(plan, task, k), created,
+                task.partition,
+            )  # fmt: skip
         else:
-            name = name_on(None)
-            warehouse.create_staging(cfg.table, name, plan.target_info)
-            created.append(name)
+            (name,) = created
             stats = warehouse.insert_blocks(
                 name,
                 rows,
