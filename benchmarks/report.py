@@ -512,29 +512,38 @@ NOTES = """## Where the time goes
 - **Per row, txsink costs what the baseline costs.** Both send the same Arrow blocks with
   the same `insert_arrow` to the same endpoint; in the profiles `write_partition` spends
   its time in clickhouse-connect's `insert_arrow` (Arrow serialisation, lz4, waiting for
-  the server), and txsink's own per-row work (`iter_blocks` slicing, the null check of
-  non-Nullable columns) is a few milliseconds per million rows.
-- **Per save / micro-batch, txsink pays fixed costs the baseline does not.** Measured
-  per step on this stack (issue 12; a commit of 4 staging tables of 1 partition each,
-  p50 in ms): each task reads its xid and the ledger in Keeper (about 1 each), creates its
-  staging table (`CREATE TABLE ... AS target SETTINGS ...`, about 8), reads the copy back
-  once to check it can be moved (one query with scalar subqueries, about 4) and reads
-  `system.parts` after the insert (about 3); the commit checks the epoch (2 x 1), the
-  target's views (one query, about 6), prepares (one Keeper multi, about 3), reads the
-  staging (about 7), moves every staging table's partitions with one `ALTER ... MOVE
-  PARTITION ..., MOVE PARTITION ...` each (about 8 per table: the largest share),
-  records COMMITTED (one Keeper multi, about 5), heartbeats (about 3), drops all staging
-  in one statement (about 9) and lists strays (about 4). Connections are pooled per
-  Python worker (Spark reuses them), so no batch pays a Keeper session or ClickHouse
-  handshake after the first.
-- **What is left is round trips the protocol needs**: a staging table per task attempt
-  (isolation of attempts: a failed attempt's rows can never reach a published table),
-  one MOVE statement per staging table (MOVE cannot take several source tables), two
-  Keeper writes (the commit point and the record). On this machine ClickHouse and
-  ZooKeeper share two cores with Spark; a real server answers these on its own cores.
-- **Commit latency grows with the number of partitions moved**: one MOVE command per
-  (task, partition), all of one staging table in one statement; MOVE costs a few
-  milliseconds per partition in the engine itself, so 64 partitions cost more than 16.
+  the server), and txsink's own per-row work (`iter_blocks` slicing, the value checks of
+  section 5) is a few milliseconds per million rows.
+- **Per micro-batch, txsink makes round trips the baseline does not**, counted and timed in
+  *Round trips of one batch* below (a stream's steady state, 4 tasks). Each task makes
+  its staging table (`CREATE TABLE ... AS target SETTINGS ...`), reads the copy back once
+  (one query with scalar subqueries: columns, indices, projections; since issue 29 not the
+  views, defaults and replicas a staging table does not need) and reads `system.parts`
+  after its insert; since issue 29 the CREATE and the read-back run while the task waits
+  for Spark's first batch (about 40 ms for the first wave of tasks here), off the
+  critical path. The driver's commit reads the target's views, reads the staging, moves
+  each staging table's partitions (one `ALTER ... MOVE PARTITION ..., MOVE PARTITION ...`
+  per staging table: the largest share), drops the staging (one statement) and lists
+  strays (one), with about 15 Keeper requests (two multis: the prepare and the record).
+  Connections are pooled per Python worker, so no batch pays a session or a handshake.
+- **What is left is round trips the protocol needs, and what would remove them:**
+  a staging table per task attempt (attempts stay isolated: a failed attempt's rows can
+  never reach a published table; reusing tables across batches would still need a
+  RENAME per task, one statement for another); one MOVE per staging table (MOVE takes
+  one source table; concurrent MOVEs into one target gained 4 ms of 26 for 4 tables
+  here); the views check before the prepare (a view created since validation must stop
+  an attach publish, so it cannot be cached or moved after the prepare); the drop and
+  the stray listing after the record (taking them off the critical path means a
+  background thread in Spark's commit worker, whose life Spark does not promise, or
+  empty staging left until the next batch). On this machine one statement costs at
+  least the `SELECT 1` floor shown below, most 4 to 8 ms, and ClickHouse and ZooKeeper
+  share two cores with Spark; a real server answers these on its own cores.
+- **Commit p99 follows single slow MOVE statements.** Traced per request over 120 driver
+  commits of 64 partitions (scratch run, issue 29 note): the slowest commit took 985 ms,
+  913 of them in its one MOVE statement (the p50 MOVE about 100 ms); the next took 684 ms,
+  577 in its MOVE. The rest of the commit is flat. What stalls that MOVE (the target's
+  merges of the many small parts it receives, the disk shared with them, the engine's
+  locks) could not be told apart on this shared machine.
 - Figures on this machine are noisy: two cores are shared with other engineers' test
   suites (load averages above). Compare figures of one run, side by side.
 """
