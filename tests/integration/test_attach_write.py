@@ -93,13 +93,42 @@ def test_the_staging_is_made_while_the_task_waits_for_its_first_batch(stack, ch,
     assert got.result_rows == [(10, 10, 45)]
 
 
-def test_an_empty_partition_drops_the_staging_made_ahead(stack, ch, fresh_db):
+def test_an_empty_partition_makes_nothing_or_drops_what_it_made_ahead(stack, ch, fresh_db):
+    """An empty partition that ends at once (a sparse shuffle partition) sends no
+    statement at all; one that ends after the grace drops the table made ahead."""
     table = f"{fresh_db}.t"
     ch.command(TARGET.format(t=table))
     plan = plan_for(stack, table)
+    before = statements(ch)
     message = write_attach(plan, task(), iter(()))
     assert message.rows == 0 and not message.staging and not message.parts
+    assert statements(ch) == before, "an empty partition sent statements"
+
+    def slow_empty() -> Iterator[pa.RecordBatch]:
+        time.sleep(0.3)
+        if staging_of(ch, plan):
+            made.append(1)
+        return
+        yield rows(1)  # pragma: no cover - makes this a generator
+
+    made: list[int] = []
+    message = write_attach(plan, task(), slow_empty())
+    assert made, "nothing was made ahead while the partition was being read"
+    assert message.rows == 0 and not message.staging
     assert staging_of(ch, plan) == []
+    assert statements(ch) >= before + 2  # the count sees the CREATE and the DROP
+
+
+def statements(ch: Any) -> int:
+    """Statements the server has run that name the staging database."""
+    ch.command("SYSTEM FLUSH LOGS")
+    return int(
+        ch.query(
+            "SELECT count() FROM system.query_log WHERE type = 'QueryStart' "
+            "AND position(query, {db:String}) > 0 AND position(query, 'system.') = 0",
+            parameters={"db": STAGING_DB},
+        ).result_rows[0][0]
+    )
 
 
 def test_an_input_that_fails_before_its_first_batch_leaves_no_staging(stack, ch, fresh_db):
@@ -117,14 +146,16 @@ def test_an_input_that_fails_before_its_first_batch_leaves_no_staging(stack, ch,
     assert staging_of(ch, plan) == []
 
 
-def test_a_create_that_fails_ahead_fails_the_task_before_a_row_is_sent(stack, ch, fresh_db):
-    """The target dropped after validation: the CREATE made ahead fails; the task fails
-    with the CREATE's error once its first batch is there, and nothing is staged."""
+@pytest.mark.parametrize("wait_s", [0.0, 0.3], ids=["first-batch-at-once", "made-ahead"])
+def test_a_create_that_fails_fails_the_task_before_a_row_is_sent(stack, ch, fresh_db, wait_s):
+    """The target dropped after validation: the CREATE fails (made ahead or after the
+    first batch); the task fails with its error, and nothing is staged."""
     table = f"{fresh_db}.t"
     plan = plan_for(stack, table)  # no such table
     pulled: list[int] = []
 
     def source() -> Iterator[pa.RecordBatch]:
+        time.sleep(wait_s)
         pulled.append(1)
         yield rows(5)
         pulled.append(2)  # never reached: nothing past the first batch is read

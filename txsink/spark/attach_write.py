@@ -15,8 +15,9 @@ recovery, which finds it by name).
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from txsink.errors import TxSinkError
@@ -26,58 +27,95 @@ from txsink.protocol.states import StagedPart
 from txsink.spark.messages import TxCommitMessage, WritePlan
 from txsink.spark.task import Task, check_values
 
+# a partition whose first batch (or its end) is there by then makes nothing ahead: an
+# empty shuffle partition of a stateful query costs no CREATE and DROP
+AHEAD_GRACE_S = 0.005
+
 
 def write_attach(plan: WritePlan, task: Task, batches: Iterator[Any]) -> TxCommitMessage:
     """A :class:`~txsink.spark.task.PartitionWriter`: stage ``batches`` on a pooled client.
 
     The staging table is made while the task waits for its first batch (Spark's read of
     the file or topic: tens of milliseconds, on this stack longer than the CREATE and its
-    read-back), in one thread of the task's own that is done before anything else uses
-    the client. A partition that turns out empty drops it again. A sharded job makes a
-    shard's staging when the first of that shard's rows arrive."""
+    read-back), by a thread of the task's own (:class:`_MadeAhead`) that is joined before
+    anything else uses the client. It starts only if the batch is not there within
+    ``AHEAD_GRACE_S``; a partition that turns out empty after that drops the table again.
+    A sharded job makes a shard's staging when the first of that shard's rows arrive, and
+    borrows nothing for an empty partition."""
     from txsink.driver import borrowed_warehouse
 
-    with borrowed_warehouse(plan.config) as warehouse:
-        if plan.config.shards:
-            first = next(batches, None)
-            if first is None:
-                return task.message(plan)
+    if plan.config.shards:
+        first = next(batches, None)
+        if first is None:
+            return task.message(plan)
+        with borrowed_warehouse(plan.config) as warehouse:
             return _stage(plan, warehouse, task, _chained(first, batches))
+    with borrowed_warehouse(plan.config) as warehouse:
         name = _staging_name(plan, task, None)
-        created = [name]
-        with ThreadPoolExecutor(1, thread_name_prefix="txsink-staging") as ahead:
-            making = ahead.submit(
-                warehouse.create_staging, plan.config.table, name, plan.target_info
-            )
+        with _MadeAhead(
+            lambda: warehouse.create_staging(plan.config.table, name, plan.target_info)
+        ) as ahead:
             try:
                 first = next(batches, None)
+                made = ahead.settle()  # a failed CREATE is this task's failure
             except BaseException:
-                _drop_when_made(warehouse, making, created)
+                ahead.close()
+                with contextlib.suppress(TxSinkError, OSError):  # a CREATE that landed
+                    warehouse.drop_stagings([name])
                 raise
-            if first is None:  # nothing to stage: the table made ahead goes again
-                _drop_when_made(warehouse, making, created)
-                return task.message(plan)
+        if first is None:
+            if made:  # a failed DROP fails the task: the loan then closes the client
+                warehouse.drop_stagings([name])
+            return task.message(plan)
+        if not made:
+            warehouse.create_staging(plan.config.table, name, plan.target_info)
+        return _stage(plan, warehouse, task, _chained(first, batches), [name])
+
+
+class _MadeAhead:
+    """``make`` (the staging CREATE) in a thread of its own, started unless :meth:`settle`
+    is called within ``AHEAD_GRACE_S``. :meth:`close` (the ``with``'s end) joins the
+    thread on every way out, interrupts included, so the client it uses is never lent on
+    or closed while it runs."""
+
+    def __init__(self, make: Callable[[], None]) -> None:
+        self._settled = threading.Event()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="txsink-staging")
+        self._made: Future[bool] = self._pool.submit(self._run, make)
+
+    def _run(self, make: Callable[[], None]) -> bool:
+        if self._settled.wait(AHEAD_GRACE_S):
+            return False
+        make()
+        return True
+
+    def settle(self) -> bool:
+        """Whether the table was made (waits for a CREATE under way; raises its error)."""
+        self._settled.set()
+        return self._made.result()
+
+    def close(self) -> None:
+        self._settled.set()
+        interrupted: BaseException | None = None
+        while not self._made.done():
             try:
-                making.result()  # a failed CREATE (or its checks) is this task's failure
-            except BaseException:
-                _drop_when_made(warehouse, making, created)  # a CREATE that landed
-                raise
-        return _stage(plan, warehouse, task, _chained(first, batches), created)
+                wait([self._made])
+            except BaseException as exc:  # noqa: BLE001 - joined first, raised after
+                interrupted = exc
+        self._pool.shutdown(wait=False)
+        if interrupted is not None:
+            raise interrupted
+
+    def __enter__(self) -> _MadeAhead:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _chained(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
     yield first
     yield from rest
-
-
-def _drop_when_made(warehouse: Any, making: Future[None], created: list[str]) -> None:
-    """Wait for the staging made ahead, then drop it (it holds no rows). A CREATE that
-    failed left nothing to drop (:meth:`create_staging` drops what it refuses); a drop
-    that fails leaves an empty table that the commit's stray sweep or recovery drops."""
-    with contextlib.suppress(Exception):
-        making.result()
-    with contextlib.suppress(TxSinkError, OSError):
-        warehouse.drop_stagings(created)
 
 
 def _staging_name(plan: WritePlan, task: Task, shard: int | None) -> str:
