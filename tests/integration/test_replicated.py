@@ -106,7 +106,7 @@ def test_a_replicated_target_is_not_blocked_and_its_staging_has_its_own_keeper_p
     assert check_move_compat(staged, target) is None  # keys, columns, indices, projections
     assert not staged.table_ttl  # staging keeps every row (and needed no ALTER)
     for key, value in STAGING_SETTINGS.items():
-        assert staged.settings.get(key, str(value)) == str(value), key
+        assert staged.settings[key] == str(value), key  # its own SETTINGS clause
     assert "deduplicate_merge_projection_mode = 'drop'" in staged.engine_full
 
     wh.drop_stagings([name])
