@@ -33,9 +33,9 @@ class Client:
 
     def query_rows(self, sql: str, **_: Any) -> list[tuple[Any, ...]]:
         self.queries.append(sql)
-        if "system.merge_tree_settings" in sql:
-            return []
-        return [("Distributed", "Distributed(c, db, t_local)", 0, 0, 1.0)]
+        row = ("Distributed", "Distributed(c, db, t_local)", 0, 0, 1.0)
+        # the first observation also carries the server's window defaults (none here)
+        return [(*row, [])] if "system.merge_tree_settings" in sql else [row]
 
 
 class Warehouse:
