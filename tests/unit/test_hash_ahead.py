@@ -78,12 +78,14 @@ def test_the_worker_thread_is_joined_when_the_task_fails_while_it_hashes() -> No
         return fingerprint(index, block, legacy=legacy)
 
     blocks = _blocks(1)
-    with pytest.raises(KeyError):
-        with BlockFeed(blocks[0], iter(()), slow, ahead_bytes=1 << 30) as feed:
-            feed.start(False)
-            assert started.wait(5)
-            threading.Timer(0.2, release.set).start()
-            raise KeyError("the insert failed")
+    with (
+        pytest.raises(KeyError),
+        BlockFeed(blocks[0], iter(()), slow, ahead_bytes=1 << 30) as feed,
+    ):
+        feed.start(False)
+        assert started.wait(5)
+        threading.Timer(0.2, release.set).start()
+        raise KeyError("the insert failed")
     assert _hash_threads() == []
 
 
