@@ -29,8 +29,14 @@ The driver's committer (:mod:`txsink.committer`) then records the xid PREPARED a
 COMMITTED (:class:`txsink.transactor.Transactor` with ``Mode.DEDUP``) and deletes
 ``dedup/<xid>``.
 
-Memory: without ``dedup_order_by`` at most one block (plus the Spark batch being cut) is
-held, as in attach mode. With ``dedup_order_by`` the whole partition is materialised and
+Fingerprints are computed in a worker thread, block n+1's while block n is recorded and
+sent (:mod:`txsink.spark.hash_ahead`: when the pure computation runs moves, nothing of
+steps 3-5 does).
+
+Memory: without ``dedup_order_by`` at most two blocks (the one being sent, the next one
+being hashed; plus the Spark batch being cut), and the next is cut ahead only while the
+block in hand is at most half of ``block_bytes``: larger blocks are held one at a time,
+as in attach mode. With ``dedup_order_by`` the whole partition is materialised and
 sorted in the Python worker (about its Arrow size twice, during the sort): keep
 partitions small (more Spark partitions) when using it.
 """
