@@ -41,7 +41,7 @@ from txsink.errors import (
 )
 from txsink.keeper.kazoo_registry import KazooRegistry
 from txsink.ports.manifest_codec import CHUNK_BYTES
-from txsink.ports.registry import Registry, XidExists
+from txsink.ports.registry import CREATE, Registry, XidExists
 from txsink.protocol.codec import FORMAT, StateFormatTooNew
 from txsink.protocol.states import Cut, Epoch, XidRecord, XidState
 
@@ -450,3 +450,31 @@ def test_a_node_of_a_newer_format_is_refused_naming_it(
     raw_zk.create(path, json.dumps({"format": FORMAT + 1, "xid": "b1"}).encode(), makepath=True)
     with pytest.raises(StateFormatTooNew, match=f"{path}.*upgrade txsink"):
         registry.get(JOB, "b1")
+
+
+def test_a_dedup_record_of_a_forgotten_xid_makes_its_parent_again_with_the_job_acl(
+    keeper_hosts: str, root: str, raw_zk: KazooClient
+) -> None:
+    """The parent ``dedup/<xid>`` is made together with the first record (one multi-op);
+    deleted by another session (the xid forgotten after its commit) while this one still
+    remembers making it, the next record makes it again."""
+    writer = KazooRegistry(keeper_hosts, root, auth=AUTH, timeout=TIMEOUT)
+    driver = KazooRegistry(keeper_hosts, root, auth=AUTH, timeout=TIMEOUT)
+    try:
+        writer.ensure_job(JOB, {"target": "db.events"})
+        assert writer.cas_blob(JOB, "dedup/x-1/p0", {"status": "BEFORE"}, CREATE) == 0
+        parent = f"{root}/jobs/{JOB}/dedup/x-1"
+        acl, _ = raw_zk.get_acls(parent)
+        assert {(a.id.scheme, a.id.id.split(":")[0], a.perms) for a in acl} == {
+            ("digest", "alice", Permissions.ALL),
+            ("world", "anyone", Permissions.READ),
+        }
+        driver.delete_blobs(JOB, "dedup/x-1")  # forgotten by another session
+        assert raw_zk.exists(parent) is None
+        assert writer.cas_blob(JOB, "dedup/x-1/p1", {"status": "BEFORE"}, CREATE) == 0
+        assert writer.cas_blob(JOB, "dedup/x-1/p2", {"status": "BEFORE"}, CREATE) == 0
+        assert sorted(raw_zk.get_children(parent)) == ["p1", "p2"]
+        assert writer.get_blob_versioned(JOB, "dedup/x-1/p1") is not None
+    finally:
+        writer.close()
+        driver.close()

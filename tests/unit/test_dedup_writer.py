@@ -33,9 +33,9 @@ class Client:
 
     def query_rows(self, sql: str, **_: Any) -> list[tuple[Any, ...]]:
         self.queries.append(sql)
-        if "system.merge_tree_settings" in sql:
-            return []
-        return [("Distributed", "Distributed(c, db, t_local)", 0, 0, 1.0)]
+        row = ("Distributed", "Distributed(c, db, t_local)", 0, 0, 1.0)
+        # the first observation also carries the server's window defaults (none here)
+        return [(*row, [])] if "system.merge_tree_settings" in sql else [row]
 
 
 class Warehouse:
@@ -352,3 +352,40 @@ def test_a_discard_of_the_wrong_xid_fences_nobody(
         discard_dedup(type("S", (), {"registry": registry})(), "j", "b99")  # type: ignore[arg-type]
     current = registry.current_epoch("j")
     assert current is not None and current.number == writer.number
+
+
+def test_each_block_reads_the_target_in_one_query_the_first_with_the_window_defaults(
+    stores: tuple[MemoryRegistry, Warehouse, list[str]],
+) -> None:
+    _, warehouse, _ = stores
+    write_dedup(plan(), task(0), rows(5))  # three blocks
+    queries = warehouse.client.queries
+    assert len(queries) == 3
+    assert ["system.merge_tree_settings" in q for q in queries] == [True, False, False]
+
+
+def test_a_replay_of_a_complete_partition_reads_nothing_of_the_target(
+    stores: tuple[MemoryRegistry, Warehouse, list[str]],
+) -> None:
+    _, warehouse, _ = stores
+    write_dedup(plan(), task(0), rows(5))
+    warehouse.client.queries.clear()
+    assert write_dedup(plan(), task(1), rows(5)).extra["decision"] == "SAME"
+    assert warehouse.client.queries == []  # no counter read ahead for skipped blocks
+
+
+def test_a_source_failing_after_some_blocks_fails_the_task_after_sending_them(
+    stores: tuple[MemoryRegistry, Warehouse, list[str]],
+) -> None:
+    import threading
+
+    _, warehouse, _ = stores
+
+    def dying() -> Iterator[pa.RecordBatch]:
+        yield from rows(4)  # two blocks of two rows, cut in the worker thread
+        raise RuntimeError("executor lost")
+
+    with pytest.raises(RuntimeError, match="executor lost"):
+        write_dedup(plan(), task(0), dying())
+    assert [n for _, n, _ in warehouse.inserts] == [2, 2]
+    assert not [t for t in threading.enumerate() if t.name.startswith("txsink-dedup-hash")]

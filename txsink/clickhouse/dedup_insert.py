@@ -8,10 +8,12 @@ Every SQL statement dedup mode sends lives here, so the Spark layer holds none
   ``insert_deduplication_token`` and every setting the guarantee relies on
   (:func:`insert_settings`);
 - :meth:`DedupTarget.observe`: the target's dedup window and block counter, one query per
-  block. The counter bounds the dedup entries added since a mark (see the window section
-  of :mod:`txsink.protocol.dedup`): the highest block number for non-replicated targets
-  (numbered per table), the sum over partitions of highest block number + 1 for
-  replicated ones (numbered per partition). Outdated parts still listed count too;
+  block, over all of the target's partitions (the first one of a task also reads the
+  server's defaults of the window settings). The counter bounds the dedup entries added
+  since a mark (see the window section of :mod:`txsink.protocol.dedup`): the highest block
+  number for non-replicated targets (numbered per table), the sum over partitions of
+  highest block number + 1 for replicated ones (numbered per partition). Outdated parts
+  still listed count too;
 - :func:`view_tables`: the tables the target's materialized views store into, for
   validation (a view table without a dedup window counts a replayed block twice).
 """
@@ -41,13 +43,20 @@ WINDOW_KEYS = (
     WINDOW_SECONDS_KEY,
 )
 
-_MARK_SQL = (
-    "SELECT t.engine, t.engine_full, p.mx, p.sm, toFloat64(now64(3)) FROM "
-    "(SELECT engine, engine_full FROM system.tables "
+_MARK_FROM = (
+    " FROM (SELECT engine, engine_full FROM system.tables "
     " WHERE database = {db:String} AND name = {t:String}) AS t CROSS JOIN "
     "(SELECT max(m) AS mx, sum(m + 1) AS sm FROM (SELECT partition_id, "
     " max(max_block_number) AS m FROM system.parts "
     " WHERE database = {db:String} AND table = {t:String} GROUP BY partition_id)) AS p"
+)
+_MARK_SQL = "SELECT t.engine, t.engine_full, p.mx, p.sm, toFloat64(now64(3))" + _MARK_FROM
+# The first observation of a task also reads the server's defaults of the window settings,
+# in the same statement (one round trip): a later one only needs the counter and the clock.
+_FIRST_MARK_SQL = (
+    "SELECT t.engine, t.engine_full, p.mx, p.sm, toFloat64(now64(3)), "
+    "(SELECT groupArray((name, value)) FROM system.merge_tree_settings "
+    " WHERE name IN {names:Array(String)})" + _MARK_FROM
 )
 
 
@@ -90,25 +99,22 @@ class DedupTarget:
 
     def observe(self) -> tuple[dw.Mark, dw.Window] | None:
         """(counter and server time, window now); None where no window can be observed."""
+        params: dict[str, Any] = {"db": self.db, "t": self.name}
+        if self._defaults is not None:
+            sql = _MARK_SQL
+        else:
+            sql, params["names"] = _FIRST_MARK_SQL, list(WINDOW_KEYS)
         rows = self.client.query_rows(
-            _MARK_SQL,
-            parameters={"db": self.db, "t": self.name},
+            sql,
+            parameters=params,
             what=f"read the block counter of {self.table}",
             table=self.table,
         )
         if not rows:
             raise ConfigError(f"table {self.table} disappeared during a dedup-mode write")
-        engine, engine_full, mx, sm, now = rows[0]
+        engine, engine_full, mx, sm, now = rows[0][:5]
         if self._defaults is None:
-            self._defaults = {
-                str(k): str(v)
-                for k, v in self.client.query_rows(
-                    "SELECT name, value FROM system.merge_tree_settings "
-                    "WHERE name IN {names:Array(String)}",
-                    parameters={"names": list(WINDOW_KEYS)},
-                    what="read merge_tree_settings defaults",
-                )
-            }
+            self._defaults = {str(k): str(v) for k, v in rows[0][5]}
         settings = {**self._defaults, **parse_settings_clause(str(engine_full))}
         info = TargetInfo(self.db, self.name, str(engine), str(engine_full), settings=settings)
         window = dedup_window(info)

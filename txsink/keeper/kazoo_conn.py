@@ -35,7 +35,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
 
 import tenacity
@@ -44,6 +44,7 @@ from kazoo.exceptions import (
     ConnectionDropped,
     KazooException,
     NoAuthError,
+    NodeExistsError,
     NoNodeError,
     OperationTimeoutError,
     RolledBackError,
@@ -347,14 +348,38 @@ class KazooConn:
         self.known_paths.add(path)
 
     def create(self, path: str, value: dict[str, Any]) -> Any:
-        """Create ``path`` (and parents); returns the path. NodeExistsError propagates."""
+        """Create ``path`` (and parents); returns the path. NodeExistsError propagates.
+
+        A missing parent (a dedup record's ``dedup/<xid>``, made by the first task of the
+        xid and deleted once it committed) is created together with the node in one
+        multi-op: one round trip instead of a look-up and a create. Should the parent
+        appear meanwhile (a sibling task made it), or its own parent be missing, the
+        node is created the long way: the parent ensured (never trusted from
+        :attr:`known_paths`), then the node.
+        """
+        data = encode(value)
         try:
-            return self.wait(self.client.create_async(path, encode(value), acl=self.acl))
+            return self.wait(self.client.create_async(path, data, acl=self.acl))
         except NoNodeError:
-            parent = path.rsplit("/", 1)[0]
-            self.known_paths.discard(parent)
-            self.ensure(parent)
-            return self.wait(self.client.create_async(path, encode(value), acl=self.acl))
+            pass
+        parent = path.rsplit("/", 1)[0]
+        self.known_paths.discard(parent)
+
+        def both(txn: Any) -> None:
+            txn.create(parent, b"", acl=self.acl)
+            txn.create(path, data, acl=self.acl)
+
+        ok, results = self.commit_txn(both)
+        if ok:
+            self.known_paths.add(parent)
+            return path
+        if results[0] is None:  # the parent was made, the node refused: its error
+            raise results[1]
+        if isinstance(results[0], NodeExistsError):  # a sibling made the parent meanwhile
+            with suppress(NoNodeError):  # ...unless it is gone again: the long way
+                return self.wait(self.client.create_async(path, data, acl=self.acl))
+        self.ensure(parent)
+        return self.wait(self.client.create_async(path, data, acl=self.acl))
 
     def commit_txn(self, ops: Callable[[Any], None]) -> tuple[bool, list[Any]]:
         """Run one multi-op; returns (all applied, per-op results).

@@ -29,8 +29,14 @@ The driver's committer (:mod:`txsink.committer`) then records the xid PREPARED a
 COMMITTED (:class:`txsink.transactor.Transactor` with ``Mode.DEDUP``) and deletes
 ``dedup/<xid>``.
 
-Memory: without ``dedup_order_by`` at most one block (plus the Spark batch being cut) is
-held, as in attach mode. With ``dedup_order_by`` the whole partition is materialised and
+Fingerprints are computed in a worker thread, block n+1's while block n is recorded and
+sent (:mod:`txsink.spark.hash_ahead`: when the pure computation runs moves, nothing of
+steps 3-5 does).
+
+Memory: without ``dedup_order_by`` at most two blocks (the one being sent, the next one
+being hashed; plus the Spark batch being cut), and the next is cut ahead only while the
+block in hand is at most half of ``block_bytes``: larger blocks are held one at a time,
+as in attach mode. With ``dedup_order_by`` the whole partition is materialised and
 sorted in the Python worker (about its Arrow size twice, during the sort): keep
 partitions small (more Spark partitions) when using it.
 """
@@ -51,7 +57,13 @@ from pyarrow import ipc
 from txsink.clickhouse.blocks import iter_blocks
 from txsink.clickhouse.dedup_insert import NO_BYTE_LIMIT, DedupTarget
 from txsink.clickhouse.values import NOTHING_WRITTEN, ValueRefused
-from txsink.errors import ConfigError, ContentChanged, DedupWindowExceeded, HalfVisibleBatch
+from txsink.errors import (
+    ConfigError,
+    ContentChanged,
+    DedupWindowExceeded,
+    HalfVisibleBatch,
+    TxSinkError,
+)
 from txsink.faults import fault_point
 from txsink.ports.registry import CREATE, BlobConflict
 from txsink.protocol import dedup
@@ -59,6 +71,7 @@ from txsink.protocol import dedup_window as dw
 from txsink.protocol import job as rules
 from txsink.protocol.codec import decode_partition_state, encode_partition_state
 from txsink.protocol.states import StagedPart
+from txsink.spark.hash_ahead import BlockFeed
 from txsink.spark.messages import TxCommitMessage, WritePlan
 from txsink.spark.task import Task, checked
 from txsink.transactor import discarded, open_dedup_batches
@@ -259,7 +272,7 @@ def write_dedup(plan: WritePlan, task: Task, batches: Iterator[Any]) -> TxCommit
     try:
         # the first block before any borrowing: a bad partition (nulls, a missing sort
         # column) fails here and leaves the pooled connections healthy and lendable
-        first = next(blocks, None)
+        head = [next(blocks, None)]  # _write takes it out: no frame here keeps block 0
         with contextlib.ExitStack() as stack:
             registry = stack.enter_context(borrowed_registry(cfg))
 
@@ -267,7 +280,7 @@ def write_dedup(plan: WritePlan, task: Task, batches: Iterator[Any]) -> TxCommit
                 warehouse = stack.enter_context(borrowed_warehouse(cfg))
                 return DedupTarget(warehouse, cfg.table, cfg.settings)
 
-            return _write(plan, task, first, blocks, registry, target)
+            return _write(plan, task, head, blocks, registry, target)
     except ValueRefused as exc:  # checked as blocks are cut: earlier ones may be sent
         raise ValueRefused(str(exc).replace(NOTHING_WRITTEN, half_written(plan, task))) from None
 
@@ -293,7 +306,7 @@ def half_written(plan: WritePlan, task: Task) -> str:
 def _write(
     plan: WritePlan,
     task: Task,
-    first: pa.Table | None,
+    head: list[pa.Table | None],
     blocks: Iterator[pa.Table],
     registry: Any,
     target: Callable[[], DedupTarget],
@@ -317,91 +330,51 @@ def _write(
 
     cell = StateCell(registry, cfg.job, key, refused_write)
     initial = cell.state
+    first = head.pop()
     if first is None:  # an empty partition inserts nothing and records nothing...
         refusal = dedup.decide_end(initial, 0)  # ...unless an earlier attempt had rows
         if refusal is not None:
             raise changed(initial, refusal)
         return task.message(plan)
-    listed = registry.blob_children(cfg.job, "dedup")
-    if xid in listed:
-        # records of this xid exist: written by a task that passed the fence (a sibling
-        # or an earlier attempt); finishing the xid adds nothing new, so no fence, but
-        # the operator may have given it up
-        mark = discarded(registry, cfg.job, xid)
-        if mark is not None:
-            if plan.streaming:  # Spark replays it on every restart: let the batch pass
-                log.warning("job %s: xid %s was discarded by the operator; skipped", cfg.job, xid)
-                for _ in blocks:
-                    pass
-                return task.message(plan, skipped=True, extra={"discarded": True})
-            raise HalfVisibleBatch(rules.discarded_refusal(cfg.job, xid, cfg.table, mark))
-    elif listed:
-        # another batch of the job stopped half-way: writing this one could add its rows
-        # again. A lagging Keeper server may still show one just committed: sync first.
-        fence = open_dedup_batches(registry, cfg.job, skip=xid)
-        if fence:
-            registry.sync(cfg.job)
-            fence = open_dedup_batches(registry, cfg.job, skip=xid)
-        why = rules.open_dedup_refusal(cfg.job, xid, cfg.table, fence)
-        if why is not None:
-            raise HalfVisibleBatch(why)
-    guard: DedupTarget = target()
-    track: dw.Track | None = None  # this attempt's view of the window bookkeeping
-    prev_counter: int | None = None
-    done: list[dedup.BlockFingerprint] = []
-    inserted = skipped = total = 0
 
-    def chained() -> Iterator[pa.Table]:
-        yield first
-        yield from blocks
-
-    for index, block in enumerate(chained()):
+    def legacy(index: int) -> bool:  # a block recorded by a release before the b3 digest
         recorded = cell.state.blocks if cell.state else ()
-        legacy = index < len(recorded) and recorded[index].digest.startswith(LEGACY_PREFIX)
-        fp = fingerprint(index, block, legacy=legacy)
-        while True:
-            stored = cell.state
-            step = dedup.decide_block(stored, index, fp)
-            if step.action is dedup.BlockAction.REFUSE and step.refusal is not None:
-                raise changed(stored, step.refusal)
-            if step.action is dedup.BlockAction.SKIP:
-                break
-            resend = stored is not None and index < len(stored.blocks)
-            track = _merge(track, stored.track if stored else None)
-            observed = guard.observe()
-            if observed is not None:
-                now, window = observed
-                verdict: dw.WindowRefusal | None = None
-                if resend and stored is not None and stored.track is None:
-                    verdict = dedup.unmarked(stored)
-                else:
-                    track, verdict = dw.window_step(
-                        track, window, now, resend=resend, prev_counter=prev_counter
+        return index < len(recorded) and recorded[index].digest.startswith(LEGACY_PREFIX)
+
+    # block n+1 is cut and hashed in a worker thread while block n is being sent (see
+    # txsink.spark.hash_ahead: only when the pure computation runs moves, no decision)
+    with BlockFeed(first, blocks, fingerprint, ahead_bytes=cfg.block_bytes // 2) as feed:
+        feed.start(legacy(0))  # block 0 is hashed while Keeper and ClickHouse answer
+        del first
+        listed = registry.blob_children(cfg.job, "dedup")
+        if xid in listed:
+            # records of this xid exist: written by a task that passed the fence (a
+            # sibling or an earlier attempt); finishing the xid adds nothing new, so no
+            # fence, but the operator may have given it up
+            mark = discarded(registry, cfg.job, xid)
+            if mark is not None:
+                if plan.streaming:  # Spark replays it on every restart: let it pass
+                    log.warning(
+                        "job %s: xid %s was discarded by the operator; skipped", cfg.job, xid
                     )
-                if verdict is not None:
-                    raise window_exceeded(
-                        plan, xid=xid, batch=batch, partition=partition, index=index,
-                        resend=resend, window=window, refusal=verdict,
-                    )  # fmt: skip
-                prev_counter = now.counter
-            if not dedup.needs_before_record(stored, index):
-                break
-            if cell.propose(dedup.before([*done, fp], attempt, time.time(), track)):
-                break
-            # another attempt wrote first: its record must agree with what we sent
-            mismatch = dedup.check_prefix(cell.state, done)
-            if mismatch is not None:
-                raise changed(cell.state, mismatch)
-        done.append(fp)
-        if step.action is dedup.BlockAction.INSERT:
-            guard.insert(block, job=cfg.job, xid=xid, partition=partition, index=index)
-            inserted += 1
-        else:
-            skipped += 1
-        total += block.num_rows
-        if index == 0:
-            fault_point("executor.mid_write")
-        del block
+                    for _ in blocks:  # the worker holds block 0 only: no other reader
+                        pass
+                    return task.message(plan, skipped=True, extra={"discarded": True})
+                raise HalfVisibleBatch(rules.discarded_refusal(cfg.job, xid, cfg.table, mark))
+        elif listed:
+            # another batch of the job stopped half-way: writing this one could add its
+            # rows again. A lagging Keeper server may still show one just committed: sync
+            # first.
+            fence = open_dedup_batches(registry, cfg.job, skip=xid)
+            if fence:
+                registry.sync(cfg.job)
+                fence = open_dedup_batches(registry, cfg.job, skip=xid)
+            why = rules.open_dedup_refusal(cfg.job, xid, cfg.table, fence)
+            if why is not None:
+                raise HalfVisibleBatch(why)
+        done, inserted, skipped, total, track = _send(
+            plan, task, feed, cell, target(), legacy, changed
+        )
     while True:
         refusal = dedup.decide_end(cell.state, len(done))
         if refusal is not None:
@@ -430,6 +403,106 @@ def _write(
         rows=total,
         extra={"decision": decision.value, "inserted": inserted, "skipped": skipped},
     )
+
+
+def _send(
+    plan: WritePlan,
+    task: Task,
+    feed: BlockFeed,
+    cell: StateCell,
+    guard: DedupTarget,
+    legacy: Callable[[int], bool],
+    changed: Callable[[dedup.PartitionState | None, dedup.Refusal], ContentChanged],
+) -> tuple[list[dedup.BlockFingerprint], int, int, int, dw.Track | None]:
+    """Decide, record and send the partition's blocks in order (BEFORE, then the insert);
+    (fingerprints, blocks inserted, skipped, rows, window track)."""
+    cfg = plan.config
+    xid, batch, partition, attempt = task.xid, task.batch, task.partition, task.attempt
+    track: dw.Track | None = None  # this attempt's view of the window bookkeeping
+    prev_counter: int | None = None
+    done: list[dedup.BlockFingerprint] = []
+    inserted = skipped = total = 0
+    index = 0
+    while True:
+        block = feed.next_block(legacy)
+        if block is None:
+            break
+        # the target's block counter is read while the block is hashed: after the previous
+        # block was acknowledged and the record read, as the read it stands for, and used
+        # by the first decision below only (a lost race reads again)
+        early = _Observation(guard) if _may_observe(cell.state) else None
+        fp = feed.fingerprint(block, legacy)
+        while True:
+            stored = cell.state
+            step = dedup.decide_block(stored, index, fp)
+            if step.action is dedup.BlockAction.REFUSE and step.refusal is not None:
+                raise changed(stored, step.refusal)
+            if step.action is dedup.BlockAction.SKIP:
+                break
+            resend = stored is not None and index < len(stored.blocks)
+            track = _merge(track, stored.track if stored else None)
+            observed = early.result() if early is not None else guard.observe()
+            early = None
+            if observed is not None:
+                now, window = observed
+                verdict: dw.WindowRefusal | None = None
+                if resend and stored is not None and stored.track is None:
+                    verdict = dedup.unmarked(stored)
+                else:
+                    track, verdict = dw.window_step(
+                        track, window, now, resend=resend, prev_counter=prev_counter
+                    )
+                if verdict is not None:
+                    raise window_exceeded(
+                        plan, xid=xid, batch=batch, partition=partition, index=index,
+                        resend=resend, window=window, refusal=verdict,
+                    )  # fmt: skip
+                prev_counter = now.counter
+            if not dedup.needs_before_record(stored, index):
+                break
+            if cell.propose(dedup.before([*done, fp], attempt, time.time(), track)):
+                break
+            # another attempt wrote first: its record must agree with what we sent
+            mismatch = dedup.check_prefix(cell.state, done)
+            if mismatch is not None:
+                raise changed(cell.state, mismatch)
+        done.append(fp)
+        feed.cut_next(block, legacy(index + 1))  # recorded: the next one may be cut now
+        if step.action is dedup.BlockAction.INSERT:
+            guard.insert(block, job=cfg.job, xid=xid, partition=partition, index=index)
+            inserted += 1
+        else:
+            skipped += 1
+        total += block.num_rows
+        if index == 0:
+            fault_point("executor.mid_write")
+        del block
+        index += 1
+    return done, inserted, skipped, total, track
+
+
+def _may_observe(stored: dedup.PartitionState | None) -> bool:
+    """Whether the next block's decision may read the target's block counter: every
+    block but those of a complete record (skipped or refused, never sent)."""
+    return stored is None or stored.status is not dedup.Status.AFTER
+
+
+class _Observation:
+    """:meth:`DedupTarget.observe` taken now; its failure is raised only if it is used
+    (a block refused for its content reports that, as when nothing was read first)."""
+
+    def __init__(self, guard: DedupTarget) -> None:
+        self._error: TxSinkError | None = None
+        self._value: tuple[dw.Mark, dw.Window] | None = None
+        try:
+            self._value = guard.observe()
+        except TxSinkError as exc:
+            self._error = exc
+
+    def result(self) -> tuple[dw.Mark, dw.Window] | None:
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 def _merge(ours: dw.Track | None, theirs: dw.Track | None) -> dw.Track | None:
