@@ -117,9 +117,7 @@ def trace(url: str, keeper: str, batches: int) -> dict[str, Any]:
     return summarise(walls, per_batch)
 
 
-def summarise(
-    walls: list[float], per_batch: list[list[tuple[str, str, float]]]
-) -> dict[str, Any]:
+def summarise(walls: list[float], per_batch: list[list[tuple[str, str, float]]]) -> dict[str, Any]:
     n = len(per_batch)
     counts: dict[tuple[str, str], int] = collections.Counter()
     seconds: dict[tuple[str, str], float] = collections.defaultdict(float)
@@ -167,9 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from benchmarks.common import private_stack
 
-    with tempfile.TemporaryDirectory(prefix="txsink-trace-") as tmp, private_stack(
-        Path(tmp) / "stack"
-    ) as info:
+    with (
+        tempfile.TemporaryDirectory(prefix="txsink-trace-") as tmp,
+        private_stack(Path(tmp) / "stack") as info,
+    ):
         print(render(trace(info.url, info.keeper, args.batches)))
     return 0
 

@@ -12,7 +12,14 @@ import pytest
 from kazoo.exceptions import BadVersionError, ConnectionLoss, NodeExistsError
 
 from txsink.errors import ConfigError, TxSinkError, UnavailableError
+from txsink.keeper import keepermap
 from txsink.keeper.keepermap import COLUMNS, KeeperMapNodes
+
+
+@pytest.fixture(autouse=True)
+def unchecked_tables() -> None:
+    """Every test meets its state table afresh (a process checks a table once)."""
+    keepermap._CHECKED_TABLES.clear()
 
 
 class Scripted:
@@ -60,6 +67,9 @@ def test_any_other_server_error_is_not_mistaken_for_a_conflict() -> None:
 
 def test_a_server_without_keepermap_is_a_config_error_naming_the_fix() -> None:
     class Disabled(Scripted):
+        def query_rows(self, sql: str, **kwargs: Any) -> list[Any]:
+            return []  # no state table yet
+
         def command(self, sql: str, **kwargs: Any) -> None:
             if "ENGINE = KeeperMap" in sql:
                 raise TxSinkError(
