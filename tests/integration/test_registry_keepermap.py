@@ -544,3 +544,29 @@ def test_listing_a_missing_node_is_no_node_and_an_empty_one_is_empty(
             nodes.get_children_async(f"{root}/missing").get()
     finally:
         nodes.close()
+
+
+def test_racing_takeovers_each_get_their_own_epoch(open_registry: Callable[[], Registry]) -> None:
+    # take_epoch is a lone compare-and-set on the epoch row (one guarded UPDATE, no read
+    # first): under a race, no two writers may hold one number or one token
+    import threading
+
+    drivers = [open_registry() for _ in range(3)]
+    drivers[0].take_epoch(JOB, "driver-0")
+    barrier = threading.Barrier(len(drivers))
+    taken: list[Any] = []
+
+    def run(i: int) -> None:
+        for _ in range(4):
+            barrier.wait(timeout=30)
+            taken.append(drivers[i].take_epoch(JOB, f"driver-{i}"))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(drivers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(taken) == 12
+    assert len({e.number for e in taken}) == 12
+    assert len({e.token for e in taken}) == 12
+    assert drivers[0].current_epoch(JOB).number == 13
