@@ -8,12 +8,13 @@ Every test works under its own root in one shared table, so tests never collide.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from kazoo.exceptions import ConnectionLoss, NoNodeError
+from kazoo.exceptions import BadVersionError, ConnectionLoss, NodeExistsError, NoNodeError
 
 from tests.registry_contract import JOB, RegistryContract, TombstoneContract, prepared
 from txsink.embedded.stack import StackInfo
@@ -301,3 +302,271 @@ def test_a_zombie_whose_prepare_raced_a_takeover_never_lands(
         prepared(zombie, old, "x-1")
     assert successor.get(JOB, "x-1") is None
     assert zombie.get(JOB, "x-1") is None
+
+
+# -- one statement where one is enough (issue 29) ----------------------------------------
+
+
+class Counting(Faulty):
+    """:class:`Faulty` that also counts every statement (reads and writes)."""
+
+    def __init__(self, real: Any) -> None:
+        super().__init__(real)
+        self.statements: list[str] = []
+
+    def command(self, sql: str, **kwargs: Any) -> Any:
+        self.statements.append(sql)
+        return super().command(sql, **kwargs)
+
+    def query_rows(self, sql: str, **kwargs: Any) -> Any:
+        self.statements.append(sql)
+        return super().query_rows(sql, **kwargs)
+
+
+def test_a_lone_create_is_one_statement_and_still_needs_its_parent(
+    stack: StackInfo, root: str
+) -> None:
+    client = Counting(connect(stack))
+    nodes = KeeperMapNodes(client, DATABASE)
+    try:
+        nodes.ensure_path_async(root).get()
+        del client.statements[:]
+        assert nodes.create_async(f"{root}/x", b"rec").get() == f"{root}/x"
+        assert len(client.statements) == 1
+        with pytest.raises(NoNodeError):  # as ZooKeeper: no parent, no node
+            nodes.create_async(f"{root}/none/x", b"rec").get()
+        assert nodes.exists_async(f"{root}/none/x").get() is None
+        with pytest.raises(NodeExistsError):
+            nodes.create_async(f"{root}/x", b"again").get()
+        assert nodes.get_async(f"{root}/x").get()[0] == b"rec"
+    finally:
+        nodes.close()
+
+
+def test_a_lone_create_takes_a_dead_creators_unconfirmed_row_over(
+    stack: StackInfo, root: str
+) -> None:
+    nodes = KeeperMapNodes(connect(stack), DATABASE)
+    try:
+        nodes.ensure_path_async(root).get()
+        nodes.commit([Op("create", f"{root}/x", b"x"), Op("delete", f"{root}/x")])
+        other = connect(stack)  # a creator that died between its INSERT and its UPDATE
+        other.command(
+            f"INSERT INTO {DATABASE}.nodes VALUES ('{root}/y', 'dead', 0, 1, 'dead-tx', 'dead-tx')",
+            settings={"keeper_map_strict_mode": 1},
+        )
+        other.close()
+        assert nodes.exists_async(f"{root}/y").get() is None
+        assert nodes.create_async(f"{root}/y", b"mine").get() == f"{root}/y"
+        assert nodes.get_async(f"{root}/y").get()[0] == b"mine"
+    finally:
+        nodes.close()
+
+
+def test_racing_lone_creates_of_one_node_make_exactly_one_winner(
+    stack: StackInfo, root: str
+) -> None:
+    import threading
+
+    nodes = [KeeperMapNodes(connect(stack), DATABASE) for _ in range(4)]
+    try:
+        nodes[0].ensure_path_async(root).get()
+        won: list[int] = []
+        lost: list[BaseException] = []
+
+        def run(i: int) -> None:
+            try:
+                nodes[i].create_async(f"{root}/x", str(i).encode()).get()
+                won.append(i)
+            except NodeExistsError as exc:
+                lost.append(exc)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert len(won) == 1 and len(lost) == 3
+        assert nodes[0].get_async(f"{root}/x").get()[0] == str(won[0]).encode()
+    finally:
+        for n in nodes:
+            n.close()
+
+
+def test_a_lone_versioned_set_is_a_compare_and_set_without_a_read_first(
+    stack: StackInfo, root: str
+) -> None:
+    client = Counting(connect(stack))
+    nodes = KeeperMapNodes(client, DATABASE)
+    try:
+        nodes.ensure_path_async(root).get()
+        nodes.create_async(f"{root}/x", b"0").get()
+        del client.statements[:]
+        assert nodes.set_async(f"{root}/x", b"1", version=0).get().version == 1
+        assert len(client.statements) == 2  # the guarded UPDATE and its read-back
+        with pytest.raises(BadVersionError):  # a stale version writes nothing
+            nodes.set_async(f"{root}/x", b"stale", version=0).get()
+        data, stat = nodes.get_async(f"{root}/x").get()
+        assert (data, stat.version) == (b"1", 1)
+        with pytest.raises(NoNodeError):
+            nodes.set_async(f"{root}/none", b"1", version=0).get()
+        assert nodes.exists_async(f"{root}/none").get() is None
+    finally:
+        nodes.close()
+
+
+def test_a_lone_set_that_landed_but_came_back_bad_version_is_reported_as_done(
+    stack: StackInfo, root: str
+) -> None:
+    client = Faulty(connect(stack))
+    nodes = KeeperMapNodes(client, DATABASE)
+    try:
+        nodes.ensure_path_async(root).get()
+        nodes.create_async(f"{root}/x", b"0").get()
+        client.after = once("ALTER TABLE", BAD_VERSION)
+        assert nodes.set_async(f"{root}/x", b"1", version=0).get().version == 1
+        assert nodes.get_async(f"{root}/x").get()[0] == b"1"
+    finally:
+        nodes.close()
+
+
+def test_a_lone_set_of_a_row_deleted_before_its_update_is_no_node_not_success(
+    stack: StackInfo, root: str
+) -> None:
+    client = Faulty(connect(stack))
+    nodes = KeeperMapNodes(client, DATABASE)
+    other = connect(stack)
+    try:
+        nodes.ensure_path_async(root).get()
+        nodes.create_async(f"{root}/x", b"0").get()
+
+        def delete_x(sql: str) -> None:
+            if sql.startswith("ALTER TABLE"):
+                other.command(f"DELETE FROM {DATABASE}.nodes WHERE key = '{root}/x'")
+
+        client.before = delete_x
+        with pytest.raises(NoNodeError):
+            nodes.set_async(f"{root}/x", b"1", version=0).get()
+    finally:
+        other.close()
+        nodes.close()
+
+
+def test_a_lone_set_racing_transactions_that_only_check_its_row_is_not_refused(
+    stack: StackInfo, root: str
+) -> None:
+    # another transaction's UPDATE rewrites the row it checks (same version): Keeper
+    # would take both, so the lone set is decided again, never refused
+    import threading
+
+    setter, checker = (KeeperMapNodes(connect(stack), DATABASE) for _ in range(2))
+    try:
+        setter.ensure_path_async(root).get()
+        setter.create_async(f"{root}/x", b"0").get()
+        setter.create_async(f"{root}/y", b"0").get()
+        stop = threading.Event()
+
+        def check_x() -> None:
+            while not stop.is_set():
+                version = checker.exists_async(f"{root}/x").get().version
+                with contextlib.suppress(BadVersionError):
+                    checker.commit_or_raise(
+                        [Op("check", f"{root}/x", version=version), Op("set", f"{root}/y", b"y")]
+                    )
+
+        thread = threading.Thread(target=check_x)
+        thread.start()
+        try:
+            for k in range(30):
+                setter.set_async(f"{root}/x", str(k).encode(), version=k).get()
+        finally:
+            stop.set()
+            thread.join(60)
+        assert setter.get_async(f"{root}/x").get()[1].version == 30
+    finally:
+        setter.close()
+        checker.close()
+
+
+def test_a_remembered_parent_deleted_elsewhere_is_made_again_by_the_next_create(
+    stack: StackInfo, root: str
+) -> None:
+    nodes = KeeperMapNodes(connect(stack), DATABASE)
+    other = connect(stack)
+    try:
+        nodes.ensure_path_async(f"{root}/dir").get()
+        other.command(f"DELETE FROM {DATABASE}.nodes WHERE startsWith(key, '{root}')")
+        nodes.ensure_path_async(f"{root}/dir").get()  # remembered: no statement, no row
+        assert nodes.create_async(f"{root}/dir/x", b"x").get() == f"{root}/dir/x"
+        assert nodes.exists_async(f"{root}/dir").get() is not None
+        assert nodes.get_async(f"{root}/dir/x").get()[0] == b"x"
+    finally:
+        other.close()
+        nodes.close()
+
+
+def test_reads_asked_together_are_one_select_and_see_writes_made_before_them(
+    stack: StackInfo, root: str
+) -> None:
+    client = Counting(connect(stack))
+    nodes = KeeperMapNodes(client, DATABASE)
+    try:
+        nodes.ensure_path_async(root).get()
+        for i in range(5):
+            nodes.create_async(f"{root}/n{i}", str(i).encode()).get()
+        del client.statements[:]
+        asked = [nodes.get_async(f"{root}/n{i}") for i in range(6)]
+        assert [a.get()[0] for a in asked[:5]] == [str(i).encode() for i in range(5)]
+        with pytest.raises(NoNodeError):
+            asked[5].get()
+        assert len(client.statements) == 1
+        # a read asked before a write is answered as it was before the write (FIFO)
+        early = nodes.get_async(f"{root}/n0")
+        nodes.set_async(f"{root}/n0", b"new", version=0).get()
+        assert early.get()[0] == b"0"
+        assert nodes.get_async(f"{root}/n0").get()[0] == b"new"
+    finally:
+        nodes.close()
+
+
+def test_listing_a_missing_node_is_no_node_and_an_empty_one_is_empty(
+    stack: StackInfo, root: str
+) -> None:
+    nodes = KeeperMapNodes(connect(stack), DATABASE)
+    try:
+        nodes.ensure_path_async(f"{root}/empty").get()
+        nodes.create_async(f"{root}/full", b"").get()
+        nodes.create_async(f"{root}/full/a", b"").get()
+        nodes.ensure_path_async(f"{root}/full/b/c").get()
+        assert nodes.get_children_async(f"{root}/empty").get() == []
+        assert nodes.get_children_async(f"{root}/full").get() == ["a", "b"]
+        with pytest.raises(NoNodeError):
+            nodes.get_children_async(f"{root}/missing").get()
+    finally:
+        nodes.close()
+
+
+def test_racing_takeovers_each_get_their_own_epoch(open_registry: Callable[[], Registry]) -> None:
+    # take_epoch is a lone compare-and-set on the epoch row (one guarded UPDATE, no read
+    # first): under a race, no two writers may hold one number or one token
+    import threading
+
+    drivers = [open_registry() for _ in range(3)]
+    drivers[0].take_epoch(JOB, "driver-0")
+    barrier = threading.Barrier(len(drivers))
+    taken: list[Any] = []
+
+    def run(i: int) -> None:
+        for _ in range(4):
+            barrier.wait(timeout=30)
+            taken.append(drivers[i].take_epoch(JOB, f"driver-{i}"))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(drivers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(taken) == 12
+    assert len({e.number for e in taken}) == 12
+    assert len({e.token for e in taken}) == 12
+    assert drivers[0].current_epoch(JOB).number == 13

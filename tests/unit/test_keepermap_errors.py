@@ -12,7 +12,14 @@ import pytest
 from kazoo.exceptions import BadVersionError, ConnectionLoss, NodeExistsError
 
 from txsink.errors import ConfigError, TxSinkError, UnavailableError
+from txsink.keeper import keepermap
 from txsink.keeper.keepermap import COLUMNS, KeeperMapNodes
+
+
+@pytest.fixture(autouse=True)
+def unchecked_tables() -> None:
+    """Every test meets its state table afresh (a process checks a table once)."""
+    keepermap._CHECKED_TABLES.clear()
 
 
 class Scripted:
@@ -60,6 +67,9 @@ def test_any_other_server_error_is_not_mistaken_for_a_conflict() -> None:
 
 def test_a_server_without_keepermap_is_a_config_error_naming_the_fix() -> None:
     class Disabled(Scripted):
+        def query_rows(self, sql: str, **kwargs: Any) -> list[Any]:
+            return []  # no state table yet
+
         def command(self, sql: str, **kwargs: Any) -> None:
             if "ENGINE = KeeperMap" in sql:
                 raise TxSinkError(
@@ -78,3 +88,54 @@ def test_a_state_table_of_another_shape_is_refused_naming_it() -> None:
 
     with pytest.raises(ConfigError, match="another state_database"):
         KeeperMapNodes(Old(), "txsink_state")
+
+
+class Counting(Scripted):
+    def __init__(self, columns: list[Any] | None = None) -> None:
+        super().__init__()
+        self.statements: list[str] = []
+        self.columns = list(COLUMNS) if columns is None else columns
+
+    def command(self, sql: str, **kwargs: Any) -> None:
+        self.statements.append(sql)
+        if sql.startswith("CREATE TABLE"):
+            self.columns = list(COLUMNS)
+
+    def query_rows(self, sql: str, **kwargs: Any) -> list[Any]:
+        self.statements.append(sql)
+        return self.columns if "system.columns" in sql else []
+
+
+def test_an_existing_state_table_costs_one_read_once_per_process() -> None:
+    first, second = Counting(), Counting()
+    KeeperMapNodes(first, "txsink_state")
+    KeeperMapNodes(second, "txsink_state")
+    assert len(first.statements) == 1 and "system.columns" in first.statements[0]
+    assert second.statements == []
+
+
+def test_a_missing_state_table_is_created_and_checked() -> None:
+    client = Counting(columns=[])
+    KeeperMapNodes(client, "txsink_state")
+    kinds = [
+        s.split()[0] + (" " + s.split()[1] if s.startswith("CREATE") else "")
+        for s in client.statements
+    ]
+    assert kinds == ["SELECT", "CREATE DATABASE", "CREATE TABLE", "SELECT"]
+
+
+def test_an_ensured_path_is_not_read_again_until_something_deletes_it() -> None:
+    nodes = KeeperMapNodes(Counting(), "txsink_state")
+    reads: list[list[str]] = []
+
+    def read(keys: Any) -> dict[str, keepermap.Row]:
+        reads.append(sorted(keys))
+        return {k: keepermap.Row(b"", 0, 1, "") for k in reads[-1]}
+
+    nodes._read = read  # type: ignore[method-assign]
+    nodes.ensure_path_async("/a/b").get()
+    nodes.ensure_path_async("/a/b").get()
+    assert reads == [["/a", "/a/b"]]
+    nodes.delete("/a", recursive=True)
+    nodes.ensure_path_async("/a/b").get()
+    assert reads == [["/a", "/a/b"]] * 2

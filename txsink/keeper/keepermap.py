@@ -33,6 +33,20 @@ one statement, a transaction does in steps (:meth:`KeeperMapNodes.commit`):
    this one compare-and-set: all rows or none;
 4. deletes: one ``DELETE`` guarded the same way, after step 3.
 
+A transaction of one op needs fewer (issue 29): a lone create is one ``INSERT`` of a
+confirmed row (strict mode makes it create-if-absent; its ``SELECT`` refuses it while
+the parent is not live), a lone set at a given version one guarded ``UPDATE`` and its
+read-back. Anything they cannot decide alone (a stale pending row, a row rewritten at
+the same version, a reply that may be a retried request's) goes through the steps.
+
+What one statement costs (4 to 15 ms on the embedded stack, most of a commit's time)
+decides the rest: the table is checked once per process; paths ``ensure_path`` made or
+saw are remembered (a create refused because a remembered parent went missing makes it
+again and runs once more, as the registry's own ensure would have); reads asked
+together (kazoo's pipelined ``get_async``: ``list`` asks for every record at once) are
+one ``SELECT``, answered before any later write runs; a listing scans only if its node
+exists.
+
 Windows this leaves, and why each is acceptable (docs/cloud.md says the same):
 
 - An UPDATE rewrites every row it names, checked rows too, so two transactions that
@@ -96,6 +110,9 @@ COLUMNS = (
 KEEPER_EXCEPTION = 999  # Keeper said no: Bad version, Node exists, Connection loss
 GUARD_FAILED = 395  # FUNCTION_THROW_IF_VALUE_IS_NON_ZERO
 
+# (url, database) of state tables this process has seen with txsink's columns
+_CHECKED_TABLES: set[tuple[str, str]] = set()
+
 
 @dataclass(frozen=True)
 class Stat:
@@ -130,6 +147,41 @@ class _Done:
                 self._value = self._fn()
             except BaseException as exc:  # noqa: BLE001 - handed to the waiter below
                 self._error = exc
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+class _Read:
+    """kazoo's async result of a read, answered with the other reads asked with it
+    (:meth:`KeeperMapNodes._ask`)."""
+
+    def __init__(self, nodes: KeeperMapNodes, path: str, answer: Callable[[Row | None], Any]):
+        self._nodes = nodes
+        self.path = path
+        self._answer = answer
+        self._done = False
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+    def serve(self, row: Row | None) -> None:
+        self._done = True
+        try:
+            self._value = self._answer(row)
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiter below
+            self._error = exc
+
+    def fail(self, error: BaseException) -> None:
+        self._done, self._error = True, error
+
+    def get(self, timeout: float | None = None) -> Any:
+        if not self._done:
+            self._nodes._serve_asked()
+        if not self._done:  # asked while another thread was serving: on its own
+            try:
+                self.serve(self._nodes._read([self.path]).get(self.path))
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiter below
+                self.fail(exc)
         if self._error is not None:
             raise self._error
         return self._value
@@ -223,23 +275,35 @@ class KeeperMapNodes:
         self.database = database
         self.table = f"{quote_ident(database)}.{TABLE}"
         self.where = f"{client.url} ({database}.{TABLE}, KeeperMap)"
+        # Paths ensure_path saw or made: it skips them next time (the registry ensures
+        # the xids directory before every prepare). A path can be deleted behind our
+        # back: deletes forget what they touch, and a create refused because a parent
+        # remembered here is gone makes the parent again and runs once more (commit).
+        self._ensured: set[str] = set()
+        # reads asked for (kazoo's *_async) and not yet waited on: served by one SELECT
+        self._asked: list[_Read] = []
         self._create_table()
 
     # -- the table -----------------------------------------------------------------------
 
     def _create_table(self) -> None:
+        """Make sure the state table exists with txsink's columns: one read of
+        ``system.columns`` when it does (the usual case: it is created once), the
+        CREATEs only when it does not. Once seen, a table is not checked again by this
+        process (a table dropped under a running writer makes its statements fail)."""
+        seen = (self._ch.url, self.database)
+        if seen in _CHECKED_TABLES:
+            return
         try:
-            self._ch.command(f"CREATE DATABASE IF NOT EXISTS {quote_ident(self.database)}")
-            self._ch.command(
-                f"CREATE TABLE IF NOT EXISTS {self.table} "
-                f"({', '.join(f'{n} {t}' for n, t in COLUMNS)}) "
-                f"ENGINE = KeeperMap('/txsink/{self.database}') PRIMARY KEY key"
-            )
-            found = self._ch.query_rows(
-                "SELECT name, type FROM system.columns WHERE database = {d:String} "
-                "AND table = {t:String}",
-                parameters={"d": self.database, "t": TABLE},
-            )
+            found = self._columns()
+            if not found:
+                self._ch.command(f"CREATE DATABASE IF NOT EXISTS {quote_ident(self.database)}")
+                self._ch.command(
+                    f"CREATE TABLE IF NOT EXISTS {self.table} "
+                    f"({', '.join(f'{n} {t}' for n, t in COLUMNS)}) "
+                    f"ENGINE = KeeperMap('/txsink/{self.database}') PRIMARY KEY key"
+                )
+                found = self._columns()
         except UnavailableError:
             raise
         except TxSinkError as exc:
@@ -260,6 +324,15 @@ class KeeperMapNodes:
                 f"{sorted(found)}, not txsink's {sorted(COLUMNS)}: it was made by another "
                 "release or program; name another state_database"
             )
+        _CHECKED_TABLES.add(seen)
+
+    def _columns(self) -> list[tuple[Any, ...]]:
+        rows: list[tuple[Any, ...]] = self._ch.query_rows(
+            "SELECT name, type FROM system.columns WHERE database = {d:String} "
+            "AND table = {t:String}",
+            parameters={"d": self.database, "t": TABLE},
+        )
+        return rows
 
     def _read(self, keys: Iterable[str]) -> dict[str, Row]:
         wanted = sorted(set(keys))
@@ -273,9 +346,32 @@ class KeeperMapNodes:
         )
         return {k: Row(bytes.fromhex(v), int(ver), int(cz), p, tx) for k, v, ver, cz, p, tx in rows}
 
+    def _ask(self, path: str, answer: Callable[[Row | None], Any]) -> _Read:
+        """A read to be served together with every other read asked before the first of
+        them is waited on (kazoo's pipelined ``get_async``: ``list`` asks for every
+        record at once), in one SELECT."""
+        read = _Read(self, path, answer)
+        self._asked.append(read)
+        return read
+
+    def _serve_asked(self) -> None:
+        asked, self._asked = self._asked, []
+        if not asked:
+            return
+        try:
+            rows = self._read(read.path for read in asked)
+        except BaseException as exc:  # noqa: BLE001 - every waiter hears it
+            for read in asked:
+                read.fail(exc)
+            return
+        for read in asked:
+            read.serve(rows.get(read.path))
+
     def _write(self, sql: str, what: str) -> None:
         """Run one write; Keeper's refusals become kazoo's errors, an unknown outcome
-        (the connection to ClickHouse failed) kazoo's ConnectionLoss."""
+        (the connection to ClickHouse failed) kazoo's ConnectionLoss. Reads asked for
+        before it are served first: they must not see it (kazoo's requests are FIFO)."""
+        self._serve_asked()
         try:
             self._ch.command(sql, settings=STRICT, idempotent=False, what=what)
         except UnavailableError as exc:
@@ -309,28 +405,34 @@ class KeeperMapNodes:
     def sync_async(self, path: str) -> _Done:
         return _Done(lambda: None)  # one server, one Keeper session: see the module doc
 
-    def get_async(self, path: str) -> _Done:
-        def run() -> tuple[bytes, Stat]:
-            row = self._read([path]).get(path)
+    def get_async(self, path: str) -> _Read:
+        def answer(row: Row | None) -> tuple[bytes, Stat]:
             if row is None or row.pending:
                 raise NoNodeError(path)
             return row.value, Stat(row.ver, row.czxid)
 
-        return _Done(run)
+        return self._ask(path, answer)
 
-    def exists_async(self, path: str) -> _Done:
-        def run() -> Stat | None:
-            row = self._read([path]).get(path)
+    def exists_async(self, path: str) -> _Read:
+        def answer(row: Row | None) -> Stat | None:
             return None if row is None or row.pending else Stat(row.ver, row.czxid)
 
-        return _Done(run)
+        return self._ask(path, answer)
 
     def get_children_async(self, path: str) -> _Done:
+        """The names under ``path``. KeeperMap finds rows by key only, so listing scans
+        the table; the scan runs only if ``path`` itself is there (a scalar subquery on
+        its key decides first), so asking about a node that does not exist (``dedup/<xid>``
+        of an attach batch, every batch) costs a key lookup, not a scan."""
+
         def run() -> list[str]:
+            self._serve_asked()
             prefix = path.rstrip("/") + "/"
             rows = self._ch.query_rows(
-                f"SELECT key FROM {self.table} WHERE (key = {{p:String}} OR "
-                "startsWith(key, {d:String})) AND pending = ''",
+                f"SELECT key FROM {self.table} WHERE key = {{p:String}} AND pending = '' "
+                f"UNION ALL SELECT key FROM {self.table} WHERE startsWith(key, {{d:String}}) "
+                f"AND pending = '' AND (SELECT count() FROM {self.table} WHERE key = "
+                "{p:String} AND pending = '') > 0",
                 parameters={"p": path, "d": prefix},
                 what="listing of the state store",
             )
@@ -343,12 +445,16 @@ class KeeperMapNodes:
 
     def ensure_path_async(self, path: str, acl: Any = None) -> _Done:
         def run() -> None:
+            if path in self._ensured:
+                return
             parts = path.strip("/").split("/")
             chain = ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
             for attempt in range(50):  # a racing creator may hold a row unconfirmed
+                self._serve_asked()
                 found = self._read(chain)
                 missing = [k for k in chain if k not in found or found[k].pending]
                 if not missing:
+                    self._ensured.update(chain)
                     return
                 for key in missing:
                     try:
@@ -372,6 +478,7 @@ class KeeperMapNodes:
     def delete(self, path: str, version: int = -1, recursive: bool = False) -> bool:
         if not recursive:
             return bool(self.delete_async(path, version).get())
+        self._forget(path)
         self._write(
             f"DELETE FROM {self.table} WHERE key = {lit(path)} OR "
             f"startsWith(key, {lit(path.rstrip('/') + '/')})",
@@ -394,10 +501,108 @@ class KeeperMapNodes:
     def commit(self, ops: Sequence[Op]) -> list[Any]:
         """Run ``ops`` as one transaction (see the module docstring); kazoo's result list:
         per op True (check, delete), the path (create) or the new Stat (set); when it
-        fails, the culprit's error and RolledBackError for the others."""
+        fails, the culprit's error and RolledBackError for the others.
+
+        A transaction of one create, or of one set at a given version, is one statement
+        that is all the fencing it needs (:meth:`_create_alone`, :meth:`_set_alone`);
+        anything else, and any doubt, goes through the steps."""
         if not ops:
             return []
+        self._serve_asked()
+        for op in ops:
+            if op.kind == "delete":
+                self._forget(op.path)
+        trusted = {_parent(op.path) for op in ops if op.kind == "create"} & self._ensured
+        results = self._commit(ops)
+        gone = [str(r.args[0]) for r in results if isinstance(r, NoNodeError) and r.args]
+        for path in gone:
+            self._forget(path)
+        if any(path in trusted for path in gone):
+            # a parent this process ensured earlier was deleted since: make it again, as
+            # the registry's ensure would have done had it not been remembered here
+            for path in trusted.intersection(gone):
+                self.ensure_path_async(path).get()
+            results = self._commit(ops)
+        return results
+
+    def _forget(self, path: str) -> None:
+        """``path`` and everything under it may no longer exist."""
+        under = path.rstrip("/") + "/"
+        self._ensured = {p for p in self._ensured if p != path and not p.startswith(under)}
+
+    def _commit(self, ops: Sequence[Op]) -> list[Any]:
         txid = uuid.uuid4().hex
+        if len(ops) == 1 and ops[0].kind == "create":
+            alone = self._create_alone(ops[0], txid)
+            if alone is not None:
+                return alone
+        if len(ops) == 1 and ops[0].kind == "set" and ops[0].version != -1:
+            alone = self._set_alone(ops[0], txid)
+            if alone is not None:
+                return alone
+        return self._steps(ops, txid)
+
+    def _create_alone(self, op: Op, txid: str) -> list[Any] | None:
+        """A create with nothing to check beside it: one INSERT, confirmed at once.
+        Strict mode makes it create-if-absent (a row of any state, a stale pending one
+        included, makes it fail), and its SELECT refuses it while the parent is not
+        live, as the steps would. Refused, it is decided by the steps (NodeExists, a
+        stale pending row to take over, NoNode), unless the row is ours: the server
+        retried an INSERT that had landed."""
+        parent = _parent(op.path)
+        source = (
+            ""
+            if parent == "/"
+            else f" FROM (SELECT count() AS live FROM {self.table} WHERE key = {lit(parent)} "
+            "AND pending = '') WHERE throwIf(live = 0) = 0"
+        )
+        try:
+            self._write(
+                f"INSERT INTO {self.table} (key, value, ver, czxid, pending, tx) SELECT "
+                f"{lit(op.path)}, {blob(op.data)}, 0, {self._clock()}, '', {lit(txid)}{source}",
+                f"create of {op.path}",
+            )
+        except (NodeExistsError, BadVersionError):
+            row = self._read([op.path]).get(op.path)
+            if row is not None and not row.pending and row.tx == txid:
+                return [op.path]
+            return None
+        return [op.path]
+
+    def _set_alone(self, op: Op, txid: str) -> list[Any] | None:
+        """A set at a given version with nothing beside it: one guarded UPDATE (the
+        compare-and-set itself) and the read-back every UPDATE needs (it skips a missing
+        row silently). No read first: the version to compare is the caller's. A refusal
+        is read to tell ours (a retried request that landed), NoNode and BadVersion
+        apart; a row rewritten at the same version (another transaction only checked
+        it) is decided again by the steps."""
+        try:
+            self._write(
+                f"ALTER TABLE {self.table} UPDATE value = if(throwIf(NOT (ver = "
+                f"{int(op.version)} AND pending = '')) = 0, {blob(op.data)}, value), "
+                f"ver = ver + 1, tx = {lit(txid)} WHERE key = {lit(op.path)}",
+                f"write of {op.path}",
+            )
+        except BadVersionError:
+            row = self._read([op.path]).get(op.path)
+            if row is not None and row.tx == txid and row.ver == op.version + 1:
+                return [Stat(row.ver, row.czxid)]  # ours: the server retried it
+            if row is None or row.pending:
+                return [NoNodeError(op.path)]
+            if row.ver != op.version:
+                return [BadVersionError(op.path)]
+            return None
+        row = self._read([op.path]).get(op.path)
+        if row is None or row.pending:
+            return [NoNodeError(op.path)]  # nothing to write: it was gone, as Keeper says
+        if row.tx != txid:
+            # written again since, or skipped (absent then) and made anew since: with no
+            # read first, the two cannot be told apart; the registry's step re-reads
+            raise ConnectionLoss(f"{op.path} on {self.where} moved right after a write")
+        return [Stat(op.version + 1, row.czxid)]
+
+    def _steps(self, ops: Sequence[Op], txid: str) -> list[Any]:
+        """The transaction in the steps of the module docstring."""
         transient = _transient(ops)
         deletes = [op for op in ops if op.kind == "delete"]
         if deletes and any(op.kind in ("create", "set") and op.path not in transient for op in ops):
@@ -543,16 +748,17 @@ class KeeperMapNodes:
                 sets.append(key)
         new_value = f"multiIf({', '.join(values)}, value)" if values else "value"
         keys = ", ".join(lit(op.path) for op in ops)
-        set_keys = ", ".join(sets) or "''"
-        create_keys = ", ".join(creates) or "''"
-        written = ", ".join(sets + creates) or "''"
+        # every column assignment costs the server an analysis (~1-2 ms each): only the
+        # ones that change something are sent (the guard always is)
+        assignments = [f"value = if(throwIf(NOT ({' OR '.join(guards)})) = 0, {new_value}, value)"]
+        if sets:
+            assignments.append(f"ver = if(key IN ({', '.join(sets)}), ver + 1, ver)")
+        if creates:
+            assignments.append(f"pending = if(key IN ({', '.join(creates)}), '', pending)")
+        if sets or creates:
+            assignments.append(f"tx = if(key IN ({', '.join(sets + creates)}), {lit(txid)}, tx)")
         self._write(
-            f"ALTER TABLE {self.table} UPDATE "
-            f"value = if(throwIf(NOT ({' OR '.join(guards)})) = 0, {new_value}, value), "
-            f"ver = if(key IN ({set_keys}), ver + 1, ver), "
-            f"pending = if(key IN ({create_keys}), '', pending), "
-            f"tx = if(key IN ({written}), {lit(txid)}, tx) "
-            f"WHERE key IN ({keys})",
+            f"ALTER TABLE {self.table} UPDATE {', '.join(assignments)} WHERE key IN ({keys})",
             "transaction on the state store",
         )
 
