@@ -244,13 +244,12 @@ def _commit_writes(
         run_id = current.owner if current else f"adhoc-{uuid.uuid4().hex}"
     incoming = {t for m in msgs for t in m.staging}
     query_id = next((m.extra.get("query_id", "") for m in msgs if m.extra), "")
-    owner = handle.registry.current_epoch(config.job)
     handle.transactor.last_recovery = None
     try:
         epoch = epoch_for_run(
             handle, run_id, mode.value, keep=incoming, query_id=query_id, targets=targets
         )
-        if owner is None or owner.owner != run_id:
+        if handle.transactor.last_recovery is not None:  # this commit took the job over
             count(config, recoveries=1, **rolled_forward_at_takeover(handle))
         if targets:  # a run checks the job's identity at takeover only: tables per batch
             stored = rules.JobFacts.of(handle.registry.job_meta(config.job))

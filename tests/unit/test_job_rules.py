@@ -272,3 +272,34 @@ def test_a_batch_stopped_half_way_fences_every_other_xid_and_names_both_ways_out
     assert "impossible for a save without txn_version" in adhoc and "3 row(s)" in adhoc
     gone = rules.discarded_refusal(J, "b5", T, {"by": "txsink-recover@h:1", "rows": 24})
     assert "discarded by the operator (txsink-recover@h:1, 24 row(s)" in gone
+
+
+def test_a_takeover_counts_one_recovery_and_the_runs_next_commits_none(monkeypatch) -> None:
+    """The committer knows a commit took the job over from the takeover itself (no
+    extra read of the epoch before it): one recovery counted per run, not per batch."""
+    import txsink.metrics
+    from txsink import committer
+    from txsink.spark.messages import TxCommitMessage, WritePlan
+
+    counted: list[dict[str, int]] = []
+    monkeypatch.setattr(txsink.metrics, "count", lambda _cfg, **c: counted.append(c))
+    registry = MemoryRegistry()
+    handle = _handle(registry)
+    plan = WritePlan(handle.config, "attach")  # type: ignore[attr-defined]
+    reads: list[int] = []
+    current_epoch = registry.current_epoch
+
+    def counting(job: str) -> object:
+        reads[-1] += 1
+        return current_epoch(job)
+
+    monkeypatch.setattr(registry, "current_epoch", counting)
+    for run, batch in (("run-1", 0), ("run-1", 1), ("run-2", 2), ("run-2", 3)):
+        reads.append(0)
+        msg = TxCommitMessage(run, f"b{batch}", batch, extra={"mode": "attach"})
+        committer._commit_writes(  # type: ignore[arg-type]
+            handle, [(plan, [msg])], f"b{batch}", batch, Mode.ATTACH, True, None
+        )
+    assert [c for c in counted if "recoveries" in c] == [{"recoveries": 1}] * 2
+    assert reads[1] == reads[3] == 1, reads  # a run's later commit reads its epoch once
+    assert registry.current_epoch(J).owner == "run-2"  # type: ignore[union-attr]
