@@ -389,3 +389,57 @@ def test_a_source_failing_after_some_blocks_fails_the_task_after_sending_them(
         write_dedup(plan(), task(0), dying())
     assert [n for _, n, _ in warehouse.inserts] == [2, 2]
     assert not [t for t in threading.enumerate() if t.name.startswith("txsink-dedup-hash")]
+
+
+class _CountingClient:
+    """A MergeTree target with window 100 whose block counter other writers move on."""
+
+    def __init__(self) -> None:
+        self.counter = 1000
+
+    def query_rows(self, sql: str, **_: Any) -> list[tuple[Any, ...]]:
+        settings = "MergeTree ORDER BY id SETTINGS non_replicated_deduplication_window = 100"
+        row = ("MergeTree", settings, self.counter, self.counter, 1.0)
+        return [(*row, [])] if "system.merge_tree_settings" in sql else [row]
+
+
+def test_a_replayed_block_whose_token_left_the_window_while_it_was_hashed_is_refused(
+    stores: tuple[MemoryRegistry, Warehouse, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The counter is read after the block's fingerprint: other writers' parts added while
+    a re-sent block is hashed count against its window. Read while it was hashed, the
+    replay re-sent block 0 after 104 parts followed it in a window of 100 (its token was
+    gone: a duplicate), found by the review of issue 29."""
+    from txsink.errors import DedupWindowExceeded
+    from txsink.spark import dedup_write
+
+    _, warehouse, _ = stores
+    client = warehouse.client = _CountingClient()  # type: ignore[assignment]
+    inserted = warehouse.insert_blocks
+
+    def insert(table: str, batches: Any, **kw: Any) -> None:
+        client.counter += 1
+        inserted(table, batches, **kw)
+
+    monkeypatch.setattr(warehouse, "insert_blocks", insert)
+
+    def dying() -> Iterator[pa.RecordBatch]:
+        yield from pa.table({"id": [0, 1]}).to_batches()
+        raise RuntimeError("executor lost")
+
+    with pytest.raises(RuntimeError, match="executor lost"):
+        write_dedup(plan(), task(0), dying())
+    assert len(warehouse.inserts) == 1  # block 0 went out, then the task died
+    client.counter += 84  # other writers' parts: 85 after block 0, inside the window
+    hashing = dedup_write.fingerprint
+
+    def slow(index: int, block: Any, *, legacy: bool = False) -> Any:
+        fp = hashing(index, block, legacy=legacy)
+        if index == 0:
+            client.counter += 20  # ...and 20 more while block 0 is hashed: 105 > 100
+        return fp
+
+    monkeypatch.setattr(dedup_write, "fingerprint", slow)
+    with pytest.raises(DedupWindowExceeded):
+        write_dedup(plan(), task(1), rows(4))
+    assert len(warehouse.inserts) == 1, "block 0 was sent again after its token left"

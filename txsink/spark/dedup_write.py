@@ -35,8 +35,10 @@ steps 3-5 does).
 
 Memory: without ``dedup_order_by`` at most two blocks (the one being sent, the next one
 being hashed; plus the Spark batch being cut), and the next is cut ahead only while the
-block in hand is at most half of ``block_bytes``: larger blocks are held one at a time,
-as in attach mode. With ``dedup_order_by`` the whole partition is materialised and
+block in hand is at most half of ``block_bytes``; the next one's size is bounded by
+``block_rows`` only (dedup blocks are cut by rows). Larger blocks are held one at a time,
+as in attach mode. The target's block counter is read after a block is hashed, never
+while: other writers' parts added meanwhile count against its window. With ``dedup_order_by`` the whole partition is materialised and
 sorted in the Python worker (about its Arrow size twice, during the sort): keep
 partitions small (more Spark partitions) when using it.
 """
@@ -62,7 +64,6 @@ from txsink.errors import (
     ContentChanged,
     DedupWindowExceeded,
     HalfVisibleBatch,
-    TxSinkError,
 )
 from txsink.faults import fault_point
 from txsink.ports.registry import CREATE, BlobConflict
@@ -427,10 +428,6 @@ def _send(
         block = feed.next_block(legacy)
         if block is None:
             break
-        # the target's block counter is read while the block is hashed: after the previous
-        # block was acknowledged and the record read, as the read it stands for, and used
-        # by the first decision below only (a lost race reads again)
-        early = _Observation(guard) if _may_observe(cell.state) else None
         fp = feed.fingerprint(block, legacy)
         while True:
             stored = cell.state
@@ -441,8 +438,12 @@ def _send(
                 break
             resend = stored is not None and index < len(stored.blocks)
             track = _merge(track, stored.track if stored else None)
-            observed = early.result() if early is not None else guard.observe()
-            early = None
+            # the target's block counter is read here, after the block is hashed: only the
+            # BEFORE write (a new block) or nothing (a re-sent one) stands between this read
+            # and the insert, so other writers' parts cannot slip past the window check in
+            # a hash's time (a read taken while the block was hashed let a replay re-send a
+            # block whose token had left the window: test_dedup_writer)
+            observed = guard.observe()
             if observed is not None:
                 now, window = observed
                 verdict: dw.WindowRefusal | None = None
@@ -479,30 +480,6 @@ def _send(
         del block
         index += 1
     return done, inserted, skipped, total, track
-
-
-def _may_observe(stored: dedup.PartitionState | None) -> bool:
-    """Whether the next block's decision may read the target's block counter: every
-    block but those of a complete record (skipped or refused, never sent)."""
-    return stored is None or stored.status is not dedup.Status.AFTER
-
-
-class _Observation:
-    """:meth:`DedupTarget.observe` taken now; its failure is raised only if it is used
-    (a block refused for its content reports that, as when nothing was read first)."""
-
-    def __init__(self, guard: DedupTarget) -> None:
-        self._error: TxSinkError | None = None
-        self._value: tuple[dw.Mark, dw.Window] | None = None
-        try:
-            self._value = guard.observe()
-        except TxSinkError as exc:
-            self._error = exc
-
-    def result(self) -> tuple[dw.Mark, dw.Window] | None:
-        if self._error is not None:
-            raise self._error
-        return self._value
 
 
 def _merge(ours: dw.Track | None, theirs: dw.Track | None) -> dw.Track | None:

@@ -22,10 +22,10 @@ moves; what the task decides, writes and sends, and in which order, does not:
   is already failing with its own).
 
 Memory: the next block is cut while the current one is being sent only if the current one
-is at most ``ahead_bytes`` (half of ``block_bytes``): then up to two blocks are held,
-about ``block_bytes`` together. A larger block is let go before the next is cut (one block
-held, as in attach mode). Either way a block is hashed in the worker while the task reads
-the target's block counter for it (and block 0 while it reads its Keeper records).
+is at most ``ahead_bytes`` (half of ``block_bytes``): then two blocks are held, the one in
+hand and the next, whose size only ``block_rows`` bounds (dedup blocks are cut by rows).
+A larger block is let go before the next is cut (one block held, as in attach mode).
+Block 0 is hashed while the task reads its Keeper records.
 """
 
 from __future__ import annotations
