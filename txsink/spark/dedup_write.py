@@ -38,9 +38,10 @@ being hashed; plus the Spark batch being cut), and the next is cut ahead only wh
 block in hand is at most half of ``block_bytes``; the next one's size is bounded by
 ``block_rows`` only (dedup blocks are cut by rows). Larger blocks are held one at a time,
 as in attach mode. The target's block counter is read after a block is hashed, never
-while: other writers' parts added meanwhile count against its window. With ``dedup_order_by`` the whole partition is materialised and
-sorted in the Python worker (about its Arrow size twice, during the sort): keep
-partitions small (more Spark partitions) when using it.
+while: other writers' parts added meanwhile count against its window. With
+``dedup_order_by`` the whole partition is materialised and sorted in the Python worker
+(about its Arrow size twice, during the sort): keep partitions small (more Spark
+partitions) when using it.
 """
 
 from __future__ import annotations
