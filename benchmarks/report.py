@@ -158,7 +158,7 @@ def floor_of(r: dict[str, Any], target: str) -> str:
         )
     if target.startswith("state=clickhouse"):
         return (
-            "a driver commit sends 17 state statements (`python -m benchmarks.state_trace`): "
+            "a driver commit sends 16 state statements (`python -m benchmarks.state_trace`): "
             "4 to 5 ms a read, 12 to 18 ms a guarded UPDATE here, so three cost more than "
             "15 ms; docs/cloud.md (Cost) says what would remove more"
         )
