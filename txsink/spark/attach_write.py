@@ -15,6 +15,7 @@ recovery, which finds it by name).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -49,7 +50,7 @@ def write_attach(plan: WritePlan, task: Task, batches: Iterator[Any]) -> TxCommi
         if first is None:
             return task.message(plan)
         with borrowed_warehouse(plan.config) as warehouse:
-            return _stage(plan, warehouse, task, _chained(first, batches))
+            return _stage(plan, warehouse, task, itertools.chain([first], batches))
     with borrowed_warehouse(plan.config) as warehouse:
         name = _staging_name(plan, task, None)
         with _MadeAhead(
@@ -69,7 +70,7 @@ def write_attach(plan: WritePlan, task: Task, batches: Iterator[Any]) -> TxCommi
             return task.message(plan)
         if not made:
             warehouse.create_staging(plan.config.table, name, plan.target_info)
-        return _stage(plan, warehouse, task, _chained(first, batches), [name])
+        return _stage(plan, warehouse, task, itertools.chain([first], batches), [name])
 
 
 class _MadeAhead:
@@ -111,11 +112,6 @@ class _MadeAhead:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _chained(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
-    yield first
-    yield from rest
 
 
 def _staging_name(plan: WritePlan, task: Task, shard: int | None) -> str:
