@@ -325,17 +325,18 @@ class KazooConn:
         :meth:`mapped`) rather than return while the server is cut off from it."""
         self.wait(self.client.sync_async(path))
 
-    def read(self, path: str) -> tuple[dict[str, Any] | None, Any] | None:
-        """(decoded data, stat) of ``path``, or None if the node does not exist."""
+    def read(self, path: str, asked: Any = None) -> tuple[dict[str, Any] | None, Any] | None:
+        """(decoded data, stat) of ``path``, or None if the node does not exist.
+        ``asked``: its ``get_async`` sent earlier (reads in flight together)."""
         try:
-            data, stat = self.wait(self.client.get_async(path))
+            data, stat = self.wait(self.client.get_async(path) if asked is None else asked)
         except NoNodeError:
             return None
         return decode_node(path, data), stat
 
-    def read_json(self, path: str) -> tuple[dict[str, Any], Any] | None:
+    def read_json(self, path: str, asked: Any = None) -> tuple[dict[str, Any], Any] | None:
         """Like :meth:`read`, but an empty node counts as absent."""
-        found = self.read(path)
+        found = self.read(path, asked)
         if found is None or found[0] is None:
             return None
         return found[0], found[1]

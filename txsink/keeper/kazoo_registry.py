@@ -183,9 +183,10 @@ class KazooRegistry(KazooXids):
         details = {k: v for k, v in info.items() if k != "state"}
         # The owner node exists after the job's first beat: set it without asking first
         # (one round trip less per batch); a NoNode answer makes the next round create it.
-        exists = [True]
+        exists = True
 
         def attempt() -> None:
+            nonlocal exists
             beat = OwnerInfo(
                 epoch.number, epoch.owner, self._clock(), info.get("state", ""), details
             )
@@ -196,7 +197,7 @@ class KazooRegistry(KazooXids):
 
             def ops(txn: Any) -> None:
                 txn.check(epoch_path, epoch.token)
-                if exists[0]:
+                if exists:
                     txn.set_data(path, data)
                 else:
                     txn.create(path, data, acl=self._conn.acl)
@@ -208,7 +209,7 @@ class KazooRegistry(KazooXids):
                 return
             if not isinstance(results[1], (NoNodeError, NodeExistsError)):
                 raise self._first_error(results)
-            exists[0] = isinstance(results[1], NodeExistsError)
+            exists = isinstance(results[1], NodeExistsError)
             raise CasRetry  # the owner node is not (or no longer) as guessed
 
         with self._conn.mapped(f"heartbeat {path}"):

@@ -76,15 +76,6 @@ class KazooXids(KazooBase):
                 got[xid].append(self._conn.wait(result)[0])
         return got
 
-    def _asked_json(self, path: str, asked: Any) -> tuple[dict[str, Any], Any] | None:
-        """:meth:`KazooConn.read_json` of a read already asked for (``get_async``)."""
-        try:
-            data, stat = self._conn.wait(asked)
-        except NoNodeError:
-            return None
-        node = decode_node(path, data)
-        return None if node is None else (node, stat)
-
     def _unpack(self, job: str, xid: str, node: dict[str, Any], stat: Any, chunks: Any) -> Any:
         return unpack_record(node, chunks, stat.version, self._xid_path(job, xid))
 
@@ -355,7 +346,7 @@ class KazooXids(KazooBase):
                 self._fence_now(epoch)
                 raise RetryableConflict(f"xid {record.xid} changed under us; re-read and retry")
             cur, node, _ = found
-            ledger_found = self._asked_json(ledger_path, ledger_asked)
+            ledger_found = self._conn.read_json(ledger_path, ledger_asked)
             ledger = decode_ledger(None if ledger_found is None else ledger_found[0], ledger_path)
             try:
                 done = committed_record(cur, ledger, committed_at, epoch.number)
