@@ -9,7 +9,7 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
 .DEFAULT_GOAL := help
-.PHONY: help setup zookeeper test test-matrix test-unit test-integration test-realserver lint typecheck docs demo bench chaos clean embedded-up embedded-down
+.PHONY: help setup zookeeper test test-slow test-matrix test-unit test-integration test-realserver lint typecheck docs demo bench chaos clean embedded-up embedded-down
 
 help: ## List the targets with what they do
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-18s %s\n", $$1, $$2}'
@@ -51,9 +51,12 @@ test-integration: setup ## Integration tests on the embedded stack (real ClickHo
 test-realserver: setup ## Tests against a real ClickHouse (TXSINK_REAL_URL/KEEPER: docker compose up -d) and a real 2x2 cluster (TXSINK_CLUSTER_*: docker-compose.cluster.yml)
 	$(PY) -m pytest tests/realserver -q -rs
 
-test: setup ## Everything CI runs: lint, typecheck, unit and integration tests
+test: setup ## Everything CI runs: lint, typecheck, unit and integration tests (not the `slow` ones)
 	$(MAKE) --no-print-directory lint typecheck
-	$(PY) -m pytest tests -q
+	$(PY) -m pytest tests -q -m "not slow" --durations=15
+
+test-slow: setup ## Not in `test`: the every-point crash matrices and long fault runs (tests marked `slow`)
+	$(PY) -m pytest tests -q -m slow
 
 test-matrix: setup ## Slow, not in `test`: the built wheel in fresh venvs: Python 3.11/3.12/3.13, and pyspark 3.5/4.0/4.x installed before it (unchanged by it); unit + end-to-end tests in each
 	$(PY) scripts/test_matrix.py

@@ -156,9 +156,15 @@ def _committed_xids_hold_both_tables(ch, job: Job, daily: str) -> None:
         assert per_batch.get(r.batch, 0) == rows[job.table], (r.xid, per_batch, rows)
 
 
-@pytest.mark.slow
+@pytest.mark.parametrize(
+    "points",
+    [
+        pytest.param(("driver.between_writes", "driver.mid_commit"), id="key-points"),
+        pytest.param(DRIVER_POINTS, id="every-point", marks=pytest.mark.slow),
+    ],
+)
 def test_two_table_stream_crashed_at_every_driver_point_is_exact_in_both_tables(
-    stack, ch, zk, fresh_db, tmp_path, capsys
+    stack, ch, zk, fresh_db, tmp_path, capsys, points
 ):
     """With its state in ClickHouse (``state=clickhouse``, KeeperMap) and a Keeper address
     nothing listens on: neither driver nor executor needs Keeper, and the CLI reads and
@@ -167,7 +173,7 @@ def test_two_table_stream_crashed_at_every_driver_point_is_exact_in_both_tables(
                   options=STATE_IN_CLICKHOUSE)  # fmt: skip
     daily = daily_table(job.table)
     ch.command(daily_ddl(daily))
-    for point in DRIVER_POINTS:
+    for point in points:
         crashed = job.run("--two-tables", files_per_trigger=1, fault=point, fault_after=0)
         assert crashed == EXIT_CODE, f"the job was supposed to die at {point}\n{job.log_tail()}"
         _committed_xids_hold_both_tables(ch, job, daily)

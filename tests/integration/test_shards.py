@@ -161,8 +161,19 @@ def test_routing_matches_the_engines_int_hash64_for_every_integer_type(
         assert mine == [int(x) for x in engine], ch_type
 
 
+@pytest.mark.parametrize(
+    "points",
+    [
+        pytest.param(("driver.after_prepare", "driver.mid_commit"), id="key-points"),
+        pytest.param(
+            tuple(p for p in POINTS if p not in ("driver.after_record", "executor.mid_write")),
+            id="every-point",
+            marks=pytest.mark.slow,
+        ),
+    ],
+)
 def test_sharded_stream_crashed_at_every_fault_point_is_exact_on_every_shard(
-    cluster: Services, shards: list[Any], db: str, tmp_path: Path
+    cluster: Services, shards: list[Any], db: str, tmp_path: Path, points: tuple[str, ...]
 ) -> None:
     """Every fault point where shards change what recovery does, in turn, then a clean
     run: the total over 3 shards is exact, each shard holds exactly its rows, no staging
@@ -174,7 +185,7 @@ def test_sharded_stream_crashed_at_every_fault_point_is_exact_on_every_shard(
     info = cluster.info
     job = sharded_job(tmp_path, shards, info, db, files=8, rows_per_file=600)
     extra = shard_options(info)
-    for point in [p for p in POINTS if p not in ("driver.after_record", "executor.mid_write")]:
+    for point in points:
         crashed = job.run(*extra, fault=point, fault_after=1, files_per_trigger=1)
         assert crashed != 0, f"the job was supposed to die at {point}\n{job.log_tail()}"
     assert job.run(*extra) == 0, job.log_tail()

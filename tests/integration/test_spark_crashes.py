@@ -23,7 +23,7 @@ from txsink.demo import kill_after_progress
 from txsink.driver import open_registry
 from txsink.protocol.states import XidState
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+pytestmark = [pytest.mark.spark]
 
 
 def test_a_random_kill_minus_9_of_the_driver_mid_stream_is_exact(stack, ch, fresh_db, tmp_path):

@@ -92,8 +92,20 @@ def batches(ch: Any, table: str) -> dict[int, int]:
     }
 
 
+# `make test` crashes the batch at the points around the ATTACH (claimed, attached, recorded);
+# `make test-slow` at every point of the publish.
+KEY_FAULTS = ("driver.after_prepare", "driver.after_attach", "driver.after_commit")
+
+
+@pytest.mark.parametrize(
+    "faults",
+    [
+        pytest.param(KEY_FAULTS, id="key-points"),
+        pytest.param(FAULTS, id="every-point", marks=pytest.mark.slow),
+    ],
+)
 def test_batch_visibility_never_shows_part_of_a_batch_across_a_crash_at_every_fault_point(
-    stack: Any, ch: Any, fresh_db: str
+    stack: Any, ch: Any, fresh_db: str, faults: tuple[str, ...]
 ) -> None:
     table = make_target(ch, fresh_db)
     job = f"vis-{uuid.uuid4().hex[:8]}"
@@ -101,7 +113,7 @@ def test_batch_visibility_never_shows_part_of_a_batch_across_a_crash_at_every_fa
     with Reader(stack, table) as reader:
         assert drive(stack, job, table, "batch", b, 3).returncode == 0
         b += 3
-        for fault in FAULTS:
+        for fault in faults:
             crashed = drive(stack, job, table, "batch", b, 1, fault)
             assert crashed.returncode == 137, (fault, crashed.stderr[-2000:])
             again = drive(stack, job, table, "batch", b, 2)  # restart: recover, replay b

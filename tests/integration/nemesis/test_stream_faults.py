@@ -61,7 +61,7 @@ STATE_IN_CLICKHOUSE = [
     ("mode", "faults", "state"),
     [
         ("attach", ATTACH, "keeper"),
-        ("dedup", DEDUP, "keeper"),
+        pytest.param("dedup", DEDUP, "keeper", marks=pytest.mark.slow),
         ("attach", STATE_IN_CLICKHOUSE, "clickhouse"),
     ],
 )
