@@ -18,6 +18,7 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
@@ -175,6 +176,11 @@ class StepRunner:
             return wh.published_uuids(step.target, step.uuids)
         if isinstance(step, steps.ObserveAttachLog):
             return wh.attach_logged(step.target, step.tag, step.since)
+        if isinstance(step, steps.ObserveEvidenceLife):
+            life = wh.evidence_life(step.target)
+            return dataclasses.replace(life, age_s=max(0.0, self.clock() - step.since))
+        if isinstance(step, steps.ObserveDetached):
+            return wh.detached_parts(list(step.tables))
         if isinstance(step, steps.HeldClaims):
             return {t: name for (x, t), name in self.claims.items() if x == step.xid}
         if isinstance(step, steps.Stop):

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from txsink.protocol import ops, sequence, steps
+from txsink.protocol.evidence_life import EvidenceLife
 from txsink.protocol.ids import batch_claim_name, staging_prefix
 from txsink.protocol.planner import plan_batch_publish, plan_publish
 from txsink.protocol.states import Cut, Mode, StagedPart, Visibility, XidRecord, XidState
@@ -109,6 +110,10 @@ class Executor:
             return (step.target, step.tag) in w.query_log
         if isinstance(step, steps.HeldClaims):
             return dict(self.claims)
+        if isinstance(step, steps.ObserveEvidenceLife):  # no restart, a fresh record
+            return EvidenceLife(uptime_s=float("inf"), parts_lifetime_s=480.0)
+        if isinstance(step, steps.ObserveDetached):
+            return {}
         if isinstance(step, (steps.Settle,)):
             return True
         if isinstance(step, (steps.CheckFence, steps.FaultPoint, ops.Evidence)):

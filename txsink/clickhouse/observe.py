@@ -16,10 +16,17 @@ import re
 from collections.abc import Iterable
 
 from txsink.clickhouse.client import Client
-from txsink.clickhouse.sqltext import has_ttl, parse_settings_clause, reads_from, ttl_columns
+from txsink.clickhouse.sqltext import (
+    has_ttl,
+    log_ttl_seconds,
+    parse_settings_clause,
+    reads_from,
+    ttl_columns,
+)
 from txsink.errors import ConfigError, TxSinkError
 from txsink.names import qualified, quote_literal, split_table
 from txsink.ports.warehouse import ClusterReplica, ColumnInfo, TargetInfo
+from txsink.protocol.evidence_life import EvidenceLife
 from txsink.protocol.ids import parse_staging
 from txsink.protocol.states import MAX_PART_UUIDS, short_uuids
 
@@ -350,6 +357,49 @@ class Observer:
                 code=exc.code,
             ) from exc
         return int(rows[0][0]) > 0
+
+    def evidence_life(self, target: str) -> EvidenceLife:
+        """How long the evidence of a publish into ``target`` survives here: the server's
+        uptime, the target's ``old_parts_lifetime`` (its SETTINGS, else the server's
+        default), the query log's TTL. One round trip, asked only by a resumed publish
+        about to move or attach (:mod:`txsink.protocol.evidence_life`)."""
+        db, name = split_table(target)
+        rows = self.client.query_rows(
+            "SELECT uptime(), (SELECT any(value) FROM system.merge_tree_settings "
+            "WHERE name = 'old_parts_lifetime'), (SELECT any(engine_full) FROM system.tables "
+            "WHERE database = {db:String} AND name = {t:String}), (SELECT any(engine_full) "
+            "FROM system.tables WHERE database = 'system' AND name = 'query_log')",
+            parameters={"db": db, "t": name},
+            what=f"read how long evidence of a publish into {target} survives",
+            table=target,
+        )
+        uptime, default, engine_full, log_engine = rows[0]
+        lifetime = parse_settings_clause(str(engine_full)).get("old_parts_lifetime", default)
+        try:
+            seconds = float(str(lifetime))
+        except ValueError:
+            seconds = 0.0  # unreadable: assume the evidence is gone at once
+        ttl = log_ttl_seconds(str(log_engine)) if log_engine else None
+        return EvidenceLife(float(uptime), seconds, ttl)
+
+    def detached_parts(self, tables: Iterable[str]) -> dict[str, dict[str, int]]:
+        """Detached parts per staging table and partition id ("" when the server could
+        not read one from the part's name), any reason (``system.detached_parts``)."""
+        names = sorted(set(tables))
+        if not names:
+            return {}
+        rows = self.client.query_rows(
+            "SELECT table, ifNull(partition_id, ''), count() FROM system.detached_parts "
+            "WHERE database = {db:String} AND table IN {names:Array(String)} "
+            "GROUP BY table, partition_id",
+            parameters={"db": self.staging_db, "names": names},
+            what=f"read detached parts of {len(names)} staging table(s)",
+        )
+        out: dict[str, dict[str, int]] = {}
+        for table, pid, n in rows:
+            mine = out.setdefault(str(table), {})
+            mine[str(pid)] = mine.get(str(pid), 0) + int(n)
+        return out
 
     def settle(self, names: Iterable[str]) -> bool:
         """True when the server answers and runs no statement whose text contains any of

@@ -39,6 +39,7 @@ from txsink.ports.warehouse import (
     Warehouse,
     WarehouseCapabilities,
 )
+from txsink.protocol.evidence_life import EvidenceLife
 from txsink.protocol.ids import shard_of
 
 _SALT = np.uint64(0x4CF2D2BAAE6DA887)  # ClickHouse's IntHash64Impl xors this in first
@@ -343,6 +344,22 @@ class ShardedWarehouse:
     def settle(self, names: Iterable[str]) -> bool:
         wanted = list(names)
         return all(shard.settle(wanted) for shard in self.shards)
+
+    def evidence_life(self, target: str) -> EvidenceLife:
+        """The shortest-lived evidence over every shard (a cut MOVE is on one of them)."""
+        lives = [shard.evidence_life(target) for shard in self.shards]
+        ttls = [life.query_log_ttl_s for life in lives if life.query_log_ttl_s is not None]
+        return EvidenceLife(
+            uptime_s=min(life.uptime_s for life in lives),
+            parts_lifetime_s=min(life.parts_lifetime_s for life in lives),
+            query_log_ttl_s=min(ttls) if ttls else None,
+        )
+
+    def detached_parts(self, tables: Iterable[str]) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for k, names in self._grouped(tables).items():
+            out.update(self.shards[k].detached_parts(names))
+        return out
 
     def target_info(self, target: str, *, staging: bool = False) -> TargetInfo:
         """The first shard's table (validation checks every shard: :meth:`target_infos`)."""

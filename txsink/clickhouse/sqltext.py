@@ -145,3 +145,29 @@ def reads_from(select: str, view_db: str, db: str, table: str) -> bool:
 def has_ttl(engine_full: str) -> bool:
     """Whether an ``engine_full`` carries a table TTL (outside string literals)."""
     return bool(_TTL_RE.search(_QUOTED_RE.sub("''", engine_full)))
+
+
+# a month / quarter counted at its shortest
+_INTERVAL_S = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 7 * 86400}
+_INTERVAL_S |= {"month": 28 * 86400, "quarter": 89 * 86400, "year": 365 * 86400}
+_LOG_TTL_RE = re.compile(
+    r"\bTTL\s+(\w+)\s*\+\s*toInterval(Second|Minute|Hour|Day|Week|Month|Quarter|Year)\((\d+)\)"
+    r"\s*(?:DELETE\s*)?(?:SETTINGS\b|$)",
+    re.IGNORECASE,
+)
+
+
+def log_ttl_seconds(engine_full: str) -> float | None:
+    """The least time a row of a log table with this ``engine_full`` survives its TTL:
+    None without a TTL, 0.0 for one this does not read (``TTL col + toIntervalDay(n)``
+    alone is read; a TTL on a Date column may delete a row a day early)."""
+    if not has_ttl(engine_full):
+        return None
+    m = _LOG_TTL_RE.search(_QUOTED_RE.sub("''", engine_full))
+    if m is None:
+        return 0.0
+    column, unit, n = m.groups()
+    seconds = float(int(n) * _INTERVAL_S[unit.lower()])
+    if "date" in column.lower() and "time" not in column.lower():
+        seconds -= 86400.0
+    return max(0.0, seconds)

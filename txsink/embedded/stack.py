@@ -39,10 +39,13 @@ from pathlib import Path
 from txsink.embedded import zookeeper
 from txsink.errors import ConfigError, UnavailableError
 
-# the server's query log, flushed every second (tests read it); in every config written
+# In every config written: the server's query log, flushed every second (tests read it),
+# and a server's old_parts_lifetime (chdb's own default is 0: replaced parts vanish at
+# once, so a cut MOVE's evidence would never outlive a restart; docs/operations.md#late-restart)
 QUERY_LOG_CONFIG = (
     "<query_log><database>system</database><table>query_log</table>"
     "<flush_interval_milliseconds>1000</flush_interval_milliseconds></query_log>"
+    "<merge_tree><old_parts_lifetime>480</old_parts_lifetime></merge_tree>"
 )
 
 DEFAULT_CLICKHOUSE_PORT = 18123

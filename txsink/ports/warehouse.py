@@ -15,6 +15,10 @@ is the contract every one of them passes. Invariants every implementation keeps:
 - ``move_partition(s)`` and ``consolidate`` are idempotent (a partition already moved
   moves nothing); ``attach_all`` is not (it copies) and ``claim_staging`` lets exactly one
   of several callers hold a batch staging table;
+- ``evidence_life`` answers how long the evidence of a publish into a target survives
+  (the server's uptime, the target's ``old_parts_lifetime``, the query log's TTL), never
+  erring towards longer; ``detached_parts`` lists every detached part of a staging
+  table, whatever the reason;
 - an operation outside :attr:`Warehouse.capabilities` raises
   :class:`WarehouseCapabilityMissing` naming the capability; callers check the field
   first, never ``hasattr`` or a caught error.
@@ -27,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from txsink.errors import ConfigError
+from txsink.protocol.evidence_life import EvidenceLife
 
 MERGE_TREE_SUFFIX = "MergeTree"
 WINDOW_SECONDS_KEY = "replicated_deduplication_window_seconds"
@@ -206,6 +211,10 @@ class Warehouse(Protocol):
     def settle(self, names: Iterable[str]) -> bool: ...
 
     def attach_logged(self, target: str, tag: str, since: float) -> bool: ...
+
+    def evidence_life(self, target: str) -> EvidenceLife: ...
+
+    def detached_parts(self, tables: Iterable[str]) -> dict[str, dict[str, int]]: ...
 
     def target_info(self, target: str, *, staging: bool = False) -> TargetInfo: ...
 

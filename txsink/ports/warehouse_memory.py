@@ -44,6 +44,7 @@ from txsink.ports.warehouse import (
     Warehouse,
     WarehouseCapabilities,
 )
+from txsink.protocol.evidence_life import EvidenceLife
 from txsink.protocol.ids import parse_staging
 from txsink.protocol.states import MAX_PART_UUIDS, short_uuids
 
@@ -81,6 +82,12 @@ class MemoryWarehouse:
         self.views: dict[str, tuple[str, ...]] = {}  # target -> materialized views
         self.moves = 0  # MOVE PARTITION commands that ran (partitions)
         self.running = 0  # settle() answers "busy" this many more times
+        # evidence_life(): seconds since the server started (a test sets a restart),
+        # the targets' old_parts_lifetime, the query log's TTL (None: none)
+        self.uptime_s = float("inf")
+        self.parts_lifetime_s = 480.0
+        self.query_log_ttl_s: float | None = None
+        self.detached: dict[str, dict[str, int]] = {}  # staging table -> {pid: parts}
         self.staging_db_created = False
         self._faults: list[_Fault] = []
         self._seed = seed
@@ -122,6 +129,16 @@ class MemoryWarehouse:
     def cleanup(self, target: str) -> None:
         """The cleanup thread removing a target's outdated parts (``old_parts_lifetime``)."""
         self._table(target).outdated.clear()
+
+    def detach(self, table: str, partition_id: str) -> None:
+        """The server detaching every part of one staging partition (broken at start-up,
+        or ``ALTER TABLE ... DETACH PARTITION``): gone from the table, listed in
+        ``detached_parts``."""
+        t = self._staged(table)
+        gone = [p for p in t.parts if p.partition_id == partition_id]
+        t.parts = [p for p in t.parts if p.partition_id != partition_id]
+        mine = self.detached.setdefault(table, {})
+        mine[partition_id] = mine.get(partition_id, 0) + len(gone)
 
     def fail_next(self, method: str, error: TxSinkError | None = None, times: int = 1) -> None:
         """The next ``times`` calls of ``method`` are refused before anything happens."""
@@ -227,6 +244,16 @@ class MemoryWarehouse:
         if not self.capabilities.query_log:
             raise self.capabilities.missing("query_log", f"the ATTACH log of {target}", "")
         return self._call("attach_logged", lambda: self.query_log.get(tag, 0) > 0)
+
+    def evidence_life(self, target: str) -> EvidenceLife:
+        life = EvidenceLife(self.uptime_s, self.parts_lifetime_s, self.query_log_ttl_s)
+        return self._call("evidence_life", lambda: life)
+
+    def detached_parts(self, tables: Iterable[str]) -> dict[str, dict[str, int]]:
+        def act() -> dict[str, dict[str, int]]:
+            return {t: dict(self.detached[t]) for t in set(tables) if self.detached.get(t)}
+
+        return self._call("detached_parts", act)
 
     def target_info(self, target: str, *, staging: bool = False) -> TargetInfo:
         def act() -> TargetInfo:

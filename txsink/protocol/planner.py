@@ -110,6 +110,7 @@ def _check_part(
     *,
     batch_staging: str | None = None,
     batch_exists: bool = False,
+    detached: Mapping[str, Mapping[str, int]] | None = None,
 ) -> tuple[list[Operation], bool] | Alarm:
     """The checks of one manifest partition, shared by both variants: what to run for it
     and whether it is *emptied* (no rows left, its parts shown by ``sink`` or the sink
@@ -117,7 +118,8 @@ def _check_part(
 
     ``current``: UUIDs of every part the partition's staging holds now; ``sink``: which
     UUIDs the sink shows (the target's looked-up ones, or the batch staging's parts).
-    ``batch_staging`` is None when the sink is the target (visibility=partition)."""
+    ``batch_staging`` is None when the sink is the target (visibility=partition).
+    ``detached``: detached parts per staging table and partition id ("" unknown)."""
     have = view.get(part.table)
     where = f"partition {part.partition_id}"
     if have is None:
@@ -149,6 +151,14 @@ def _check_part(
             f"staging table {part.table} holds {rows} rows of {where}, the manifest of "
             f"xid {record.xid} says {part.rows}",
         )
+    lost = detached_here(part, detached)
+    if lost and batch_staging is None:  # rows the server set aside read as "moved"
+        return Alarm(
+            record.xid,
+            f"staging table {part.table} holds no rows of {where} and system.detached_parts "
+            f"lists {lost} detached part(s) of it (a server that found them broken at "
+            f"start-up, or a hand): its {part.rows} rows are not proven published",
+        )
     if part.uuids:
         landed = any(u in sink for u in part.uuids)
         if batch_staging is None:
@@ -169,6 +179,25 @@ def _check_part(
         f"{record.xid} has no part UUIDs for it: nothing shows its {part.rows} rows were "
         f"published",
     )
+
+
+def detached_here(part: StagedPart, detached: Mapping[str, Mapping[str, int]] | None) -> int:
+    """Detached parts of ``part``'s staging partition (or of unknown partition)."""
+    mine = (detached or {}).get(part.table) or {}
+    return mine.get(part.partition_id, 0) + mine.get("", 0)
+
+
+def emptied_tables(record: XidRecord, view: StagingView) -> tuple[str, ...]:
+    """Staging tables of ``record`` with a manifest partition that reads empty: where
+    ``system.detached_parts`` is read before emptiness counts as published."""
+    if record.mode is Mode.DEDUP or record.state is not XidState.PREPARED:
+        return ()
+    out = [
+        p.table
+        for p in record.manifest
+        if view.get(p.table) is not None and not (view.get(p.table) or {}).get(p.partition_id)
+    ]
+    return tuple(sorted(set(out)))
 
 
 def _into(op: Operation, batch_staging: str) -> Operation:
@@ -205,6 +234,7 @@ def plan_publish(
     published: AbstractSet[str] | None = None,
     staged: StagedUuids | None = None,
     part_rows: Mapping[str, int] | None = None,
+    detached: Mapping[str, Mapping[str, int]] | None = None,
 ) -> list[Operation]:
     """Operations that finish ``record`` (visibility=partition) given staging as it is now.
 
@@ -229,13 +259,16 @@ def plan_publish(
       table settings and inserts without deduplication, so nothing txsink or ClickHouse
       does on its own empties its partition except the MOVE. The remaining window
       (docs/operations.md#evidence-of-publish): an operator dropping a staging
-      partition, or the server detaching staged parts as broken after a crash;
+      partition (parts the server detached are an Alarm, below);
     - ``legacy``: a record written before evidence was recorded (no part has UUIDs):
       the old rule, "0 rows left" means moved.
 
-    An empty partition without UUIDs in a record whose other partitions have some is
-    not guessed at, nor is anything else (a staging table missing while PREPARED, a
-    partial count, rows the manifest does not list): the plan is a single Alarm.
+    A partition with no rows left whose staging table has detached parts of it
+    (``detached``, from ``system.detached_parts``: a server detaches broken parts at
+    start-up) is an Alarm whatever the evidence. An empty partition without UUIDs in a
+    record whose other partitions have some is not guessed at, nor is anything else (a
+    staging table missing while PREPARED, a partial count, rows the manifest does not
+    list): the plan is a single Alarm.
 
     Several tables in one xid: every entry is published into its own target
     (:meth:`XidRecord.part_target`), in manifest order; the record turns COMMITTED only
@@ -250,7 +283,7 @@ def plan_publish(
     found = published or frozenset()
     for part in record.manifest:
         current = (staged or {}).get((part.table, part.partition_id), ())
-        step = _check_part(record, part, view, current, found, part_rows or {})
+        step = _check_part(record, part, view, current, found, part_rows or {}, detached=detached)
         if isinstance(step, Alarm):
             return [step]
         ops += step[0]

@@ -29,6 +29,7 @@ from collections.abc import Generator, Sequence
 from dataclasses import replace
 from typing import Any
 
+from txsink.protocol.evidence_life import EvidenceLife, guard_late_publish, moving_targets
 from txsink.protocol.ids import batch_staging_name
 from txsink.protocol.ops import (
     Alarm,
@@ -47,6 +48,7 @@ from txsink.protocol.ops import (
 from txsink.protocol.planner import (
     batch_evidence_wanted,
     by_target,
+    emptied_tables,
     evidence_by_target,
     plan_batch_publish,
     plan_publish,
@@ -63,6 +65,8 @@ from txsink.protocol.steps import (
     MovePartitions,
     ObserveAttachLog,
     ObserveBatchParts,
+    ObserveDetached,
+    ObserveEvidenceLife,
     ObservePartRows,
     ObservePublished,
     ObserveStaging,
@@ -131,7 +135,7 @@ def finish(record: XidRecord, prefix: str, bounds: PublishBounds, *, resumed: bo
     ``resumed``: the record existed before this attempt (a MOVE may have run), so the
     target is searched for the part UUIDs of fully staged partitions too."""
     if is_batch(record):
-        return (yield from finish_batch(record, prefix, bounds))
+        return (yield from finish_batch(record, prefix, bounds, resumed=resumed))
     view: StagingView = (yield ObserveStaging(record.staging_tables)) if record.manifest else {}
     part_rows: dict[str, int] = {}
     staged = (yield from staged_uuids(record, view, part_rows)) if resumed else {}
@@ -139,15 +143,34 @@ def finish(record: XidRecord, prefix: str, bounds: PublishBounds, *, resumed: bo
     by_table = evidence_by_target(record, view, resumed=resumed, staged=staged)
     for table, wanted in by_table.items():
         found |= yield ObservePublished(table, wanted)
-    ops = plan_publish(record, view, found, staged, part_rows)
+    emptied = emptied_tables(record, view)
+    detached: dict[str, dict[str, int]] = (yield ObserveDetached(emptied)) if emptied else {}
+    ops = plan_publish(record, view, found, staged, part_rows, detached)
+    if resumed:
+        ops = yield from guard_late(record, ops)
     return (yield from carry_out(record, prefix, bounds, ops, PARTITION_HINT))
 
 
-def finish_batch(record: XidRecord, prefix: str, bounds: PublishBounds) -> Run:
+def guard_late(record: XidRecord, ops: list[Operation]) -> Generator[Step, Any, list[Operation]]:
+    """``ops`` of a resumed publish, or an Alarm if what it moves or attaches goes into a
+    target whose evidence of an earlier move or attach may have been erased since the
+    PREPARE (:mod:`txsink.protocol.evidence_life`); one read per such target, none
+    when the plan moves nothing."""
+    lives: dict[str, EvidenceLife] = {}
+    for target in moving_targets(ops):
+        lives[target] = yield ObserveEvidenceLife(target, record.created_at)
+    return guard_late_publish(record.xid, record.job, ops, lives) if lives else ops
+
+
+def finish_batch(
+    record: XidRecord, prefix: str, bounds: PublishBounds, *, resumed: bool = True
+) -> Run:
     """:func:`finish` of a ``visibility=batch`` record: consolidate every task's staging
     of each table into its batch staging, claim it, then one ATTACH PARTITION ALL per
     table (:func:`~txsink.protocol.planner.plan_batch_publish`, re-planned from a fresh
-    look after each round that ends in Reobserve, up to ``bounds.batch_rounds``)."""
+    look after each round that ends in Reobserve, up to ``bounds.batch_rounds``).
+    ``resumed``: an earlier finisher may have attached; an ATTACH is then planned only
+    while its absence is provable (:func:`guard_late`)."""
     ops: list[Operation] = []
     missing: set[str] = set()
     logged: set[str] = set()
@@ -184,6 +207,8 @@ def finish_batch(record: XidRecord, prefix: str, bounds: PublishBounds) -> Run:
         ops = plan_batch_publish(
             record, tables, view, staged, batch_uuids, published, claimed, logged, part_rows
         )
+        if resumed and any(isinstance(op, AttachAll) for op in ops):
+            ops = yield from guard_late(record, ops)
         record = yield from carry_out(record, prefix, bounds, ops, BATCH_HINT)
         if not ops or not isinstance(ops[-1], Reobserve):
             return record

@@ -86,6 +86,25 @@ class ObserveAttachLog:
 
 
 @dataclass(frozen=True)
+class ObserveEvidenceLife:
+    """-> :class:`~txsink.protocol.evidence_life.EvidenceLife` of ``target``, its
+    ``age_s`` the runner's clock minus ``since`` (the record's ``created_at``). Asked only
+    by a resumed publish about to move or attach: never on a fresh commit."""
+
+    target: str
+    since: float
+
+
+@dataclass(frozen=True)
+class ObserveDetached:
+    """-> ``{table: {partition id: detached parts}}`` of the staging ``tables`` in
+    ``system.detached_parts`` (partition id "" when the server could not parse one);
+    tables without any are left out. Asked only when a staging partition reads empty."""
+
+    tables: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class HeldClaims:
     """-> ``{target: name}``: batch staging tables of ``xid`` this runner renamed to its
     own name (:class:`~txsink.protocol.ops.ClaimBatch`) and has not attached from yet."""
@@ -190,6 +209,8 @@ Step = (
     | ObserveBatchParts
     | ObservePublished
     | ObserveAttachLog
+    | ObserveEvidenceLife
+    | ObserveDetached
     | HeldClaims
     | Settle
     | CheckFence

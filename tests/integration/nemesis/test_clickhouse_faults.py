@@ -22,6 +22,8 @@ from tests.integration.nemesis.test_keeper_faults import at, open_handle
 from tests.integration.test_rollback_races import SCHEMA, counts, prepared_record
 from tests.nemesis.services import Services
 from txsink.driver import JobHandle
+from txsink.errors import RecoveryAlarm
+from txsink.protocol.evidence_life import CLOCK_SKEW_S
 from txsink.protocol.ids import staging_name
 from txsink.protocol.states import StagedPart, XidState
 
@@ -138,6 +140,80 @@ def test_a_move_cut_between_parts_by_a_server_crash_repairs_itself_with_no_opera
         assert record is not None and record.state is XidState.COMMITTED
         assert record.cut(parts[0].table, pid)  # the repair recorded what it found
         assert handle.warehouse.list_staging(tx.prefix) == []
+    finally:
+        handle.close()
+
+
+def test_a_late_resume_after_the_cut_parts_were_merged_away_is_an_alarm_not_a_second_move(
+    nemesis: Services, ch: Any, target: str
+) -> None:
+    """The cut of the test above, then what a late restart meets (issue 38 row 3): the
+    server restarted (the crash), merged the cut parts away in the target and cleaned
+    up the replaced ones, and nobody looked for longer than the target's
+    old_parts_lifetime (1 s here, 480 s on a server). No UUID shows the cut any more:
+    moving the staged partition would publish the cut rows twice (the old code did,
+    silently). It must be a RecoveryAlarm with its runbook, and nothing moved."""
+    ch.command(f"ALTER TABLE {target} MODIFY SETTING old_parts_lifetime = 1")
+    handle = open_handle(nemesis, target)
+    try:
+        tx = handle.transactor
+        _, parts, staging = prepared_in_staging(handle, blocks=4)
+        assert copy_some_parts(ch, staging, target, parts[0].partition_id, keep=2) == 4
+        cut = counts(ch, target)[0]
+        nemesis.kill("clickhouse")  # the crash inside the MOVE, and the restart
+        nemesis.restart()
+        fresh = client_for(nemesis.info)
+        try:
+            fresh.command(f"OPTIMIZE TABLE {target} FINAL")  # the cut parts merged ...
+            fresh.command(f"DETACH TABLE {target} SYNC")  # ... and cleaned up (a load
+            fresh.command(f"ATTACH TABLE {target}")  # drops replaced parts at once)
+            db, name = target.split(".")
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:  # the replaced cut parts cleaned up
+                level0 = fresh.query(
+                    "SELECT count() FROM system.parts WHERE database = {d:String} AND "
+                    "table = {t:String} AND level = 0",
+                    parameters={"d": db, "t": name},
+                ).result_rows[0][0]
+                if level0 == 0:
+                    break
+                time.sleep(0.5)
+            assert level0 == 0, "the cut parts are still in the target: the test proves nothing"
+            record = handle.registry.get(handle.config.job, "b1")
+            # the record must be older than old_parts_lifetime: age only grows, no race
+            time.sleep(max(0.0, record.created_at + 1 + 2 * CLOCK_SKEW_S - time.time()))
+            with pytest.raises(RecoveryAlarm, match="old_parts_lifetime") as alarm:
+                tx.begin("run-2")
+            assert "docs/operations.md#late-restart" in str(alarm.value)
+            assert counts(fresh, target) == (cut, cut)  # nothing moved a second time
+            assert handle.registry.get(handle.config.job, "b1").state is XidState.PREPARED
+        finally:
+            fresh.close()
+    finally:
+        handle.close()
+
+
+def test_a_staging_partition_detached_by_the_server_is_an_alarm_never_published(
+    nemesis: Services, ch: Any, target: str
+) -> None:
+    """After an OS crash ClickHouse detaches parts it finds broken at start-up
+    (``system.detached_parts``); ``ALTER TABLE ... DETACH PARTITION`` makes the same
+    state. One partition published, the other's staged parts detached: the roll-forward
+    must not read the emptied partition as published (the old code recorded the xid
+    COMMITTED with 500 rows missing; issue 38 row 4)."""
+    handle = open_handle(nemesis, target)
+    try:
+        tx = handle.transactor
+        _, parts, staging = prepared_in_staging(handle, blocks=1)
+        first, second = parts
+        ch.command(
+            f"ALTER TABLE {staging} MOVE PARTITION ID '{first.partition_id}' TO TABLE {target}"
+        )
+        ch.command(f"ALTER TABLE {staging} DETACH PARTITION ID '{second.partition_id}'")
+        with pytest.raises(RecoveryAlarm, match="detached"):
+            tx.begin("run-2")
+        assert handle.registry.get(handle.config.job, "b1").state is XidState.PREPARED
+        assert counts(ch, target)[0] == first.rows
     finally:
         handle.close()
 
