@@ -27,7 +27,8 @@ from txsink.faults import POINTS
 from txsink.protocol import dedup, dedup_window
 from txsink.protocol.states import Mode, XidState
 from txsink.spark import validate
-from txsink.spark.dedup_write import StateCell, write_dedup
+from txsink.spark.dedup_records import StateCell
+from txsink.spark.dedup_write import write_dedup
 from txsink.spark.messages import WritePlan
 from txsink.spark.task import Task
 

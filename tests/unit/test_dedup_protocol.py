@@ -376,7 +376,7 @@ def test_after_must_list_exactly_the_blocks_recorded_before_being_sent() -> None
 def test_a_racing_attempt_that_loses_re_reads_and_cannot_shrink_the_record() -> None:
     """The executor's StateCell on the in-memory registry: CAS, re-read, the rule."""
     from txsink.errors import ContentChanged
-    from txsink.spark.dedup_write import StateCell
+    from txsink.spark.dedup_records import StateCell
 
     reg = MemoryRegistry()
     a = StateCell(reg, "j", "dedup/b0/p0", ContentChanged)

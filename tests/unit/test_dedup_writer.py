@@ -443,3 +443,65 @@ def test_a_replayed_block_whose_token_left_the_window_while_it_was_hashed_is_ref
     with pytest.raises(DedupWindowExceeded):
         write_dedup(plan(), task(1), rows(4))
     assert len(warehouse.inserts) == 1, "block 0 was sent again after its token left"
+
+
+# ------------------------------------------------- attempts that outlive their batch
+
+
+def _commit_by_another_attempt(registry: MemoryRegistry, warehouse: Warehouse) -> int:
+    """Attempt 5 writes the batch and the driver commits it (deleting its dedup records);
+    the inserts the warehouse has seen so far."""
+    from txsink.ports.warehouse_memory import MemoryWarehouse
+    from txsink.protocol.states import Mode
+    from txsink.transactor import Transactor
+
+    message = write_dedup(plan(), task(5), rows(5))
+    epoch = registry.take_epoch("j", "driver")
+    result = Transactor(registry, MemoryWarehouse(), "j").commit_batch(
+        epoch, "b0", 0, "db.t", message.parts, Mode.DEDUP, streaming=True
+    )
+    assert result.action == "committed" and registry.blob_children("j", "dedup") == []
+    return len(warehouse.inserts)
+
+
+def test_an_attempt_whose_first_pull_straddles_the_commit_sends_nothing(
+    stores: tuple[MemoryRegistry, Warehouse, list[str]],
+) -> None:
+    """A zombie (GC pause, partition, speculative loser) passed the replay check, then its
+    batch was committed by another attempt while it pulled its first rows: it finds no
+    record and must still send nothing (the target's window may have forgotten the
+    tokens), leaving no record behind."""
+    registry, warehouse, _ = stores
+    seen: list[int] = []
+
+    def straddling() -> Iterator[pa.RecordBatch]:
+        seen.append(_commit_by_another_attempt(registry, warehouse))
+        yield from rows(5)
+
+    message = write_dedup(plan(), task(0), straddling())
+    assert len(warehouse.inserts) == seen[0], "the zombie sent blocks of a committed batch"
+    assert message.skipped and message.extra["outlived"]
+    assert registry.blob_children("j", "dedup") == []
+
+
+def test_an_attempt_resuming_from_a_record_deleted_under_it_sends_nothing(
+    stores: tuple[MemoryRegistry, Warehouse, list[str]],
+) -> None:
+    """A stale read with no record write after it: the zombie read a dead attempt's
+    BEFORE record (so it re-sends the recorded blocks without writing first); the batch
+    is committed before its first insert."""
+    registry, warehouse, _ = stores
+    _half_write("b0", 0, partition=3)  # blocks 0 and 1 sent, 2 recorded BEFORE
+    seen: list[int] = []
+    observe = warehouse.client.query_rows
+
+    def commit_meanwhile(sql: str, **kw: Any) -> list[tuple[Any, ...]]:
+        if not seen:  # the first look at the target, after the zombie read the record
+            seen.append(-1)
+            seen[0] = _commit_by_another_attempt(registry, warehouse)
+        return observe(sql, **kw)
+
+    warehouse.client.query_rows = commit_meanwhile  # type: ignore[method-assign]
+    message = write_dedup(plan(), task(0), rows(5))
+    assert len(warehouse.inserts) == seen[0], "the zombie re-sent blocks of a committed batch"
+    assert message.skipped

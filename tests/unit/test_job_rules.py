@@ -255,6 +255,24 @@ def test_which_dedup_records_mean_a_batch_stopped_half_way(
     assert rules.is_open_dedup(state, batch, last) is is_open
 
 
+@pytest.mark.parametrize(
+    ("state", "batch", "last", "sealed"),
+    [
+        (None, 7, None, False),  # in flight: its tasks send
+        (None, 7, 6, False),
+        (AB, 7, 9, False),  # a tombstone: the rerun sends
+        (None, None, 9, False),  # a save without txn_version, not prepared
+        (P, 7, None, True),  # every task reported: the content is fixed
+        (C, 7, None, True),  # committed: its records are deleted, nothing is sent again
+        (None, 7, 7, True),  # committed and pruned
+    ],
+)
+def test_which_batches_a_dedup_task_may_no_longer_send_a_block_of(
+    state: XidState | None, batch: int | None, last: int | None, sealed: bool
+) -> None:
+    assert rules.is_sealed(state, batch, last) is sealed
+
+
 def test_a_batch_stopped_half_way_fences_every_other_xid_and_names_both_ways_out() -> None:
     from txsink.protocol.dedup import BlockFingerprint as F
     from txsink.protocol.dedup import OpenBatch, after, before, open_batch

@@ -16,6 +16,8 @@ fingerprints because a Spark partition has no offsets)::
                          recognise)
     AFTER    -> AFTER    a replay that matched (SAME) does not write again
     any      -> (gone)   the driver deletes ``dedup/<xid>`` once the xid is COMMITTED
+                         (an attempt that outlives its batch finds it gone: it sends
+                         no block once :func:`txsink.protocol.job.is_sealed` says so)
 
 Decisions for an incoming partition (blocks ``I``) against the stored state (blocks ``S``)
 -- :func:`decide_partition`; ``a <= b`` means "a is a prefix of b"::

@@ -355,6 +355,17 @@ class TaskReplay:
     reason: str = ""
 
 
+def is_sealed(state: XidState | None, batch: int | None, last_batch: int | None) -> bool:
+    """May a dedup task of this batch no longer send a block? Once its xid is PREPARED
+    every task had reported and the batch's content is fixed; once it is committed
+    (:func:`is_replay`) its partition records are deleted, so an attempt still running
+    (a zombie after a GC pause, a speculative loser) would find none and send every
+    block again under tokens the target's window may have forgotten. The dedup writer
+    asks this, on a read taken after its own last record write, before every block it
+    sends (docs/modes.md#attempts-that-outlive-their-batch)."""
+    return state is XidState.PREPARED or is_replay(state, batch, last_batch)
+
+
 def is_open_dedup(state: XidState | None, batch: int | None, last_batch: int | None) -> bool:
     """Do an xid's dedup records mean a batch stopped half-way? Not once it is PREPARED
     (every task finished; a roll-forward commits it) or committed (:func:`is_replay`:

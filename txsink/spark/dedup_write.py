@@ -4,7 +4,7 @@ Used where partitions cannot be moved (see docs/modes.md). The attach writer's p
 same :class:`~txsink.spark.task.PartitionWriter` shape); it decides with
 :mod:`txsink.protocol.dedup` and talks to ClickHouse only through
 :class:`~txsink.clickhouse.dedup_insert.DedupTarget` (no SQL here) and to Keeper through
-a pooled registry. One Spark task attempt:
+a pooled registry (:mod:`txsink.spark.dedup_records`). One Spark task attempt:
 
 1. cuts its partition into deterministic blocks: rows in the order Spark delivers them
    (or sorted by ``dedup_order_by``), boundaries every ``block_rows`` rows. Byte limits
@@ -16,7 +16,9 @@ a pooled registry. One Spark task attempt:
 3. asks :mod:`txsink.protocol.dedup` what to do with it given the partition's Keeper state
    ``dedup/<xid>/p<partition>``; before sending a block not yet recorded, writes a BEFORE
    record listing it (so any block that may have landed can be verified on replay);
-4. inserts it with ``insert_deduplication_token = dedup_token(job, xid, partition, block)``
+4. unless the batch was prepared or committed meanwhile (the attempt outlived it: it
+   stops, :func:`~txsink.spark.dedup_records.sealed`, asked before every block sent),
+   inserts it with ``insert_deduplication_token = dedup_token(job, xid, partition, block)``
    (plus every setting dedup relies on, in both spellings where 26.x overrides the old
    one: ``insert_deduplicate=1`` and ``deduplicate_insert='enable'``, ``async_insert=0``,
    ``deduplicate_blocks_in_dependent_materialized_views=1``, ``insert_distributed_sync=1``,
@@ -67,12 +69,11 @@ from txsink.errors import (
     HalfVisibleBatch,
 )
 from txsink.faults import fault_point
-from txsink.ports.registry import CREATE, BlobConflict
 from txsink.protocol import dedup
 from txsink.protocol import dedup_window as dw
 from txsink.protocol import job as rules
-from txsink.protocol.codec import decode_partition_state, encode_partition_state
 from txsink.protocol.states import StagedPart
+from txsink.spark.dedup_records import StateCell, outlived, sealed
 from txsink.spark.hash_ahead import BlockFeed
 from txsink.spark.messages import TxCommitMessage, WritePlan
 from txsink.spark.task import Task, checked
@@ -168,47 +169,6 @@ def content_changed(
         f"restart. Rows of this xid already in {plan.config.table} are those recorded in "
         f"Keeper at {plan.config.keeper_root}/jobs/{job}/{dedup.xid_key(xid)}."
     )
-
-
-class StateCell:
-    """One partition's Keeper record as this attempt last read it, written compare-and-set.
-
-    Every write obeys :func:`txsink.protocol.dedup.check_successor` against the record
-    read; a lost race (another attempt wrote first) re-reads and tells the caller to
-    decide again, so no attempt can shrink or rewrite what another recorded.
-    """
-
-    def __init__(self, registry: Any, job: str, key: str, refused: Any) -> None:
-        self.registry, self.job, self.key = registry, job, key
-        self._refused = refused  # (detail) -> TxSinkError, raised on a refused write
-        self.state: dedup.PartitionState | None = None
-        self.version = CREATE
-        self.refresh()
-
-    def refresh(self) -> None:
-        found = self.registry.get_blob_versioned(self.job, self.key)
-        if found is None:
-            self.state, self.version = None, CREATE
-        else:
-            where = f"jobs/{self.job}/{self.key}"
-            self.state, self.version = decode_partition_state(found[0], where), found[1]
-
-    def propose(self, new: dedup.PartitionState) -> bool:
-        """Write ``new`` if the rule allows it; False if another attempt wrote first (the
-        cell then holds its record: decide again)."""
-        verdict, why = dedup.check_successor(self.state, new)
-        if verdict is dedup.WriteVerdict.NOOP:
-            return True
-        if verdict is dedup.WriteVerdict.REFUSE:
-            raise self._refused(why)
-        try:
-            node = encode_partition_state(new)
-            self.version = self.registry.cas_blob(self.job, self.key, node, self.version)
-        except BlobConflict:
-            self.refresh()
-            return False
-        self.state = new
-        return True
 
 
 def window_exceeded(
@@ -374,9 +334,10 @@ def _write(
             why = rules.open_dedup_refusal(cfg.job, xid, cfg.table, fence)
             if why is not None:
                 raise HalfVisibleBatch(why)
-        done, inserted, skipped, total, track = _send(
-            plan, task, feed, cell, target(), legacy, changed
-        )
+        sent = _send(plan, task, feed, cell, target(), legacy, lambda: sealed(plan, task, registry))
+    if sent is None:  # the batch was prepared or committed while this attempt ran
+        return outlived(plan, task, registry, blocks)
+    done, inserted, skipped, total, track = sent
     while True:
         refusal = dedup.decide_end(cell.state, len(done))
         if refusal is not None:
@@ -414,12 +375,20 @@ def _send(
     cell: StateCell,
     guard: DedupTarget,
     legacy: Callable[[int], bool],
-    changed: Callable[[dedup.PartitionState | None, dedup.Refusal], ContentChanged],
-) -> tuple[list[dedup.BlockFingerprint], int, int, int, dw.Track | None]:
+    is_sealed: Callable[[], bool],
+) -> tuple[list[dedup.BlockFingerprint], int, int, int, dw.Track | None] | None:
     """Decide, record and send the partition's blocks in order (BEFORE, then the insert);
-    (fingerprints, blocks inserted, skipped, rows, window track)."""
+    (fingerprints, blocks inserted, skipped, rows, window track), or None if the batch was
+    sealed (``is_sealed``, asked before every insert) while this attempt ran."""
     cfg = plan.config
+    job, table = cfg.job, cfg.table
     xid, batch, partition, attempt = task.xid, task.batch, task.partition, task.attempt
+
+    def changed(stored: dedup.PartitionState | None, refusal: dedup.Refusal) -> ContentChanged:
+        return content_changed(
+            plan, xid=xid, batch=batch, partition=partition, stored=stored, refusal=refusal
+        )
+
     track: dw.Track | None = None  # this attempt's view of the window bookkeeping
     prev_counter: int | None = None
     done: list[dedup.BlockFingerprint] = []
@@ -471,6 +440,16 @@ def _send(
         done.append(fp)
         feed.cut_next(block, legacy(index + 1))  # recorded: the next one may be cut now
         if step.action is dedup.BlockAction.INSERT:
+            # after this attempt's last record write, so not staler than the commit: a
+            # batch committed meanwhile had its records deleted, and what this attempt
+            # read of them may be gone (docs/modes.md#attempts-that-outlive-their-batch)
+            if is_sealed():
+                log.warning(
+                    "job %s: xid %s was prepared or committed while task attempt %d of "
+                    "Spark partition %d ran (a zombie or a speculative loser): block %d and "
+                    "the rest not sent to %s", job, xid, attempt, partition, index, table,
+                )  # fmt: skip
+                return None
             guard.insert(block, job=cfg.job, xid=xid, partition=partition, index=index)
             inserted += 1
         else:
