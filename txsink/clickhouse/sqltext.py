@@ -150,24 +150,36 @@ def has_ttl(engine_full: str) -> bool:
 # a month / quarter counted at its shortest
 _INTERVAL_S = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 7 * 86400}
 _INTERVAL_S |= {"month": 28 * 86400, "quarter": 89 * 86400, "year": 365 * 86400}
-_LOG_TTL_RE = re.compile(
-    r"\bTTL\s+(\w+)\s*\+\s*toInterval(Second|Minute|Hour|Day|Week|Month|Quarter|Year)\((\d+)\)"
-    r"\s*(?:DELETE\s*)?(?:SETTINGS\b|$)",
-    re.IGNORECASE,
+_TTL_CLAUSE_RE = re.compile(r"\bTTL\b(.*?)(?:\bSETTINGS\b|$)", re.IGNORECASE | re.DOTALL)
+_TTL_DELETE_RE = re.compile(
+    r"^(\w+)\s*\+\s*toInterval(Second|Minute|Hour|Day|Week|Month|Quarter|Year)\((\d+)\)"
+    r"\s*(?:DELETE\b.*)?$",
+    re.IGNORECASE | re.DOTALL,
 )
+# TTL elements that move, recompress or aggregate rows: they delete nothing
+_TTL_KEEPS_RE = re.compile(r"\b(?:TO\s+(?:VOLUME|DISK)|RECOMPRESS|GROUP\s+BY)\b", re.IGNORECASE)
 
 
 def log_ttl_seconds(engine_full: str) -> float | None:
     """The least time a row of a log table with this ``engine_full`` survives its TTL:
-    None without a TTL, 0.0 for one this does not read (``TTL col + toIntervalDay(n)``
-    alone is read; a TTL on a Date column may delete a row a day early)."""
+    None when no TTL element deletes rows (none, or only ``TO VOLUME``/``TO DISK``/
+    ``RECOMPRESS``/``GROUP BY`` ones), 0.0 for a deleting element this does not read
+    (``col + toIntervalX(n)`` is read, with or without ``DELETE [WHERE ...]``; a TTL on a
+    Date column may delete a row a day early)."""
     if not has_ttl(engine_full):
         return None
-    m = _LOG_TTL_RE.search(_QUOTED_RE.sub("''", engine_full))
-    if m is None:
-        return 0.0
-    column, unit, n = m.groups()
-    seconds = float(int(n) * _INTERVAL_S[unit.lower()])
-    if "date" in column.lower() and "time" not in column.lower():
-        seconds -= 86400.0
-    return max(0.0, seconds)
+    clause = _TTL_CLAUSE_RE.search(_QUOTED_RE.sub("''", engine_full))
+    least: float | None = None
+    for raw in split_top_level(clause.group(1) if clause else ""):
+        element = raw.strip()
+        if not element or _TTL_KEEPS_RE.search(element):
+            continue
+        m = _TTL_DELETE_RE.match(element)
+        if m is None:
+            return 0.0
+        column, unit, n = m.groups()
+        seconds = float(int(n) * _INTERVAL_S[unit.lower()])
+        if "date" in column.lower() and "time" not in column.lower():
+            seconds -= 86400.0
+        least = max(0.0, seconds) if least is None else min(least, max(0.0, seconds))
+    return least

@@ -82,11 +82,23 @@ def cut_evidence_lost(life: EvidenceLife) -> str | None:
 
 def attach_evidence_lost(life: EvidenceLife) -> str | None:
     """Why a resumed ``visibility=batch`` publish cannot trust that an ATTACH it does not
-    see (no part UUIDs in the target, no line in the query log) never ran, or None."""
-    if life.query_log_ttl_s is None or life.age_s + CLOCK_SKEW_S < life.query_log_ttl_s:
-        return None  # the query log would show it
+    see (no part UUIDs in the target, no line in the query log) never ran, or None.
+
+    The attached parts prove it until merged away and cleaned up; the query log line
+    until its TTL deletes it, or never if the server crashed before flushing it (a
+    restart since the PREPARE counts as such a crash)."""
     if not life.restarted_since_prepare and not life.parts_may_be_gone:
         return None  # the attached parts would show, outdated or not
+    if life.restarted_since_prepare and life.parts_may_be_gone:
+        return (
+            f"ClickHouse restarted after the PREPARE and the record is older than the "
+            f"target's old_parts_lifetime ({life.describe()}): an ATTACH's parts may have "
+            f"been merged away and its query_log line lost with the restart (the log is "
+            f"flushed every few seconds), so nothing can prove an earlier ATTACH of this "
+            f"batch did not land"
+        )
+    if life.query_log_ttl_s is None or life.age_s + CLOCK_SKEW_S < life.query_log_ttl_s:
+        return None  # the query log would show it
     return (
         f"system.query_log keeps lines for less than the record's age and the target's "
         f"parts may have been merged away since ({life.describe()}): nothing can prove "
