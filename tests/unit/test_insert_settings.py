@@ -18,7 +18,7 @@ from txsink.clickhouse.insert_settings import (
     insert_settings_problems,
 )
 from txsink.clickhouse.retry import RetryPolicy
-from txsink.errors import ConfigError, RetryableConflict
+from txsink.errors import ConfigError, FencedError, RetryableConflict
 
 PARTITIONS = (
     "Code: 252. DB::Exception: Too many partitions for single INSERT block (more than "
@@ -67,6 +67,36 @@ def test_a_block_refused_for_its_partitions_is_sent_once_not_retried() -> None:
     with pytest.raises(ServerError):
         policy.run(insert, idempotent=True, what="INSERT")
     assert len(calls) == 1
+
+
+def test_a_dedup_block_is_not_sent_again_once_its_batch_is_sealed() -> None:
+    """A block with a dedup token is retried after an unknown outcome (the reply lost),
+    possibly minutes later (back-off, timeouts): by then the batch may have committed on
+    another attempt and the token left the window. ``resend_ok`` is asked before every
+    retry, never before the first send (issue 38 row 1, review finding 3)."""
+    sent: list[int] = []
+    asked: list[int] = []
+    sealed = False
+
+    def insert() -> None:
+        nonlocal sealed
+        sent.append(1)
+        sealed = True  # the batch commits on another attempt while this reply is lost
+        raise OSError("Connection reset by peer")
+
+    def resend_ok() -> bool:
+        asked.append(1)
+        return not sealed
+
+    policy = RetryPolicy(attempts=5, sleep=lambda _: None)
+    with pytest.raises(FencedError, match="not sent again"):
+        policy.run(insert, idempotent=True, what="INSERT", resend_ok=resend_ok)
+    assert (len(sent), len(asked)) == (1, 1)
+    sealed_never = RetryPolicy(attempts=3, sleep=lambda _: None)
+    sent.clear()
+    with pytest.raises(OSError):  # still wanted: retried as before, up to the attempts
+        sealed_never.run(insert, idempotent=True, what="INSERT", resend_ok=lambda: True)
+    assert len(sent) == 3
 
 
 def test_staging_and_dedup_inserts_pin_both_spellings_of_deduplication() -> None:

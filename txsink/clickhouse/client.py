@@ -72,9 +72,19 @@ class Client:
     def __repr__(self) -> str:
         return f"Client({self.url!r})"
 
-    def _call(self, fn: Callable[[], T], *, what: str, idempotent: bool, table: str | None) -> T:
+    def _call(
+        self,
+        fn: Callable[[], T],
+        *,
+        what: str,
+        idempotent: bool,
+        table: str | None,
+        resend_ok: Callable[[], bool] | None = None,
+    ) -> T:
         try:
-            return self.retry.run(fn, idempotent=idempotent, what=what, secrets=self._secrets)
+            return self.retry.run(
+                fn, idempotent=idempotent, what=what, secrets=self._secrets, resend_ok=resend_ok
+            )
         except (ch_exc.ClickHouseError, OSError) as exc:
             raise map_error(
                 exc, url=self.url, what=what, table=table, secrets=self._secrets
@@ -131,10 +141,11 @@ class Client:
         *,
         settings: Mapping[str, Any] | None = None,
         idempotent: bool = False,
+        resend_ok: Callable[[], bool] | None = None,
     ) -> Any:
         """Insert one Arrow table as one block; retried on ambiguous errors only if
         ``idempotent`` (for example the block carries an ``insert_deduplication_token``
-        and the table deduplicates)."""
+        and the table deduplicates), and only while ``resend_ok()`` says so."""
         return self._call(
             lambda: self.raw.insert_arrow(
                 table, arrow_table, database=db, settings=dict(settings) if settings else None
@@ -142,6 +153,7 @@ class Client:
             what=f"INSERT of {arrow_table.num_rows} rows into {db}.{table}",
             idempotent=idempotent,
             table=f"{db}.{table}",
+            resend_ok=resend_ok,
         )
 
     def effective_settings(self, names: Iterable[str]) -> dict[str, SettingValue]:

@@ -21,7 +21,7 @@ Every SQL statement dedup mode sends lives here, so the Spark layer holds none
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from txsink.clickhouse.blockers import dedup_window
@@ -87,14 +87,26 @@ class DedupTarget:
         self.db, self.name = split_table(table)
         self._defaults: dict[str, str] | None = None
 
-    def insert(self, block: Any, *, job: str, xid: str, partition: int, index: int) -> None:
-        """Insert the Arrow table ``block`` as ONE ClickHouse block with its token."""
+    def insert(
+        self,
+        block: Any,
+        *,
+        job: str,
+        xid: str,
+        partition: int,
+        index: int,
+        resend_ok: Callable[[], bool] | None = None,
+    ) -> None:
+        """Insert the Arrow table ``block`` as ONE ClickHouse block with its token; a
+        retry after an unknown outcome is sent only while ``resend_ok()`` (else
+        :class:`~txsink.errors.FencedError`)."""
         self.warehouse.insert_blocks(
             self.table,
             block.to_batches(),
             block_rows=block.num_rows,
             block_bytes=NO_BYTE_LIMIT,
             settings=insert_settings(job, xid, partition, index, self.settings),
+            resend_ok=resend_ok,
         )
 
     def observe(self) -> tuple[dw.Mark, dw.Window] | None:

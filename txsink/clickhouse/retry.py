@@ -17,6 +17,7 @@ from typing import TypeVar
 import tenacity
 
 from txsink.clickhouse.error_map import Transience, classify, short_text
+from txsink.errors import FencedError
 from txsink.options import default_of
 
 log = logging.getLogger(__name__)
@@ -48,9 +49,27 @@ class RetryPolicy:
     sleep: Callable[[float], None] = time.sleep
 
     def run(
-        self, fn: Callable[[], T], *, idempotent: bool, what: str, secrets: tuple[str, ...] = ()
+        self,
+        fn: Callable[[], T],
+        *,
+        idempotent: bool,
+        what: str,
+        secrets: tuple[str, ...] = (),
+        resend_ok: Callable[[], bool] | None = None,
     ) -> T:
-        """Call ``fn``, retrying classified transient errors (raw, unmapped) per policy."""
+        """Call ``fn``, retrying classified transient errors (raw, unmapped) per policy.
+
+        ``resend_ok`` is asked before every retry (not the first call): False stops with
+        :class:`~txsink.errors.FencedError` (a dedup block whose batch was committed
+        meanwhile must not be sent again: its token may have left the window)."""
+        tries = 0
+
+        def attempt() -> T:
+            nonlocal tries
+            tries += 1
+            if tries > 1 and resend_ok is not None and not resend_ok():
+                raise FencedError(f"{what}: not sent again, its batch was sealed meanwhile")
+            return fn()
 
         def retryable(exc: BaseException) -> bool:
             kind = classify(exc)
@@ -76,4 +95,4 @@ class RetryPolicy:
             before_sleep=before_sleep,
             reraise=True,
         )
-        return retrying(fn)
+        return retrying(attempt)

@@ -22,7 +22,7 @@ sends it, ``intHash64(value) % shards``; without it rows are spread evenly by po
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -280,6 +280,7 @@ class ShardedWarehouse:
         block_rows: int,
         block_bytes: int,
         settings: BlockSettings = None,
+        resend_ok: Callable[[], bool] | None = None,
     ) -> InsertStats:
         if "." in table or "`" in table:
             raise self.capabilities.missing(
@@ -289,7 +290,12 @@ class ShardedWarehouse:
                 "deterministic blocks); use mode=attach",
             )
         return self._on(table).insert_blocks(
-            table, batches, block_rows=block_rows, block_bytes=block_bytes, settings=settings
+            table,
+            batches,
+            block_rows=block_rows,
+            block_bytes=block_bytes,
+            settings=settings,
+            resend_ok=resend_ok,
         )
 
     def staged_part_rows(self, table: str) -> dict[str, dict[str, int]]:

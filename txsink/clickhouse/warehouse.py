@@ -16,7 +16,7 @@ ATTACH, claims) and, here, inserts. Invariants (the layers' docstrings say more)
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -89,6 +89,7 @@ class ClickHouseWarehouse(Publisher):
         block_rows: int,
         block_bytes: int,
         settings: BlockSettings = None,
+        resend_ok: Callable[[], bool] | None = None,
     ) -> InsertStats:
         """Send ``batches`` as blocks of at most ``block_rows`` rows / ``block_bytes`` bytes.
 
@@ -97,7 +98,8 @@ class ClickHouseWarehouse(Publisher):
         or a callable ``block_index -> dict`` (dedup mode: a per-block
         ``insert_deduplication_token``); the user's ``settings.<name>`` options arrive
         here, under the staging settings, which win.
-        A block is retried after an ambiguous failure only if it carries such a token.
+        A block is retried after an ambiguous failure only if it carries such a token, and
+        only while ``resend_ok()`` is true (else :class:`~txsink.errors.FencedError`).
         Block boundaries depend only on the batch sizes, so a replay of the same data cuts
         the same blocks.
         """
@@ -121,7 +123,12 @@ class ClickHouseWarehouse(Publisher):
             block_settings = self.client.known({**(extra or {}), **base}, OPTIONAL_INSERT_SETTINGS)
             idempotent = bool(block_settings.get("insert_deduplication_token"))
             self.client.insert_arrow(
-                db, name, block, settings=block_settings or None, idempotent=idempotent
+                db,
+                name,
+                block,
+                settings=block_settings or None,
+                idempotent=idempotent,
+                resend_ok=resend_ok,
             )
             rows += block.num_rows
             size += block.nbytes

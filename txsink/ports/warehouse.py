@@ -246,6 +246,7 @@ class Warehouse(Protocol):
         block_rows: int,
         block_bytes: int,
         settings: BlockSettings = None,
+        resend_ok: Callable[[], bool] | None = None,  # asked before a block is sent again
     ) -> InsertStats: ...
 
     # -- publish ----------------------------------------------------------------------

@@ -323,6 +323,7 @@ class MemoryWarehouse:
         block_rows: int,
         block_bytes: int,
         settings: BlockSettings = None,
+        resend_ok: Callable[[], bool] | None = None,  # the twin never sends a block again
     ) -> InsertStats:
         if block_rows < 1 or block_bytes < 1:
             raise ConfigError(f"block_rows={block_rows} / block_bytes={block_bytes} must be >= 1")

@@ -66,6 +66,7 @@ from txsink.errors import (
     ConfigError,
     ContentChanged,
     DedupWindowExceeded,
+    FencedError,
     HalfVisibleBatch,
 )
 from txsink.faults import fault_point
@@ -450,7 +451,18 @@ def _send(
                     "the rest not sent to %s", job, xid, attempt, partition, index, table,
                 )  # fmt: skip
                 return None
-            guard.insert(block, job=cfg.job, xid=xid, partition=partition, index=index)
+            try:  # a retry of the block asks again: it may come long after this check
+                guard.insert(
+                    block, job=cfg.job, xid=xid, partition=partition, index=index,
+                    resend_ok=lambda: not is_sealed(),
+                )  # fmt: skip
+            except FencedError:
+                log.warning(
+                    "job %s: xid %s was prepared or committed while block %d of task attempt "
+                    "%d of Spark partition %d was retried: not sent again to %s",
+                    job, xid, index, attempt, partition, table,
+                )  # fmt: skip
+                return None
             inserted += 1
         else:
             skipped += 1
