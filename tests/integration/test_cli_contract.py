@@ -13,11 +13,13 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.cli_schema import checked
 from tests.integration import test_ops_cli as ops
+from tests.integration.conftest import free_port
 from tests.integration.test_ops_cli import REPO, Env, begin, cli_json, commit, count, rows, stage
 from txsink.protocol.ids import batch_xid
 
@@ -161,6 +163,28 @@ def test_verify_shows_progress_on_a_terminal_and_none_on_a_pipe_or_with_json(
     assert code == 0 and tty_err == ""
 
 
+def _ignoring_sigint() -> None:
+    """Start a child as a shell's background job (or a CI runner started that way) does:
+    SIGINT ignored, which the child inherits unless it sets its own handler."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _interrupt_once_seen(
+    proc: subprocess.Popen[str], stream: Any, needle: str, times: int = 1
+) -> tuple[str, float]:
+    """Read ``stream`` of ``proc`` until ``needle`` was printed ``times`` times (the
+    command is provably where the test wants it), then send SIGINT; what was read and
+    the monotonic time the signal was sent. Fails if the line never comes."""
+    seen = ""
+    deadline = time.monotonic() + 120
+    while seen.count(needle) < times:
+        line = stream.readline()
+        assert line and time.monotonic() < deadline, (needle, seen, proc.poll())
+        seen += line
+    proc.send_signal(signal.SIGINT)
+    return seen, time.monotonic()
+
+
 def test_status_watch_redraws_until_interrupted(
     env: Env, cli: Callable[..., tuple[int, str, str]]
 ) -> None:
@@ -168,12 +192,28 @@ def test_status_watch_redraws_until_interrupted(
     proc = subprocess.Popen(
         [TXSINK, "status", *env.flags(), "--watch", "0.5"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=_ignoring_sigint,  # noqa: PLW1509 - a signal disposition, no threads
     )  # fmt: skip
-    time.sleep(1.8)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=30)
+    seen, sent = _interrupt_once_seen(proc, proc.stdout, "txsink status, every 0.5s", 2)
+    out, err = proc.communicate(timeout=30)  # at once: generous, never the bound tested
     assert proc.returncode == 0, err
-    assert out.count("txsink status, every 0.5s") >= 2 and out.count(env.job) >= 2
+    assert time.monotonic() - sent < 30
+    assert (seen + out).count(env.job) >= 2
+
+
+def test_ctrl_c_ends_a_command_inside_a_keeper_retry_at_once(tmp_path: Path) -> None:
+    # nothing listens on a freshly closed port: kazoo's connect loop retries until the
+    # 120 s timeout; Ctrl-C inside it ends the command with 130 at once
+    dead = free_port()
+    proc = subprocess.Popen(
+        [TXSINK, "-v", "status", "--keeper", f"127.0.0.1:{dead}", "--keeper-timeout", "120"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        preexec_fn=_ignoring_sigint,  # noqa: PLW1509 - a signal disposition, no threads
+    )  # fmt: skip
+    _, sent = _interrupt_once_seen(proc, proc.stderr, "Connection dropped", 2)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    assert time.monotonic() - sent < 30, err[-2000:]
 
 
 def test_an_unreachable_keeper_is_one_line_within_seconds(tmp_path: Path) -> None:
