@@ -1,38 +1,40 @@
 """Is a job's writer alive? Judged by the heartbeat the writer declares, else by its
 own commit cadence (pure).
 
-A writer heartbeats its owner node at takeover, while a publish waits, and after every
-commit. Two kinds of writer are judged two ways:
+A writer heartbeats its owner node at takeover, between the statements of a publish
+that runs longer than its beat, while a publish waits, and after every commit. It is
+judged (docs/operations.md#liveness says the same, with a table):
 
-- **Inside a commit** (the takeover of its first commit, a publish that waits): the
-  writer *declares* how often it beats (``beat_s`` in the owner node, 5 s), so it is
-  judged by that, whatever its history: a writer that died after its first PREPARE, with
-  no commit yet, reads gone ``clamp(3 x 5, 30, 600)`` = 30 s after its last beat.
-- **Between batches** (state ``idle``): the next beat comes with the next commit, after
-  the trigger's wait and the executors' work, so the writer is judged by its *cadence*:
-  the median gap between the ``committed_at`` times of its most recent COMMITTED xids
-  (the median shrugs off a restart's long gap and a catch-up's burst).
+- **Inside a commit** (a declared beat: ``running``, ``publishing``; or a PREPARED xid
+  of its epoch newer than its last beat): by the longest of 3 x its declared beat
+  (``beat_s``, 5 s), 3 x its cadence, and the longest statement it may wait on without
+  a beat plus the floor (``wait_s`` + 30 s: its client's send_receive_timeout +
+  connect_timeout, 310 s by default; an ATTACH may wait ``lock_acquire_timeout``).
+- **Between batches** (state ``idle``; a batch write's ``finished`` alike): by its
+  *cadence*, the median gap between the ``committed_at`` times of its most recent
+  COMMITTED xids (the median shrugs off a restart's long gap and a catch-up's burst).
+- **A run at work**: staging no xid record references, written after the owner's last
+  beat and less than :data:`STALE_CAP` ago (the next ``save()``'s tasks stage before it
+  takes the job), makes the writer live whatever its beat.
 
-The heartbeat is stale, and the writer presumed dead, once it is older than::
+::
 
     stale_after = clamp(CADENCE_FACTOR x (declared beat or cadence), STALE_FLOOR, STALE_CAP)
+                  (inside a commit at least wait_s + STALE_FLOOR)
 
 - ``CADENCE_FACTOR`` = 3: three intervals may pass before a writer reads dead;
 - ``STALE_FLOOR`` = 30 s: below that, a short GC pause, a slow MOVE or clock skew between
   the writer's host and the operator's would make a live writer read dead;
-- ``STALE_CAP`` = 600 s: a slow job never blocks ``txsink recover`` for more than ten
+- ``STALE_CAP`` = 600 s: a slow idle job never blocks ``txsink recover`` for more than ten
   minutes, however slow its cadence.
 
-A busy writer of a slow job keeps the longer of the two (its commit's statements do not
-beat while they run). An idle writer with fewer than two commits has no cadence: it gets
-the cap. A batch write's writer says ``finished`` after its commit and is shown so, but
-judged like an idle stream: the next write of the job stages before it takes the job,
-and its staging is not an orphan. An explicit ``stale_after``
-(``--stale-after``) wins over beat and cadence. The owner ``txsink-recover@...`` (the mark
-recovery leaves) is never a live writer.
+An idle writer with fewer than two commits has no cadence: it gets the cap. An explicit
+``stale_after`` (``--stale-after``) wins over everything. The owner
+``txsink-recover@...`` (the mark recovery leaves) is never a live writer.
 
-Reading dead wrongly costs a restart, not data: ``txsink recover`` fences the writer with
-a new epoch, and its next prepare or commit fails with FencedError.
+Reading dead wrongly costs the batch in flight, not committed data: ``txsink recover``
+fences the writer with a new epoch and rolls back its unprepared staging; its next
+prepare or commit fails with FencedError.
 """
 
 from __future__ import annotations
