@@ -194,7 +194,9 @@ def test_status_watch_redraws_until_interrupted(
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         preexec_fn=_ignoring_sigint,  # noqa: PLW1509 - a signal disposition, no threads
     )  # fmt: skip
-    seen, sent = _interrupt_once_seen(proc, proc.stdout, "txsink status, every 0.5s", 2)
+    # the third header: two whole redraws are on the pipe, the watch is in its sleep
+    # or drawing again
+    seen, sent = _interrupt_once_seen(proc, proc.stdout, "txsink status, every 0.5s", 3)
     out, err = proc.communicate(timeout=30)  # at once: generous, never the bound tested
     assert proc.returncode == 0, err
     assert time.monotonic() - sent < 30
