@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pty
@@ -40,8 +41,8 @@ def test_status_shows_one_line_per_job_the_ones_that_need_attention_first(
     env: Env, cli: Callable[..., tuple[int, str, str]]
 ) -> None:
     """25 jobs: 22 whose writer is inside its first commit, one idle stream, one finished
-    batch write, and one that died after its first PREPARE (gone once its declared
-    heartbeat is 30 s old, so `recover` needs no --force)."""
+    batch write, and one that died after its first PREPARE (gone once its longest
+    statement, 310 s, and 30 s passed, so `recover` needs no --force)."""
     quiet = [f"job-{i:02d}" for i in range(22)]
     for name in quiet:
         begin(env.open(name), f"run-{name}")
@@ -52,9 +53,15 @@ def test_status_shows_one_line_per_job_the_ones_that_need_attention_first(
     parts = stage(batch, batch_xid(1), rows(4, start=100), run="run-b")
     batch.transactor.commit_batch(epoch, batch_xid(1), 1, env.table, parts)  # not streaming
     env.crash_after_prepare(0, "run-crashed")  # job orders-stream, PREPARED b0, no commit
-    age_heartbeat(env, env.job, 31.0)
+    # inside a commit it is allowed its longest statement (310 s) + 30 s after its last
+    # sign of life, the heartbeat or the PREPARE: both made 341 s older
+    age_heartbeat(env, env.job, 341.0)
+    b0 = env.record("b0")
+    assert b0 is not None
+    env.write_record(dataclasses.replace(b0, created_at=b0.created_at - 341.0))
 
-    code, out, _ = cli("status")
+    late = ("--stuck-after", "3600")  # its PREPARED b0 is 341 s old: not stuck yet
+    code, out, _ = cli("status", *late)
     lines = out.strip().splitlines()
     assert code == 1  # the crashed job needs attention
     assert lines[0].split() == [
@@ -69,17 +76,17 @@ def test_status_shows_one_line_per_job_the_ones_that_need_attention_first(
     assert all(by_job[j][7] == "live" and by_job[j][4] == "-" for j in quiet)
     assert "None" not in out
 
-    code, doc = cli_json(cli, "status")
+    code, doc = cli_json(cli, "status", *late)
     assert code == 1 and len(doc["jobs"]) == 25 and doc["jobs"][0]["job"] == env.job
     crashed = doc["jobs"][0]
-    assert (crashed["writer"], crashed["stale_after_s"], crashed["beat_s"]) == ("gone", 30.0, 5.0)
+    assert (crashed["writer"], crashed["stale_after_s"], crashed["beat_s"]) == ("gone", 340.0, 5.0)
     assert crashed["last_commit_at"] is None and crashed["attention"] == "stale-owner"
     assert {f["job"] for f in doc["findings"] if f["level"] == "warn"} == {env.job}
     batch_job = next(j for j in doc["jobs"] if j["job"] == "batch")
     assert batch_job["writer"] == "finished" and batch_job["last_commit_at"].endswith("Z")
 
-    code, out, _ = cli("status", "--job", env.job)
-    assert "GONE: epoch" in out and "5s heartbeat it declared inside a commit" in out
+    code, out, _ = cli("status", "--job", env.job, *late)
+    assert "GONE: epoch" in out and "longest statement it may wait on" in out
     assert "batch None" not in out and "warnings:\n    [warn] stale-owner" in out
 
     code, doc = cli_json(cli, "recover", "--yes", "--job", env.job)  # no --force needed

@@ -166,7 +166,9 @@ def test_the_next_save_of_a_daily_job_is_a_run_at_work_not_an_orphan() -> None:
     tx.commit_batch(epoch, "b2", 2, TARGET, [])
     clock.t += 86_400.0  # a day later the next save stages
     table = "tx_cadenced_0123abcd__b3__r0011aabb_p0_a0_t0"
-    staged = {table: {"rows": 4, "bytes": 40, "modified": clock.t - 5.0}}
+    staged: dict[str, dict[str, float]] = {
+        table: {"rows": 4, "bytes": 40, "modified": clock.t - 5.0}
+    }
     inputs = {**status_inputs(reg, "attach"), "staging_sizes": staged}
     st = assess(JOB, now=clock.t, **inputs)  # type: ignore[arg-type]
     assert (st.live, st.writer, st.stale_after_source) == (True, "live", "staging")
@@ -178,6 +180,10 @@ def test_the_next_save_of_a_daily_job_is_a_run_at_work_not_an_orphan() -> None:
     known = {"tx_cadenced_0123abcd__b2__r0011aabb_p0_a0_t0": staged[table]}
     old = assess(JOB, now=clock.t, **{**inputs, "staging_sizes": known})  # type: ignore[arg-type]
     assert old.live is False
+    # a stream's next micro-batch is its cadence's to judge: its staging does not speak
+    stream, sclock = run_writer(every=2.0, commits=5)
+    running = liveness_of(stream.owner(JOB), stream.list(JOB), sclock.t + 31, None, staged)
+    assert running.live is False
     # --stale-after decides alone
     flag = liveness_of(reg.owner(JOB), reg.list(JOB), clock.t, 0.0, staged)
     assert flag.live is False

@@ -13,9 +13,10 @@ judged (docs/operations.md#liveness says the same, with a table):
 - **Between batches** (state ``idle``; a batch write's ``finished`` alike): by its
   *cadence*, the median gap between the ``committed_at`` times of its most recent
   COMMITTED xids (the median shrugs off a restart's long gap and a catch-up's burst).
-- **A run at work**: staging no xid record references, written after the owner's last
-  beat and less than :data:`STALE_CAP` ago (the next ``save()``'s tasks stage before it
-  takes the job), makes the writer live whatever its beat.
+- **A run at work**: while the owner is ``finished`` (or recovery's mark, or none),
+  staging no xid record references, written after the owner's last beat and less than
+  :data:`STALE_CAP` ago (the next ``save()``'s tasks stage before it takes the job),
+  makes the writer live whatever its beat.
 
 ::
 
@@ -199,7 +200,9 @@ def judge(
     (None: none), the sign of a commit under way even when the owner still rests as
     after the last one. ``staged_at``: the newest write to staging no xid record
     references (a run that has not prepared yet: a batch save's tasks, a stream's next
-    micro-batch; None: none, or not known).
+    micro-batch; None: none, or not known). It speaks only where no writer's beat does:
+    the owner finished its batch write (the next ``save()`` stages before it takes the
+    job), recovery holds the job, or nobody does.
 
     - A writer inside a commit (a declared beat, or a PREPARED xid of its epoch newer
       than its last beat) is judged by the longer of its declared beat, its cadence
@@ -209,8 +212,10 @@ def judge(
       ``send_receive_timeout``, which the writer declares).
     - A finished batch write is judged like an idle stream (``txsink status`` still
       names the writer ``finished``).
-    - Staging written after the last beat and less than :data:`STALE_CAP` ago is a run
-      at work: the writer reads live whatever its last beat (source ``staging``)."""
+    - Staging written after the last beat and less than :data:`STALE_CAP` ago, while
+      the owner is finished, recovery's mark or none, is a run at work: the writer
+      reads live whatever its last beat (source ``staging``). A stream's own next
+      micro-batch is its cadence's to judge."""
     cadence = commit_cadence(committed_at)
     beat = declared_beat(owner)
     info = as_owner(owner)
@@ -236,6 +241,7 @@ def judge(
     if (
         not live
         and stale_after is None
+        and (info is None or is_finished(info) or is_recover_owner(info))
         and staged_at is not None
         and (last is None or staged_at > last)
         and now - staged_at < STALE_CAP
