@@ -198,6 +198,8 @@ def job_handle(config: WriterConfig, registry: Registry, warehouse: Any) -> JobH
         config.job,
         retention=config.retention,
         publish_retry_s=config.publish_retry_s,
+        # a publish statement may run this long without a beat (txsink.ops.liveness)
+        statement_s=config.send_receive_timeout + config.connect_timeout,
     )
     return JobHandle(config, registry, warehouse, transactor)
 

@@ -38,7 +38,6 @@ from txsink.ports.record_rules import superseded
 from txsink.ports.registry import Registry
 from txsink.ports.warehouse import Warehouse
 from txsink.protocol import ops, steps
-from txsink.protocol.codec import BEAT_KEY
 from txsink.protocol.ids import batch_claim_name
 from txsink.protocol.states import Cut, Epoch, XidRecord, XidState
 
@@ -77,6 +76,7 @@ class StepRunner:
         self.sleep = sleep
         # (xid, target) -> the name this runner renamed that batch staging table to
         self.claims: dict[tuple[str, str], str] = {}
+        self._beat_at = float("-inf")  # when (clock) a publish last beat
 
     def run(
         self,
@@ -85,11 +85,14 @@ class StepRunner:
         *,
         deadline: float,
         failure: TxSinkError | None = None,
+        xid: str = "",
     ) -> XidRecord:
         """Drive ``sequence`` to its end; its return value. ``deadline`` (monotonic) bounds
         the waits for a quiet server; ``failure``: the error that made the caller look
-        again (raised instead when the server is not seen quiet)."""
+        again (raised instead when the server is not seen quiet); ``xid``: the one it
+        publishes (named in the beats of a long publish)."""
         reply: Any = None
+        self._beat_at = self.clock()  # the xid's PREPARE (or the last beat) is as fresh
         try:
             while True:
                 try:
@@ -97,9 +100,23 @@ class StepRunner:
                 except StopIteration as done:
                     record: XidRecord = done.value
                     return record
+                self._beat_between(epoch, step, xid)
                 reply = self.act(epoch, step, deadline, failure)
         finally:
             sequence.close()
+
+    def _beat_between(self, epoch: Epoch, step: steps.Step, xid: str) -> None:
+        """Beat (state ``publishing``) before a statement once ``heartbeat_s`` passed
+        since the last: a long publish (many MOVEs, each up to ``statement_s``) never
+        goes longer than one statement plus a beat without one. A commit that takes less
+        than ``heartbeat_s`` writes none (its PREPARE shows it alive)."""
+        if isinstance(step, (steps.Stop, steps.FaultPoint, steps.Settle)):
+            return
+        if self.clock() - self._beat_at <= self.bounds.heartbeat_s:
+            return
+        self._beat_at = self.clock()
+        with contextlib.suppress(TxSinkError):  # a missed beat is only late
+            self.registry.heartbeat(epoch, self.bounds.promise("publishing", xid=xid))
 
     def drive(self, sequence: Generator[steps.Step, Any, Any]) -> Any:
         """Drive a sequence of observations only (no epoch, no waits); its return value."""
@@ -248,10 +265,7 @@ class StepRunner:
             if time.monotonic() - beat[0] > self.bounds.heartbeat_s:
                 beat[0] = time.monotonic()
                 with contextlib.suppress(TxSinkError):  # a missed beat is only late
-                    self.registry.heartbeat(
-                        epoch,
-                        {"state": "publishing", "xid": xid, BEAT_KEY: self.bounds.heartbeat_s},
-                    )
+                    self.registry.heartbeat(epoch, self.bounds.promise("publishing", xid=xid))
 
         waiting = tenacity.Retrying(
             retry=tenacity.retry_if_result(lambda quiet: not quiet),

@@ -51,9 +51,9 @@ from txsink.ports.warehouse import Warehouse
 from txsink.protocol import job as rules
 from txsink.protocol import plans, sequence
 from txsink.protocol.codec import (
-    BEAT_KEY,
     FINISHED_STATE,
     IDLE_STATE,
+    WAIT_KEY,
     JobMeta,
     decode_partition_state,
 )
@@ -152,6 +152,7 @@ class Transactor:
         clock: Callable[[], float] = time.time,
         fault: Callable[[str], None] = fault_point,
         publish_retry_s: float = 60.0,
+        statement_s: float = PublishBounds.statement_s,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.registry = registry
@@ -167,7 +168,7 @@ class Transactor:
             warehouse,
             job,
             lambda: self.prefix,
-            bounds=PublishBounds(retry_s=publish_retry_s),
+            bounds=PublishBounds(retry_s=publish_retry_s, statement_s=statement_s),
             clock=clock,
             fault=fault,
             sleep=sleep,
@@ -233,9 +234,7 @@ class Transactor:
             )
         # inside its first commit: it declares how often it beats until that commit ends
         # (publish waits beat; txsink.ops.liveness judges it by this, not by a cadence)
-        self.registry.heartbeat(
-            epoch, {"state": "running", BEAT_KEY: self.runner.bounds.heartbeat_s}
-        )
+        self.registry.heartbeat(epoch, self.runner.bounds.promise("running"))
         return epoch
 
     # -- one batch ------------------------------------------------------------------
@@ -371,7 +370,9 @@ class Transactor:
                 record, self.prefix, bounds, resumed=resumed, after_failure=failure is not None
             )
             try:
-                return self.runner.run(epoch, steps, deadline=deadline, failure=failure)
+                return self.runner.run(
+                    epoch, steps, deadline=deadline, failure=failure, xid=record.xid
+                )
             except (UnavailableError, RetryableConflict) as exc:
                 failure, resumed = exc, True
                 raise
@@ -425,7 +426,7 @@ class Transactor:
         (:func:`sequence.finish`; :meth:`publish` re-observes after failures)."""
         steps = sequence.finish(record, self.prefix, self.runner.bounds, resumed=resumed)
         deadline = time.monotonic() + self.runner.bounds.retry_s
-        return self.runner.run(epoch, steps, deadline=deadline)
+        return self.runner.run(epoch, steps, deadline=deadline, xid=record.xid)
 
     def batch_tables(self, record: XidRecord) -> dict[str, str]:
         """Target -> batch staging table of a ``visibility=batch`` record, under the name
@@ -507,8 +508,14 @@ class Transactor:
         # between batches a stream is idle (judged by its commit cadence); a batch write
         # is finished: nothing of it is in flight any more
         state = IDLE_STATE if streaming else FINISHED_STATE
-        self.registry.heartbeat(
-            epoch, {"state": state, "last_xid": record.xid, "last_batch": record.batch}
+        self.registry.heartbeat(  # the wait it declares holds for its next commit too
+            epoch,
+            {
+                "state": state,
+                "last_xid": record.xid,
+                "last_batch": record.batch,
+                WAIT_KEY: self.runner.bounds.statement_s,
+            },
         )
         if record.batch is not None and record.batch % 50 == 0:
             self.prune(epoch)

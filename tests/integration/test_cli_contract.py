@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pty
@@ -13,11 +14,13 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.cli_schema import checked
 from tests.integration import test_ops_cli as ops
+from tests.integration.conftest import free_port
 from tests.integration.test_ops_cli import REPO, Env, begin, cli_json, commit, count, rows, stage
 from txsink.protocol.ids import batch_xid
 
@@ -38,8 +41,8 @@ def test_status_shows_one_line_per_job_the_ones_that_need_attention_first(
     env: Env, cli: Callable[..., tuple[int, str, str]]
 ) -> None:
     """25 jobs: 22 whose writer is inside its first commit, one idle stream, one finished
-    batch write, and one that died after its first PREPARE (gone once its declared
-    heartbeat is 30 s old, so `recover` needs no --force)."""
+    batch write, and one that died after its first PREPARE (gone once its longest
+    statement, 310 s, and 30 s passed, so `recover` needs no --force)."""
     quiet = [f"job-{i:02d}" for i in range(22)]
     for name in quiet:
         begin(env.open(name), f"run-{name}")
@@ -50,9 +53,15 @@ def test_status_shows_one_line_per_job_the_ones_that_need_attention_first(
     parts = stage(batch, batch_xid(1), rows(4, start=100), run="run-b")
     batch.transactor.commit_batch(epoch, batch_xid(1), 1, env.table, parts)  # not streaming
     env.crash_after_prepare(0, "run-crashed")  # job orders-stream, PREPARED b0, no commit
-    age_heartbeat(env, env.job, 31.0)
+    # inside a commit it is allowed its longest statement (310 s) + 30 s after its last
+    # sign of life, the heartbeat or the PREPARE: both made 341 s older
+    age_heartbeat(env, env.job, 341.0)
+    b0 = env.record("b0")
+    assert b0 is not None
+    env.write_record(dataclasses.replace(b0, created_at=b0.created_at - 341.0))
 
-    code, out, _ = cli("status")
+    late = ("--stuck-after", "3600")  # its PREPARED b0 is 341 s old: not stuck yet
+    code, out, _ = cli("status", *late)
     lines = out.strip().splitlines()
     assert code == 1  # the crashed job needs attention
     assert lines[0].split() == [
@@ -67,17 +76,17 @@ def test_status_shows_one_line_per_job_the_ones_that_need_attention_first(
     assert all(by_job[j][7] == "live" and by_job[j][4] == "-" for j in quiet)
     assert "None" not in out
 
-    code, doc = cli_json(cli, "status")
+    code, doc = cli_json(cli, "status", *late)
     assert code == 1 and len(doc["jobs"]) == 25 and doc["jobs"][0]["job"] == env.job
     crashed = doc["jobs"][0]
-    assert (crashed["writer"], crashed["stale_after_s"], crashed["beat_s"]) == ("gone", 30.0, 5.0)
+    assert (crashed["writer"], crashed["stale_after_s"], crashed["beat_s"]) == ("gone", 340.0, 5.0)
     assert crashed["last_commit_at"] is None and crashed["attention"] == "stale-owner"
     assert {f["job"] for f in doc["findings"] if f["level"] == "warn"} == {env.job}
     batch_job = next(j for j in doc["jobs"] if j["job"] == "batch")
     assert batch_job["writer"] == "finished" and batch_job["last_commit_at"].endswith("Z")
 
-    code, out, _ = cli("status", "--job", env.job)
-    assert "GONE: epoch" in out and "5s heartbeat it declared inside a commit" in out
+    code, out, _ = cli("status", "--job", env.job, *late)
+    assert "GONE: epoch" in out and "longest statement it may wait on" in out
     assert "batch None" not in out and "warnings:\n    [warn] stale-owner" in out
 
     code, doc = cli_json(cli, "recover", "--yes", "--job", env.job)  # no --force needed
@@ -161,6 +170,28 @@ def test_verify_shows_progress_on_a_terminal_and_none_on_a_pipe_or_with_json(
     assert code == 0 and tty_err == ""
 
 
+def _ignoring_sigint() -> None:
+    """Start a child as a shell's background job (or a CI runner started that way) does:
+    SIGINT ignored, which the child inherits unless it sets its own handler."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _interrupt_once_seen(
+    proc: subprocess.Popen[str], stream: Any, needle: str, times: int = 1
+) -> tuple[str, float]:
+    """Read ``stream`` of ``proc`` until ``needle`` was printed ``times`` times (the
+    command is provably where the test wants it), then send SIGINT; what was read and
+    the monotonic time the signal was sent. Fails if the line never comes."""
+    seen = ""
+    deadline = time.monotonic() + 120
+    while seen.count(needle) < times:
+        line = stream.readline()
+        assert line and time.monotonic() < deadline, (needle, seen, proc.poll())
+        seen += line
+    proc.send_signal(signal.SIGINT)
+    return seen, time.monotonic()
+
+
 def test_status_watch_redraws_until_interrupted(
     env: Env, cli: Callable[..., tuple[int, str, str]]
 ) -> None:
@@ -168,12 +199,30 @@ def test_status_watch_redraws_until_interrupted(
     proc = subprocess.Popen(
         [TXSINK, "status", *env.flags(), "--watch", "0.5"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=_ignoring_sigint,  # noqa: PLW1509 - a signal disposition, no threads
     )  # fmt: skip
-    time.sleep(1.8)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=30)
+    # the third header: two whole redraws are on the pipe, the watch is in its sleep
+    # or drawing again
+    seen, sent = _interrupt_once_seen(proc, proc.stdout, "txsink status, every 0.5s", 3)
+    out, err = proc.communicate(timeout=30)  # at once: generous, never the bound tested
     assert proc.returncode == 0, err
-    assert out.count("txsink status, every 0.5s") >= 2 and out.count(env.job) >= 2
+    assert time.monotonic() - sent < 30
+    assert (seen + out).count(env.job) >= 2
+
+
+def test_ctrl_c_ends_a_command_inside_a_keeper_retry_at_once(tmp_path: Path) -> None:
+    # nothing listens on a freshly closed port: kazoo's connect loop retries until the
+    # 120 s timeout; Ctrl-C inside it ends the command with 130 at once
+    dead = free_port()
+    proc = subprocess.Popen(
+        [TXSINK, "-v", "status", "--keeper", f"127.0.0.1:{dead}", "--keeper-timeout", "120"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        preexec_fn=_ignoring_sigint,  # noqa: PLW1509 - a signal disposition, no threads
+    )  # fmt: skip
+    _, sent = _interrupt_once_seen(proc, proc.stderr, "Connection dropped", 2)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    assert time.monotonic() - sent < 30, err[-2000:]
 
 
 def test_an_unreachable_keeper_is_one_line_within_seconds(tmp_path: Path) -> None:

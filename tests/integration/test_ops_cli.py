@@ -336,6 +336,30 @@ def test_orphan_staging_is_reported_when_the_owner_is_stale_and_dropped_by_recov
     assert not [w for w in doc["jobs"][0]["warnings"] if w["kind"] == "orphan-staging"]
 
 
+def test_the_next_save_of_a_daily_job_is_not_an_orphan_and_recover_leaves_it(
+    env: Env, cli: Callable[..., tuple[int, str, str]]
+) -> None:
+    # a batch save finished a day ago (its owner rests `finished`, its beat a day old);
+    # the next save's tasks are staging now, before it takes the job: a run at work
+    handle = env.open()
+    epoch = begin(handle, "save-1")
+    parts = stage(handle, "u0a1b2c3d4e5f", rows(6, start=0), run="save-1")
+    handle.transactor.commit_batch(epoch, "u0a1b2c3d4e5f", None, env.table, parts)
+    path = f"{env.root}/jobs/{env.job}/owner"
+    owner = json.loads(env.zk.get(path)[0])
+    assert owner["state"] == "finished"
+    env.zk.set(path, json.dumps({**owner, "heartbeat": owner["heartbeat"] - 86400}).encode())
+    next_save = stage(handle, "u9f8e7d6c5b4a", rows(4, start=5000), run="save-2")[0].table
+
+    code, doc = cli_json(cli, "status")
+    job = doc["jobs"][0]
+    assert (job["live"], job["stale_after_source"]) == (True, "staging"), job
+    assert not [w for w in job["warnings"] if w["kind"] == "orphan-staging"]
+    code, doc = cli_json(cli, "recover", "--yes")
+    assert code == 3, doc  # refused: a live run, no --force
+    assert env.staging_tables() == [next_save]
+
+
 def test_lost_staging_of_a_prepared_xid_is_an_alarm_not_a_guess(
     env: Env, cli: Callable[..., tuple[int, str, str]]
 ) -> None:

@@ -570,3 +570,108 @@ def test_racing_takeovers_each_get_their_own_epoch(open_registry: Callable[[], R
     assert len({e.number for e in taken}) == 12
     assert len({e.token for e in taken}) == 12
     assert drivers[0].current_epoch(JOB).number == 13
+
+
+# -- concurrency and size (issue 38, row 8) ----------------------------------------------
+
+
+def test_a_racing_creator_waits_for_a_create_in_flight_and_never_aborts_it(
+    stack: StackInfo, root: str
+) -> None:
+    # Dedup tasks of one xid each create `dedup/<xid>` with their own record. Creator A
+    # has inserted its rows unconfirmed; B comes before A confirms them. B must wait and
+    # hear NodeExists once A confirms, not take A's row over (A's confirmation then
+    # fails, A retries and takes B's over: racing creators abort each other until their
+    # retries run out).
+    import threading
+    import time
+
+    a_client, b_client = Faulty(connect(stack)), Counting(connect(stack))
+    a, b = KeeperMapNodes(a_client, DATABASE), KeeperMapNodes(b_client, DATABASE)
+    parent = f"{root}/dedup"
+    racer: list[threading.Thread] = []
+    b_results: list[Any] = []
+    try:
+        a.ensure_path_async(root).get()
+
+        def b_creates() -> None:
+            b_results.extend(b.commit([Op("create", parent), Op("create", f"{parent}/p1")]))
+
+        def at_confirmation(sql: str) -> None:
+            if not sql.startswith("ALTER TABLE") or racer:
+                return
+            del b_client.statements[:]
+            racer.append(threading.Thread(target=b_creates))
+            racer[0].start()
+            # B read A's unconfirmed row and acted on it (a take-over, then its insert)
+            # or waits (reads again): its third statement, or its end
+            deadline = time.monotonic() + 30
+            while len(b_client.statements) < 3 and racer[0].is_alive():
+                assert time.monotonic() < deadline, b_client.statements
+                time.sleep(0.005)
+
+        a_client.before = at_confirmation
+        a_results = a.commit([Op("create", parent, b"a"), Op("create", f"{parent}/p0")])
+        racer[0].join(60)
+        assert a_results == [parent, f"{parent}/p0"]
+        assert isinstance(b_results[0], NodeExistsError), b_results
+        assert a.get_async(parent).get()[0] == b"a"
+    finally:
+        a.close()
+        b.close()
+
+
+def test_racing_creators_of_one_missing_parent_all_create_their_children(
+    open_registry: Callable[[], Registry],
+) -> None:
+    # the same, eight at once, through the registry (each retries as a task does)
+    import threading
+
+    from txsink.ports.registry import CREATE
+
+    drivers = [open_registry() for _ in range(8)]
+    drivers[0].take_epoch(JOB, "driver-0")
+    barrier = threading.Barrier(len(drivers))
+    failed: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            barrier.wait(timeout=30)
+            drivers[i].cas_blob(JOB, f"dedup/x-1/p{i}", {"task": i}, CREATE)
+        except BaseException as exc:
+            failed.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(drivers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert failed == []
+    assert drivers[0].blob_children(JOB, "dedup/x-1") == sorted(f"p{i}" for i in range(8))
+
+
+def test_a_recursive_delete_of_more_rows_than_one_block_leaves_none(
+    stack: StackInfo, root: str
+) -> None:
+    # ClickHouse's KeeperMap mutation returns after the first block it reads: one
+    # DELETE over more rows than a block removes only a prefix of them (blocks of 100
+    # rows here, so that a few thousand rows are many blocks)
+    from txsink.clickhouse.client import connect as ch_connect
+
+    nodes = KeeperMapNodes(ch_connect(stack.url, settings={"max_block_size": 100}), DATABASE)
+    other = connect(stack)
+    try:
+        nodes.ensure_path_async(f"{root}/big").get()
+        n = 3000
+        other.command(
+            f"INSERT INTO {DATABASE}.nodes SELECT '{root}/big/c' || toString(number), '', 0, "
+            f"1, '', '' FROM numbers({n})",
+            settings={"keeper_map_strict_mode": 1},
+        )
+        rows = f"SELECT count() FROM {DATABASE}.nodes WHERE startsWith(key, '{root}/')"
+        assert other.query_rows(rows)[0][0] == n + 1  # big and its children
+        nodes.delete(f"{root}/big", recursive=True)
+        assert other.query_rows(rows)[0][0] == 0
+    finally:
+        other.close()
+        nodes.close()

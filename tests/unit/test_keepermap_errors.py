@@ -139,3 +139,34 @@ def test_an_ensured_path_is_not_read_again_until_something_deletes_it() -> None:
     nodes.delete("/a", recursive=True)
     nodes.ensure_path_async("/a/b").get()
     assert reads == [["/a", "/a/b"]] * 2
+
+
+class OneBlockDeletes(Scripted):
+    """A KeeperMap table as ClickHouse's mutation treats it: a DELETE removes the rows
+    of the first block it reads (``block`` rows) and returns (StorageKeeperMap::mutate)."""
+
+    def __init__(self, rows: int, block: int) -> None:
+        super().__init__()
+        self.rows, self.block, self.deletes = rows, block, 0
+
+    def command(self, sql: str, **kwargs: Any) -> None:
+        if sql.startswith("DELETE"):
+            self.deletes += 1
+            self.rows -= min(self.rows, self.block)
+
+    def query_rows(self, sql: str, **kwargs: Any) -> list[Any]:
+        if "system.columns" in sql:
+            return list(COLUMNS)
+        return [(self.rows,)] if "count()" in sql else []
+
+
+def test_a_recursive_delete_over_more_rows_than_a_block_deletes_them_all() -> None:
+    table = OneBlockDeletes(rows=250_001, block=65_409)
+    KeeperMapNodes(table, "txsink_state_blocks").delete("/root/dedup/x", recursive=True)
+    assert (table.rows, table.deletes) == (0, 4)
+
+
+def test_a_recursive_delete_that_removes_nothing_is_an_error_not_a_loop() -> None:
+    table = OneBlockDeletes(rows=10, block=0)
+    with pytest.raises(TxSinkError, match="removed none"):
+        KeeperMapNodes(table, "txsink_state_stuck").delete("/root/dedup/x", recursive=True)

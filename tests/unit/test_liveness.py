@@ -6,6 +6,7 @@ heartbeats and ``committed_at`` times are the ones a writer leaves in Keeper.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from txsink.ops import liveness as lv
@@ -85,9 +86,13 @@ def test_an_idle_stream_without_a_cadence_yet_uses_the_cap() -> None:
     assert verdict_after(reg, clock, 601.0).live is False
 
 
-def test_a_writer_that_died_after_its_first_prepare_reads_gone_after_30s_not_600s() -> None:
-    """The issue's case: killed after the first PREPARE, no commit yet. The takeover's
-    heartbeat declares a 5 s beat, so the verdict follows it, not the missing cadence."""
+def test_a_writer_that_died_after_its_first_prepare_reads_gone_once_its_longest_wait_passed() -> (
+    None
+):
+    """Killed after the first PREPARE, no commit yet: it cannot be told from a writer
+    whose ATTACH waits on a lock, so it reads live for the longest statement it
+    declared (send_receive_timeout + connect_timeout, 310 s) plus the 30 s floor, and
+    gone after: not 600 s (the cap), not 30 s (which calls a waiting writer gone)."""
     from txsink.protocol.states import Mode, XidRecord, XidState
 
     clock = Clock()
@@ -96,18 +101,92 @@ def test_a_writer_that_died_after_its_first_prepare_reads_gone_after_30s_not_600
     epoch = tx.begin("run-1")
     first = XidRecord(JOB, "b0", 0, XidState.PREPARED, epoch.number, Mode.ATTACH, TARGET)
     reg.prepare(epoch, first)
-    v = verdict_after(reg, clock, 29.0)
+    v = verdict_after(reg, clock, 339.0)
     assert (v.live, v.beat_s, v.stale_after_s, v.stale_after_source) == (
         True,
         5.0,
-        lv.STALE_FLOOR,
-        "declared",
+        340.0,
+        "publishing",
     )
-    assert "5s heartbeat it declared inside a commit" in lv.explain(v)
-    assert verdict_after(reg, clock, 31.0).live is False
+    assert "longest statement it may wait on" in lv.explain(v)
+    assert verdict_after(reg, clock, 341.0).live is False
     # and the status of that job says so, with the recovery to run
-    gone = assess(JOB, now=clock.t + 31, **status_inputs(reg, "attach"))  # type: ignore[arg-type]
+    gone = assess(JOB, now=clock.t + 341, **status_inputs(reg, "attach"))  # type: ignore[arg-type]
     assert gone.writer == "gone"
+
+
+def test_a_fast_stream_inside_a_long_attach_is_not_gone_after_30s() -> None:
+    """Issue 38: a job committing every 2 s rests `idle` between batches (judged by
+    its 30 s floor); its next commit prepares, then its ATTACH waits on a lock for up
+    to lock_acquire_timeout (120 s) without a beat. The PREPARED xid of its epoch
+    shows it is inside a commit: the longest statement it may wait on is allowed."""
+    from txsink.protocol.states import Mode, XidRecord, XidState
+
+    reg, clock = run_writer(every=2.0, commits=15)
+    epoch = reg.current_epoch(JOB)
+    assert epoch is not None
+    clock.t += 1.0
+    nxt = XidRecord(JOB, "b15", 15, XidState.PREPARED, epoch.number, Mode.ATTACH, TARGET)
+    reg.prepare(epoch, dataclasses.replace(nxt, created_at=clock.t))
+    v = verdict_after(reg, clock, 120.0)  # the ATTACH still waits on its lock
+    assert (v.live, v.stale_after_source, v.stale_after_s) == (True, "publishing", 340.0)
+    assert verdict_after(reg, clock, 341.0).live is False
+    # a PREPARED xid of an older epoch is no sign of this writer at work
+    idle = liveness_of(reg.owner(JOB), reg.list(JOB), clock.t + 120, staging=None)
+    assert idle.live is True
+    older = [dataclasses.replace(r, epoch=0) for r in reg.list(JOB)]
+    assert liveness_of(reg.owner(JOB), older, clock.t + 120).live is False
+
+
+def test_a_publish_allows_the_statement_wait_it_declared() -> None:
+    busy = {
+        "owner": "run-1",
+        "epoch": 1,
+        "heartbeat": 100.0,
+        "state": "publishing",
+        "beat_s": 5,
+        "wait_s": 120,
+    }
+    assert lv.judge(busy, [], 249.0).live is True  # 120 s + the 30 s floor
+    assert lv.judge(busy, [], 251.0).live is False
+    assert lv.judge({**busy, "wait_s": None}, [], 439.0).live is True  # the default 310 s
+
+
+def test_the_next_save_of_a_daily_job_is_a_run_at_work_not_an_orphan() -> None:
+    """Issue 38: a daily batch save rests `finished` for a day; the next save's tasks
+    stage before it takes the job. Staging no record references, written after the
+    owner's last beat and less than the cap ago, is a run at work: live, no orphan.
+    Once nothing wrote it for the cap, it is an orphan again."""
+    clock = Clock()
+    reg = MemoryRegistry(clock=clock)
+    tx = Transactor(reg, MemoryWarehouse(), JOB, clock=clock)
+    epoch = tx.begin("save-1")
+    tx.commit_batch(epoch, "b1", 1, TARGET, [])
+    clock.t += 86_400.0
+    tx.commit_batch(epoch, "b2", 2, TARGET, [])
+    clock.t += 86_400.0  # a day later the next save stages
+    table = "tx_cadenced_0123abcd__b3__r0011aabb_p0_a0_t0"
+    staged: dict[str, dict[str, float]] = {
+        table: {"rows": 4, "bytes": 40, "modified": clock.t - 5.0}
+    }
+    inputs = {**status_inputs(reg, "attach"), "staging_sizes": staged}
+    st = assess(JOB, now=clock.t, **inputs)  # type: ignore[arg-type]
+    assert (st.live, st.writer, st.stale_after_source) == (True, "live", "staging")
+    assert not [w for w in st.warnings if w.kind == "orphan-staging"]
+    later = assess(JOB, now=clock.t + lv.STALE_CAP, **inputs)  # type: ignore[arg-type]
+    assert later.live is False
+    assert [w.kind for w in later.warnings if w.kind == "orphan-staging"] == ["orphan-staging"]
+    # staging of an xid the job has a record of is that record's, not a new run's
+    known = {"tx_cadenced_0123abcd__b2__r0011aabb_p0_a0_t0": staged[table]}
+    old = assess(JOB, now=clock.t, **{**inputs, "staging_sizes": known})  # type: ignore[arg-type]
+    assert old.live is False
+    # a stream's next micro-batch is its cadence's to judge: its staging does not speak
+    stream, sclock = run_writer(every=2.0, commits=5)
+    running = liveness_of(stream.owner(JOB), stream.list(JOB), sclock.t + 31, None, staged)
+    assert running.live is False
+    # --stale-after decides alone
+    flag = liveness_of(reg.owner(JOB), reg.list(JOB), clock.t, 0.0, staged)
+    assert flag.live is False
 
 
 def test_a_finished_batch_write_reads_finished_but_keeps_the_idle_patience() -> None:
@@ -157,8 +236,8 @@ def test_a_commit_of_a_slow_job_keeps_its_cadence_patience_inside_the_commit() -
 
 def test_a_publish_that_waits_declares_its_beat_and_idle_does_not() -> None:
     busy = {"owner": "run-1", "epoch": 1, "heartbeat": 100.0, "state": "publishing", "beat_s": 5}
-    assert lv.judge(busy, [], 129.0).live is True
-    assert lv.judge(busy, [], 131.0).live is False
+    assert lv.judge(busy, [], 439.0).live is True  # 310 s (the default wait) + 30 s
+    assert lv.judge(busy, [], 441.0).live is False
     idle = {**busy, "state": "idle"}
     assert lv.judge(idle, [], 131.0).stale_after_source == "no-cadence"
     assert lv.judge({**busy, "beat_s": "junk"}, [], 131.0).stale_after_source == "no-cadence"
@@ -231,3 +310,51 @@ def test_status_names_a_dedup_batch_stopped_half_way_unless_a_live_writer_has_it
     [w] = [w for w in gone.warnings if w.kind == "half-visible-dedup"]
     assert w.xid == "b9" and "150 to 160 row(s) from 4 Spark partition(s)" in w.message
     assert "--discard-dedup b9" in w.message and TARGET in w.message
+
+
+def recorded_beats(reg: MemoryRegistry) -> list[dict[str, Any]]:
+    """Every heartbeat ``reg`` is asked to write from now on, in order."""
+    beats: list[dict[str, Any]] = []
+    real = reg.heartbeat
+
+    def beat(epoch: Any, info: dict[str, Any]) -> None:
+        beats.append(info)
+        real(epoch, info)
+
+    reg.heartbeat = beat  # type: ignore[method-assign]
+    return beats
+
+
+def test_a_long_publish_beats_between_its_statements_with_the_wait_it_may_take() -> None:
+    """A publish of many partitions (a MOVE each) beats `publishing` once the beat
+    interval passed, declaring the longest statement it may wait on, so no gap between
+    beats exceeds one statement plus a beat; a quick commit writes no extra beat."""
+    from txsink.protocol.states import StagedPart
+
+    class Ticking(Clock):
+        def __call__(self) -> float:
+            self.t += 2.0  # every look at the clock: 2 s of MOVEs passed
+            return self.t
+
+    for clock, beats_wanted in ((Ticking(), True), (Clock(), False)):
+        reg = MemoryRegistry(clock=clock)
+        wh = MemoryWarehouse()
+        wh.add_table(TARGET, partition_by="p")
+        tx = Transactor(reg, wh, JOB, clock=clock, statement_s=42.0)
+        epoch = tx.begin("run-1")
+        beats = recorded_beats(reg)
+        parts = []
+        for month in range(6):
+            name = f"{tx.prefix}__b0__r0011aabb_p{month}_a0_t0"
+            wh.create_staging(TARGET, name)
+            wh.insert_blocks(name, [[{"p": month}]], block_rows=10, block_bytes=1 << 20)
+            parts += [
+                StagedPart(name, pid, n) for pid, n in (wh.staging_view([name])[name] or {}).items()
+            ]
+        tx.commit_batch(epoch, "b0", 0, TARGET, parts, streaming=True)
+        publishing = [b for b in beats if b["state"] == "publishing"]
+        assert bool(publishing) is beats_wanted, beats
+        assert all((b["beat_s"], b["wait_s"], b["xid"]) == (5.0, 42.0, "b0") for b in publishing), (
+            publishing
+        )
+        assert beats[-1]["state"] == "idle" and beats[-1]["wait_s"] == 42.0

@@ -3,7 +3,7 @@
 Each command module exposes ``register(subparsers)`` which adds its parser and sets
 ``func(args, out) -> int``. An error derived from :class:`txsink.errors.TxSinkError` ends
 the command with the exit status of its kind (:class:`txsink.cli.output.Exit`: usage 2,
-refused 3, needs an operator 4, unreachable 5) and its message on stderr, or the
+refused 3, needs an operator 4, unreachable 5; Ctrl-C 130) and its message on stderr, or the
 common JSON envelope with ``error`` set under ``--json`` (docs/cli.md).
 """
 
@@ -12,9 +12,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import signal
 import sys
+import threading
 
-from txsink.cli.output import Output
+from txsink.cli.output import Exit, Output
 from txsink.credentials import scrub
 from txsink.errors import TxSinkError
 
@@ -59,6 +61,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; its exit status (docs/cli.md#exit-statuses). Ctrl-C (SIGINT)
+    ends any command at once with 130, whatever it waits on (``status --watch``, whose
+    normal end it is, with 0)."""
+    if threading.current_thread() is threading.main_thread():
+        # A process started with SIGINT ignored (a shell's background job, a test or CI
+        # runner started that way) would otherwise ignore Ctrl-C and `kill -INT` alike.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return _run(argv)
+    except KeyboardInterrupt:
+        return Exit.INTERRUPTED
+
+
+def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -73,8 +89,6 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args, out) or 0)
     except TxSinkError as exc:
         return out.failure(exc, scrub(str(exc), getattr(args, "secrets", ())))
-    except KeyboardInterrupt:
-        return 130
 
 
 if __name__ == "__main__":

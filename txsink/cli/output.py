@@ -47,6 +47,7 @@ class Exit(enum.IntEnum):
     REFUSED = 3  # refused to act (a live writer, no confirmation, fenced): nothing was done
     OPERATOR = 4  # acted, or could not, and a state remains that needs an operator
     UNREACHABLE = 5  # Keeper or ClickHouse could not be reached in time
+    INTERRUPTED = 130  # ended by Ctrl-C (SIGINT) before it was done, as shells report it
 
 
 def exit_of(exc: TxSinkError) -> Exit:

@@ -180,14 +180,23 @@ class Observer:
         return [r[0] for r in rows]
 
     def staging_sizes(self, prefix: str) -> dict[str, dict[str, int]]:
-        """``{table: {"rows": n, "bytes": n}}`` of one job's staging tables (status)."""
+        """``{table: {"rows": n, "bytes": n, "modified": unix seconds}}`` of one job's
+        staging tables (status, recovery): ``modified`` is the table's last write (its
+        creation or its newest part), what tells a run at work from an orphan."""
         rows = self.client.query_rows(
-            "SELECT name, ifNull(total_rows, 0), ifNull(total_bytes, 0) FROM system.tables "
-            "WHERE database = {db:String} AND startsWith(name, {p:String}) ORDER BY name",
+            "SELECT t.name, ifNull(t.total_rows, 0), ifNull(t.total_bytes, 0), "
+            "toUnixTimestamp(greatest(t.metadata_modification_time, "
+            "ifNull(p.newest, toDateTime(0)))) FROM system.tables AS t LEFT JOIN "
+            "(SELECT table, max(modification_time) AS newest FROM system.parts WHERE "
+            "database = {db:String} AND startsWith(table, {p:String}) GROUP BY table) AS p "
+            "ON p.table = t.name "
+            "WHERE t.database = {db:String} AND startsWith(t.name, {p:String}) ORDER BY t.name",
             parameters={"db": self.staging_db, "p": prefix + "__"},
             what=f"size staging tables {prefix}__* in {self.staging_db}",
         )
-        return {name: {"rows": int(r), "bytes": int(b)} for name, r, b in rows}
+        return {
+            name: {"rows": int(r), "bytes": int(b), "modified": int(m)} for name, r, b, m in rows
+        }
 
     def target_info(self, target: str, *, staging: bool = False) -> TargetInfo:
         """What the schema and mode checks need about ``db.table``; ConfigError if missing.

@@ -25,8 +25,10 @@ one statement, a transaction does in steps (:meth:`KeeperMapNodes.commit`):
 1. one read of every row the transaction names; a check, set or delete of a row not at
    the expected version, or a create of an existing row, fails here as kazoo would;
 2. creates: one INSERT of the new rows marked ``pending`` with the transaction's id
-   (all or nothing). Readers treat a pending row as absent; a later create may take a
-   stale pending row over (its owner then can no longer confirm it);
+   (all or nothing). Readers treat a pending row as absent. A create that finds
+   another's pending row waits for it (NodeExists once it is confirmed): only a row
+   older than ``PENDING_STALE_S``, a dead creator's, is taken over (its owner then can
+   no longer confirm it);
 3. one ``ALTER TABLE ... UPDATE`` over every checked, set and created row: a ``throwIf``
    guard re-checks each row's version (and that each created row is still ours), the
    sets are written and the creates confirmed. The guard and Keeper's own versions make
@@ -69,6 +71,9 @@ Windows this leaves, and why each is acceptable (docs/cloud.md says the same):
   Behind a load balancer over several replicas (ClickHouse Cloud) a read may lag a
   write made through another replica; the registry's fenced writes still refuse a stale
   decision, but a status read may be a moment old.
+- A DELETE removes at most the first block of rows the mutation reads
+  (``StorageKeeperMap::mutate`` returns after it): a recursive delete repeats until
+  nothing under the node is left.
 - Listing children scans the table (KeeperMap reads keys only by equality), so the cost
   grows with all jobs' state; retention keeps it bounded.
 """
@@ -97,6 +102,9 @@ from txsink.ports.manifest_codec import CHUNKS_DIR
 
 # values travel hex-encoded inside the statement: room for a 1 MiB node, twice over
 STRICT = {"keeper_map_strict_mode": 1, "max_query_size": 8 * 1024 * 1024}
+#: seconds after which an unconfirmed row is a dead creator's, taken over by the next
+#: create (a live creator confirms its rows within a few statements)
+PENDING_STALE_S = 15.0
 MAX_ROUNDS = 30  # re-decisions of one transaction that lost to a write it does not care about
 TABLE = "nodes"
 COLUMNS = (
@@ -479,12 +487,22 @@ class KeeperMapNodes:
         if not recursive:
             return bool(self.delete_async(path, version).get())
         self._forget(path)
-        self._write(
-            f"DELETE FROM {self.table} WHERE key = {lit(path)} OR "
-            f"startsWith(key, {lit(path.rstrip('/') + '/')})",
-            f"delete of {path} and everything under it",
-        )
-        return True
+        where = f"key = {lit(path)} OR startsWith(key, {lit(path.rstrip('/') + '/')})"
+        left = -1
+        while True:  # one DELETE removes at most one block of the rows it reads
+            self._write(f"DELETE FROM {self.table} WHERE {where}", f"delete of {path} and under it")
+            counted = self._ch.query_rows(
+                f"SELECT count() FROM {self.table} WHERE {where}", what=f"count of {path}'s rows"
+            )
+            before, left = left, int(counted[0][0]) if counted else 0
+            if left == 0:
+                return True
+            if left == before:
+                raise TxSinkError(
+                    f"state store {self.where}: deleting {path} and everything under it "
+                    f"left {left} rows after a DELETE that removed none; something outside "
+                    "txsink writes there: stop the jobs that use it and retry"
+                )
 
     def transaction(self) -> _Transaction:
         return _Transaction(self)
@@ -610,7 +628,7 @@ class KeeperMapNodes:
                 "the KeeperMap state store cannot write and delete nodes in one transaction"
             )
         keys = [op.path for op in ops] + [_parent(op.path) for op in ops]
-        before = self._read(keys)
+        before = self._await_creators(keys, self._read(keys))
         refused = self._refusal(ops, before)
         if refused is not None:
             return _failed(ops, *refused)
@@ -660,6 +678,32 @@ class KeeperMapNodes:
                     culprit = next(op for op in deletes if op.path in left)
                     return _failed(ops, ops.index(culprit), exc)
         return [self._result(op, before) for op in ops]
+
+    def _await_creators(self, keys: list[str], rows: dict[str, Row]) -> dict[str, Row]:
+        """``rows`` once no node the transaction names is held unconfirmed by a creator
+        that may still be at work: its create either lands (our create then hears
+        NodeExists, as in Keeper) or is dropped (ours goes ahead). Only a pending row
+        older than :data:`PENDING_STALE_S` (by its creator's clock, or watched that long
+        here) is taken over: taking over a row in flight aborts its creator, and racing
+        creators that take each other's rows over abort each other until retries run out."""
+        first_seen: dict[tuple[str, str], float] = {}
+        give_up = time.monotonic() + 2 * PENDING_STALE_S  # creators that keep coming
+        pause = 0.005
+        while time.monotonic() < give_up:
+            now = time.monotonic()
+            busy = False
+            for key in keys:
+                row = rows.get(key)
+                if row is None or not row.pending:
+                    continue
+                seen = first_seen.setdefault((key, row.pending), now)
+                busy = busy or max((self._clock() - row.czxid) / 1e9, now - seen) < PENDING_STALE_S
+            if not busy:
+                break
+            time.sleep(pause)
+            pause = min(pause * 2, 0.2)
+            rows = self._read(keys)
+        return rows
 
     @staticmethod
     def _refusal(ops: Sequence[Op], rows: dict[str, Row]) -> tuple[int, Exception] | None:

@@ -1,38 +1,41 @@
 """Is a job's writer alive? Judged by the heartbeat the writer declares, else by its
 own commit cadence (pure).
 
-A writer heartbeats its owner node at takeover, while a publish waits, and after every
-commit. Two kinds of writer are judged two ways:
+A writer heartbeats its owner node at takeover, between the statements of a publish
+that runs longer than its beat, while a publish waits, and after every commit. It is
+judged (docs/operations.md#liveness says the same, with a table):
 
-- **Inside a commit** (the takeover of its first commit, a publish that waits): the
-  writer *declares* how often it beats (``beat_s`` in the owner node, 5 s), so it is
-  judged by that, whatever its history: a writer that died after its first PREPARE, with
-  no commit yet, reads gone ``clamp(3 x 5, 30, 600)`` = 30 s after its last beat.
-- **Between batches** (state ``idle``): the next beat comes with the next commit, after
-  the trigger's wait and the executors' work, so the writer is judged by its *cadence*:
-  the median gap between the ``committed_at`` times of its most recent COMMITTED xids
-  (the median shrugs off a restart's long gap and a catch-up's burst).
+- **Inside a commit** (a declared beat: ``running``, ``publishing``; or a PREPARED xid
+  of its epoch newer than its last beat): by the longest of 3 x its declared beat
+  (``beat_s``, 5 s), 3 x its cadence, and the longest statement it may wait on without
+  a beat plus the floor (``wait_s`` + 30 s: its client's send_receive_timeout +
+  connect_timeout, 310 s by default; an ATTACH may wait ``lock_acquire_timeout``).
+- **Between batches** (state ``idle``; a batch write's ``finished`` alike): by its
+  *cadence*, the median gap between the ``committed_at`` times of its most recent
+  COMMITTED xids (the median shrugs off a restart's long gap and a catch-up's burst).
+- **A run at work**: while the owner is ``finished`` (or recovery's mark, or none),
+  staging no xid record references, written after the owner's last beat and less than
+  :data:`STALE_CAP` ago (the next ``save()``'s tasks stage before it takes the job),
+  makes the writer live whatever its beat.
 
-The heartbeat is stale, and the writer presumed dead, once it is older than::
+::
 
     stale_after = clamp(CADENCE_FACTOR x (declared beat or cadence), STALE_FLOOR, STALE_CAP)
+                  (inside a commit at least wait_s + STALE_FLOOR)
 
 - ``CADENCE_FACTOR`` = 3: three intervals may pass before a writer reads dead;
 - ``STALE_FLOOR`` = 30 s: below that, a short GC pause, a slow MOVE or clock skew between
   the writer's host and the operator's would make a live writer read dead;
-- ``STALE_CAP`` = 600 s: a slow job never blocks ``txsink recover`` for more than ten
+- ``STALE_CAP`` = 600 s: a slow idle job never blocks ``txsink recover`` for more than ten
   minutes, however slow its cadence.
 
-A busy writer of a slow job keeps the longer of the two (its commit's statements do not
-beat while they run). An idle writer with fewer than two commits has no cadence: it gets
-the cap. A batch write's writer says ``finished`` after its commit and is shown so, but
-judged like an idle stream: the next write of the job stages before it takes the job,
-and its staging is not an orphan. An explicit ``stale_after``
-(``--stale-after``) wins over beat and cadence. The owner ``txsink-recover@...`` (the mark
-recovery leaves) is never a live writer.
+An idle writer with fewer than two commits has no cadence: it gets the cap. An explicit
+``stale_after`` (``--stale-after``) wins over everything. The owner
+``txsink-recover@...`` (the mark recovery leaves) is never a live writer.
 
-Reading dead wrongly costs a restart, not data: ``txsink recover`` fences the writer with
-a new epoch, and its next prepare or commit fails with FencedError.
+Reading dead wrongly costs the batch in flight, not committed data: ``txsink recover``
+fences the writer with a new epoch and rolls back its unprepared staging; its next
+prepare or commit fails with FencedError.
 """
 
 from __future__ import annotations
@@ -48,6 +51,10 @@ from txsink.protocol.codec import FINISHED_STATE, IDLE_STATE, OwnerInfo, as_owne
 CADENCE_FACTOR = 3.0
 STALE_FLOOR = 30.0
 STALE_CAP = 600.0
+#: the longest one statement of a publish may run, for a writer that does not declare
+#: it (:data:`~txsink.protocol.codec.WAIT_KEY`): the default send_receive_timeout (300 s)
+#: and connect_timeout (10 s) of the ClickHouse client
+DEFAULT_WAIT_S = 310.0
 CADENCE_SAMPLE = 20  # gaps between the most recent commits that the median is taken over
 RECOVER_OWNER_PREFIX = "txsink-recover@"
 
@@ -63,7 +70,8 @@ class Liveness:
     heartbeat_age: float | None  # seconds; None: no heartbeat yet
     cadence_s: float | None  # median seconds between recent commits; None: < 2 commits
     stale_after_s: float
-    stale_after_source: str  # "flag" | "declared" | "cadence" | "no-cadence" | "finished"
+    # "flag" | "declared" | "cadence" | "no-cadence" | "finished" | "publishing" | "staging"
+    stale_after_source: str
     beat_s: float | None = None  # the heartbeat interval the writer declared, if busy
 
     def to_json(self) -> dict[str, Any]:
@@ -123,6 +131,16 @@ def explain(v: Verdict) -> str:
             f"{CADENCE_FACTOR:g} x the {v.beat_s:g}s heartbeat it declared inside a commit, "
             f"within [{STALE_FLOOR:g}, {STALE_CAP:g}]s"
         )
+    if v.stale_after_source == "publishing":
+        return (
+            "inside a commit: the longest statement it may wait on without a beat "
+            f"(send_receive_timeout + connect_timeout, as it declared) + {STALE_FLOOR:g}s"
+        )
+    if v.stale_after_source == "staging":
+        return (
+            f"a run is writing staging no xid references yet (its last write less than "
+            f"{STALE_CAP:g}s ago, after the owner's last heartbeat)"
+        )
     if v.cadence_s is None:
         return "no commit cadence yet: the cap"
     return (
@@ -158,35 +176,78 @@ def is_finished(owner: OwnerLike) -> bool:
     return info is not None and info.state == FINISHED_STATE
 
 
+def declared_wait(owner: OwnerLike) -> float:
+    """The longest one statement of the writer's publish may run without a beat, as it
+    declared (:data:`WAIT_KEY`); :data:`DEFAULT_WAIT_S` for a writer that declares none."""
+    info = as_owner(owner)
+    wait = None if info is None else info.wait_s
+    return wait if wait is not None and wait > 0 else DEFAULT_WAIT_S
+
+
 def judge(
     owner: OwnerLike,
     committed_at: Iterable[float | None],
     now: float,
     stale_after: float | None = None,
+    *,
+    prepared_at: float | None = None,
+    staged_at: float | None = None,
 ) -> Liveness:
     """Whether the job's writer may be mid-batch, from its heartbeat, the beat it
     declared and its commit times. ``stale_after`` given (not None) is used as is.
 
-    A busy writer is judged by the longer of its declared beat and its cadence (a
-    commit's statements do not beat while they run, so a slow job's commit keeps the
-    cadence's patience). A finished batch write is judged like an idle stream: the next
-    write of the same job stages before it takes the job, so recovery must not call that
-    staging an orphan at once; ``txsink status`` still names the writer ``finished``."""
+    ``prepared_at``: when the newest PREPARED xid of the owner's epoch was prepared
+    (None: none), the sign of a commit under way even when the owner still rests as
+    after the last one. ``staged_at``: the newest write to staging no xid record
+    references (a run that has not prepared yet: a batch save's tasks, a stream's next
+    micro-batch; None: none, or not known). It speaks only where no writer's beat does:
+    the owner finished its batch write (the next ``save()`` stages before it takes the
+    job), recovery holds the job, or nobody does.
+
+    - A writer inside a commit (a declared beat, or a PREPARED xid of its epoch newer
+      than its last beat) is judged by the longer of its declared beat, its cadence
+      and the longest statement it may wait on plus the floor (``wait_s + 30 s``): a
+      publish beats between its statements, never during one (an ATTACH may wait
+      ``lock_acquire_timeout``, 120 s by default; the client gives up on a reply after
+      ``send_receive_timeout``, which the writer declares).
+    - A finished batch write is judged like an idle stream (``txsink status`` still
+      names the writer ``finished``).
+    - Staging written after the last beat and less than :data:`STALE_CAP` ago, while
+      the owner is finished, recovery's mark or none, is a run at work: the writer
+      reads live whatever its last beat (source ``staging``). A stream's own next
+      micro-batch is its cadence's to judge."""
     cadence = commit_cadence(committed_at)
     beat = declared_beat(owner)
+    info = as_owner(owner)
+    last = None if info is None else info.heartbeat
+    committing = prepared_at is not None and (last is None or prepared_at >= last)
     if stale_after is not None:
         threshold, source = float(stale_after), "flag"
+    elif beat is not None or committing:  # the longest of its promises (ties: first)
+        promises = [] if beat is None else [(stale_threshold(beat), "declared")]
+        if cadence is not None or beat is None:
+            promises.append((stale_threshold(cadence), "cadence" if cadence else "no-cadence"))
+        promises.append((declared_wait(owner) + STALE_FLOOR, "publishing"))
+        threshold, source = max(promises, key=lambda p: p[0])
     elif is_finished(owner):  # the next write of the job may already be staging
         threshold, source = stale_threshold(cadence), "finished"
-    elif beat is not None and (cadence is None or beat >= cadence):
-        threshold, source = stale_threshold(beat), "declared"
-    elif beat is not None:  # a commit of a slow job: its cadence is the longer promise
-        threshold, source = stale_threshold(cadence), "cadence"
     else:
         threshold = stale_threshold(cadence)
         source = "cadence" if cadence is not None else "no-cadence"
     age = heartbeat_age(owner, now)
+    if committing and prepared_at is not None and age is not None:
+        age = min(age, max(0.0, now - prepared_at))  # alive when it prepared
     live = age is not None and not is_recover_owner(owner) and age < threshold
+    if (
+        not live
+        and stale_after is None
+        and (info is None or is_finished(info) or is_recover_owner(info))
+        and staged_at is not None
+        and (last is None or staged_at > last)
+        and now - staged_at < STALE_CAP
+    ):
+        live, source, threshold = True, "staging", STALE_CAP
+        age = max(0.0, now - staged_at) if age is None else age
     return Liveness(
         live=live,
         heartbeat_age=None if age is None else round(age, 1),

@@ -21,6 +21,7 @@ from txsink.ops.stores import Stores
 from txsink.protocol.codec import JobMeta
 from txsink.protocol.dedup import OpenBatch
 from txsink.protocol.dedup import xid_key as dedup_xid_key
+from txsink.protocol.ids import staging_prefix
 from txsink.protocol.ops import Alarm
 from txsink.protocol.planner import plan_publish
 from txsink.protocol.states import Epoch, Mode
@@ -95,7 +96,8 @@ def plan_job_recovery(
     owner = registry.owner(job)
     probe = current or Epoch(job, 0, -1, "")
     report = Transactor(registry, warehouse, job).recover(probe, dry_run=True)
-    verdict = liveness_of(owner, registry.list(job), now, stale_after)
+    staging = warehouse.staging_sizes(staging_prefix(job, registry.namespace()))
+    verdict = liveness_of(owner, registry.list(job), now, stale_after, staging)
     view = RecoveryPlanView(
         job,
         current.number if current else None,

@@ -192,10 +192,39 @@ def liveness_of(
     records: Iterable[XidRecord],
     now: float,
     stale_after: float | None = None,
+    staging: Mapping[str, Mapping[str, float]] | None = None,
 ) -> Liveness:
-    """:func:`txsink.ops.liveness.judge` on the commit times of ``records``."""
+    """:func:`txsink.ops.liveness.judge` on ``records`` (the commit times; when the
+    newest PREPARED xid of the owner's epoch was prepared) and ``staging`` (the
+    job's staging tables as :meth:`Warehouse.staging_sizes` gives them: the newest
+    ``modified`` of a table no record references is a run at work)."""
+    records = list(records)
+    info = as_owner(owner)
     times = [r.committed_at for r in records if r.state is XidState.COMMITTED]
-    return judge(owner, times, now, stale_after)
+    prepared = [
+        r.created_at
+        for r in records
+        if r.state is XidState.PREPARED and info is not None and r.epoch == info.epoch
+    ]
+    known = {r.xid for r in records}
+    written = [
+        float(size["modified"])
+        for table, size in (staging or {}).items()
+        if size.get("modified") and _xid_of(table) not in ("", *known)
+    ]
+    return judge(
+        owner,
+        times,
+        now,
+        stale_after,
+        prepared_at=max(prepared, default=None),
+        staged_at=max(written, default=None),
+    )
+
+
+def _xid_of(table: str) -> str:
+    parsed = parse_staging(table)
+    return parsed.xid if parsed is not None else ""
 
 
 def assess(
@@ -206,7 +235,7 @@ def assess(
     owner: OwnerInfo | Mapping[str, Any] | None,
     ledger: Ledger | Mapping[str, Any],
     records: Iterable[XidRecord],
-    staging_sizes: Mapping[str, Mapping[str, int]],
+    staging_sizes: Mapping[str, Mapping[str, float]],
     staging_view: Mapping[str, Mapping[str, int] | None],
     now: float,
     stuck_after: float = DEFAULT_STUCK_AFTER,
@@ -227,7 +256,7 @@ def assess(
     totals = as_ledger(ledger)
     info = as_owner(owner)
     age = heartbeat_age(info, now)
-    verdict = liveness_of(info, records, now, stale_after)
+    verdict = liveness_of(info, records, now, stale_after, staging_sizes)
     live, stale_after = verdict.live, verdict.stale_after_s
     last_at = totals.last_commit_at
     status = JobStatus(

@@ -422,6 +422,9 @@ def as_ledger(ledger: Ledger | Mapping[str, Any] | None) -> Ledger:
 #: owner-node key: the seconds within which a writer in the middle of a commit promises
 #: its next heartbeat (txsink.ops.liveness judges such a writer by it)
 BEAT_KEY = "beat_s"
+#: owner-node key: the longest one statement of the writer's publish may run without a
+#: beat (its client's send_receive_timeout + connect_timeout): liveness allows it
+WAIT_KEY = "wait_s"
 #: owner states after a commit: a stream between batches; a batch write that is done
 IDLE_STATE = "idle"
 FINISHED_STATE = "finished"
@@ -443,11 +446,19 @@ class OwnerInfo:
     @property
     def beat_s(self) -> float | None:
         """The heartbeat interval the owner declared with its last beat (None: none)."""
-        raw = self.details.get(BEAT_KEY)
-        try:
-            return None if raw is None else float(raw)
-        except (TypeError, ValueError):
-            return None
+        return _seconds(self.details.get(BEAT_KEY))
+
+    @property
+    def wait_s(self) -> float | None:
+        """The longest statement wait the owner declared (None: none)."""
+        return _seconds(self.details.get(WAIT_KEY))
+
+
+def _seconds(raw: Any) -> float | None:
+    try:
+        return None if raw is None else float(raw)
+    except (TypeError, ValueError):
+        return None
 
 
 def encode_owner(info: OwnerInfo) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
+from txsink.protocol.codec import BEAT_KEY, WAIT_KEY
 from txsink.protocol.ops import Operation, RecordCommitted, RecordCut
 from txsink.protocol.states import XidRecord
 
@@ -25,7 +26,9 @@ class PublishBounds:
     outcome is unknown, and how long it waits for the server to be quiet; ``pause_s`` /
     ``max_pause_s``: the backoff between attempts (doubling); ``settle_pause_s``: between
     two looks for statements still running; ``heartbeat_s``: how often a waiting writer
-    shows it is alive; ``batch_rounds``: how many consolidate / claim / attach rounds a
+    shows it is alive; ``statement_s``: the longest the writer waits on one statement's
+    reply (its client's send_receive_timeout + connect_timeout: a publish beats between
+    statements, never during one); ``batch_rounds``: how many consolidate / claim / attach rounds a
     ``visibility=batch`` finish plans before it calls the staging unstable."""
 
     retry_s: float = 60.0
@@ -33,7 +36,13 @@ class PublishBounds:
     max_pause_s: float = 5.0
     settle_pause_s: float = 0.5
     heartbeat_s: float = 5.0
+    statement_s: float = 310.0
     batch_rounds: int = 8
+
+    def promise(self, state: str, **details: Any) -> dict[str, Any]:
+        """The owner-node heartbeat of a writer inside a commit: ``state`` with the beat
+        it promises between statements and the longest statement it may wait on."""
+        return {"state": state, **details, BEAT_KEY: self.heartbeat_s, WAIT_KEY: self.statement_s}
 
 
 # -- observations (the runner sends back the result) -----------------------------------
