@@ -106,6 +106,7 @@ def choose_mode(
     info: TargetInfo,
     view_tables: tuple[TargetInfo, ...] = (),
     pinned: str | None = None,
+    why_not_shards: str = "",
 ) -> str:
     """The batch's mode, as :func:`txsink.protocol.job.resolve_mode` decides it from the
     target's blockers; ConfigError where it refuses; logs which and why (mode=auto).
@@ -113,9 +114,11 @@ def choose_mode(
     ``view_tables``: the tables the target's materialized views store into (dedup mode
     needs a dedup window there too). ``pinned``: the mode the job recorded at its first
     commit; it wins over ``auto`` and must still be possible on the target.
+    ``why_not_shards``: why a Distributed target's shards cannot take attach mode
+    (:func:`over_cluster`), said with its attach blockers.
     """
     pin = Mode(pinned) if pinned else None
-    blockers = attach_blockers(info)
+    blockers = attach_blockers(info) + ([why_not_shards] if why_not_shards else [])
     problems: list[str] = []
     if pin is Mode.DEDUP or (pin is None and config.mode != "attach"):
         problems = dedup_blockers(info, min_window=config.dedup_min_window, view_tables=view_tables)
@@ -212,10 +215,12 @@ def _validate(
         if infos is None:
             infos = read_target(config, schema, warehouse)
         info = infos[0]
+        why_not_shards = ""
         if info.engine == "Distributed" and not config.shards:
             over = over_cluster(config, schema, info, warehouse)
-            if over is not None:
+            if isinstance(over, WritePlan):
                 return over
+            why_not_shards = over
         strict = {c for i in infos for c in not_nullable(i.columns)}
         fields = [
             SparkField(f.name, f.dataType.simpleString(), f.nullable and f.name not in strict)
@@ -245,7 +250,7 @@ def _validate(
         views: tuple[TargetInfo, ...] = ()
         if info.dependent_views and (pinned or config.mode) != "attach":
             views = view_tables(warehouse, info)
-        mode = choose_mode(config, info, views, pinned)
+        mode = choose_mode(config, info, views, pinned, why_not_shards)
         check_insert_settings(config, warehouse, mode)
         refusal = batch_refusal(config.table, info.engine, mode)
         if config.visibility == "batch" and refusal:
@@ -376,14 +381,15 @@ def _probe_settings(client: Any, given: Mapping[str, str]) -> list[str]:
 
 def over_cluster(
     config: WriterConfig, schema: StructType, info: TargetInfo, warehouse: Any
-) -> WritePlan | None:
+) -> WritePlan | str:
     """The plan of a write into the ``Distributed`` table ``info`` as one sharded xid
     over its cluster's local tables (shards from ``system.clusters``, ``shard_by`` from
-    its sharding key: :func:`txsink.clickhouse.shards.parse_distributed`); None where
-    dedup mode through the Distributed table is what is asked (``mode=dedup``, a job
-    pinned to dedup) or what ``mode=auto`` falls back to because the cluster's *shape*
-    rules attach out (a sharding key txsink cannot reproduce, weights, replicas without
-    replicated local tables, an attach blocker on a local table). Anything else (a shard
+    its sharding key: :func:`txsink.clickhouse.shards.parse_distributed`). Where dedup
+    mode through the Distributed table is asked (``mode=dedup``, a job pinned to dedup),
+    "" instead; where ``mode=auto`` falls back to it because the cluster's *shape* rules
+    attach out (a sharding key txsink cannot reproduce, weights, replicas without
+    replicated local tables, an attach blocker on a local table), the reason, which
+    :func:`choose_mode` adds to the attach blockers. Anything else (a shard
     that does not answer, a missing local table, a schema that does not fit, refused
     credentials) is raised as it is: a new job must not be pinned to dedup for good
     because of a passing problem."""
@@ -392,10 +398,11 @@ def over_cluster(
 
     pinned = read_pin(config)[0]
     if "dedup" in (config.mode, pinned):
-        return None
+        return ""
 
-    def no_cluster(reason: str) -> WritePlan | None:
-        """Raise where attach was asked or pinned; else warn, and None: dedup mode."""
+    def no_cluster(reason: str) -> str:
+        """Raise where attach was asked or pinned; else warn, and the reason: dedup mode
+        (if :func:`~txsink.clickhouse.blockers.dedup_blockers` allows it)."""
         if "attach" in (config.mode, pinned):
             raise ConfigError(
                 f"job {config.job}: {config.table} is a Distributed table; attach mode writes "
@@ -407,7 +414,7 @@ def over_cluster(
             "(%s); mode=auto inserts through it in dedup mode",
             config.job, config.table, reason,
         )  # fmt: skip
-        return None
+        return f"its shards cannot take attach mode: {reason}"
 
     try:
         target = parse_distributed(info)
