@@ -91,12 +91,13 @@ from kazoo.exceptions import (
     RolledBackError,
 )
 
+from txsink.clickhouse.insert_settings import KEEPERMAP_SETTINGS
 from txsink.errors import ConfigError, TxSinkError, UnavailableError
 from txsink.names import quote_ident, quote_literal
 from txsink.ports.manifest_codec import CHUNKS_DIR
 
-# values travel hex-encoded inside the statement: room for a 1 MiB node, twice over
-STRICT = {"keeper_map_strict_mode": 1, "max_query_size": 8 * 1024 * 1024}
+# validation checks them against the user's settings constraints (insert_settings)
+STRICT = KEEPERMAP_SETTINGS
 MAX_ROUNDS = 30  # re-decisions of one transaction that lost to a write it does not care about
 TABLE = "nodes"
 COLUMNS = (

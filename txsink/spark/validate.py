@@ -41,9 +41,12 @@ from txsink.clickhouse.dedup_insert import view_tables
 from txsink.clickhouse.error_map import UNKNOWN_TABLE
 from txsink.clickhouse.insert_settings import (
     DEDUP_INSERT_SETTINGS,
+    KEEPERMAP_SETTINGS,
     STAGING_INSERT_SETTINGS,
+    after_prepare_settings,
     insert_settings_problems,
     passthrough_problems,
+    statement_settings_problems,
 )
 from txsink.clickhouse.target_ddl import plan_create
 from txsink.clickhouse.values import Check, Rule, plan_rules
@@ -320,7 +323,9 @@ def create_target(config: WriterConfig, schema: StructType, warehouse: Any) -> N
 
 def check_insert_settings(config: WriterConfig, warehouse: Any, mode: str) -> None:
     """Refuse, before anything is written, a writer whose user cannot run txsink's inserts
-    with the settings they rely on
+    with the settings they rely on, or send the settings of the statements that follow a
+    PREPARE (:func:`~txsink.clickhouse.insert_settings.after_prepare_settings`: the
+    ATTACH of visibility=batch, the state store's writes with state=clickhouse)
     (:func:`~txsink.clickhouse.insert_settings.insert_settings_problems` over
     ``system.settings`` read as that user), or with the settings its options
     ``settings.<name>`` add (a name the server does not know, with a did-you-mean; a
@@ -330,15 +335,34 @@ def check_insert_settings(config: WriterConfig, warehouse: Any, mode: str) -> No
     wanted = STAGING_INSERT_SETTINGS if mode == "attach" else DEDUP_INSERT_SETTINGS
     user = config.user or "default"
     given = dict(config.settings)
-    for server in getattr(warehouse, "shards", None) or [warehouse]:
+    later = after_prepare_settings(mode, config.visibility, config.state)
+    for k, server in enumerate(getattr(warehouse, "shards", None) or [warehouse]):
         client = server.client
-        effective = client.effective_settings([*wanted, "readonly", *given])
+        # the state store lives on url, the first server; a publish is on every one
+        here = [s for s in later if k == 0 or s[2] is not KEEPERMAP_SETTINGS]
+        effective = client.effective_settings(
+            [*wanted, "readonly", *given, *(n for _, _, names in here for n in names)]
+        )
         problems = insert_settings_problems(effective, wanted, user=user, mode=mode)
         if problems:
             raise ConfigError(
                 f"job {config.job}: the settings of ClickHouse user {user} on {client.url} "
                 f"would break the exactly-once guarantee of {mode} mode for {config.table}; "
                 f"nothing was written:\n  - " + "\n  - ".join(problems)
+            )
+        problems = [
+            p
+            for sender, fix, settings in here
+            for p in statement_settings_problems(
+                effective, settings, user=user, sender=sender, fix=fix
+            )
+        ]
+        if problems:
+            raise ConfigError(
+                f"job {config.job}: ClickHouse user {user} on {client.url} may not send "
+                f"settings txsink sends after a batch is PREPARED: every batch into "
+                f"{config.table} would stop there, and neither the writer nor `txsink "
+                f"recover` could finish it; nothing was written:\n  - " + "\n  - ".join(problems)
             )
         mine = {n: v for n, v in effective.items() if n in given}
         known = client.setting_names() if set(given) - set(mine) else ()
