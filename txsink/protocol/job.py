@@ -49,7 +49,10 @@ A batch is committed in one mode: every task reports the mode it wrote in and
 **Replays.** A batch is a replay, and writes nothing, when its xid is COMMITTED, or
 when it has no record and is not newer than the ledger's last committed batch (batch
 ids are monotonic; retention pruned its record): :func:`is_replay`. A task finding
-its xid PREPARED in another mode is refused (:func:`task_replay`).
+its xid PREPARED in another mode is refused (:func:`task_replay`). A streaming job that
+has committed nothing refuses a first micro-batch other than 0 (or the ``first_batch``
+option): its checkpoint was written under another job name or store, and the batch may
+be the replay of one committed there (:func:`unowned_batch_refusal`).
 
 **Half-visible dedup batches.** In dedup mode blocks reach the target as they are
 sent, so a batch that fails (a refused value, a lost task) may leave part of its rows
