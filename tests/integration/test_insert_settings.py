@@ -295,10 +295,8 @@ def test_an_aggregating_target_with_simple_aggregate_function_columns_gets_exact
 
 USERS_XML = """<clickhouse>
   <profiles><default>
-    <log_queries_min_query_duration_ms>1000</log_queries_min_query_duration_ms>
-    <constraints>
-      <log_queries_min_query_duration_ms><readonly/></log_queries_min_query_duration_ms>
-    </constraints>
+    <log_comment>etl</log_comment>
+    <constraints><log_comment><readonly/></log_comment></constraints>
   </default></profiles>
   <users><default>
     <profile>default</profile><networks><ip>::/0</ip></networks><password></password>
@@ -311,9 +309,9 @@ USERS_XML = """<clickhouse>
 
 @pytest.fixture
 def constrained(stack: Any, tmp_path: Path) -> Iterator[SimpleNamespace]:
-    """A second endpoint whose one user has a settings profile that logs only queries
-    slower than 1 s and forbids changing that (a real server's users.xml, read by the
-    engine through ``<user_directories>``)."""
+    """A second endpoint whose one user has a settings profile that tags every query's
+    log entry ``log_comment='etl'`` and forbids changing it (a real server's users.xml,
+    read by the engine through ``<user_directories>``)."""
     (tmp_path / "users.xml").write_text(USERS_XML)
     config = tmp_path / "config.xml"
     config.write_text(
@@ -363,7 +361,7 @@ def test_a_profile_constraint_on_the_publish_log_settings_refuses_the_job_before
         )
         job = f"logc-{uuid.uuid4().hex[:8]}"
         opts = {"url": constrained.url, "keeper": constrained.keeper, "table": table}
-        with pytest.raises(Exception, match=r"log_queries_min_query_duration_ms") as refused:
+        with pytest.raises(Exception, match=r"log_comment") as refused:
             (
                 df.write.format("clickhouse_tx")
                 .options(**opts, job=job, mode="attach", visibility="batch", txn_version="1")
@@ -371,7 +369,8 @@ def test_a_profile_constraint_on_the_publish_log_settings_refuses_the_job_before
                 .save()
             )
         text = str(refused.value)
-        assert "fixed for user default" in text and "visibility=partition" in text, text
+        assert "log_comment=etl is fixed for user default" in text, text
+        assert "use visibility=partition" in text and "nothing was written" in text, text
         assert ch.query(f"SELECT count() FROM {table}").result_rows == [(0,)]
         staged = ch.query(
             "SELECT count() FROM system.tables WHERE name LIKE {j:String}",
