@@ -3,7 +3,8 @@
 Checks, in order, each failing with one error that names the object and the remedy:
 ClickHouse reachable and the target exists; the DataFrame schema fits the target
 (:func:`txsink.clickhouse.chtypes.check_schema`); the mode is possible on this target
-(MOVE PARTITION blockers, dedup-window requirements); Keeper reachable. Nothing is
+(MOVE PARTITION blockers, dedup-window requirements); Keeper reachable; the writer's
+user may send the settings txsink sends (:mod:`txsink.spark.validate_settings`). Nothing is
 written to the target by validation; the staging database is ensured, and Keeper's
 ``<keeper_root>/namespace`` node (the store's id) on first use. A missing target is
 created first where ``create_table=if_missing`` (:func:`read_target`), then validated
@@ -39,24 +40,12 @@ from txsink.clickhouse.blockers import attach_blockers, dedup_blockers, dedup_no
 from txsink.clickhouse.chtypes import SparkField, check_schema, parse_ch_type, unwrap
 from txsink.clickhouse.dedup_insert import view_tables
 from txsink.clickhouse.error_map import UNKNOWN_TABLE
-from txsink.clickhouse.insert_settings import (
-    DEDUP_INSERT_SETTINGS,
-    KEEPERMAP_SETTINGS,
-    STAGING_INSERT_SETTINGS,
-    after_prepare_settings,
-    insert_settings_problems,
-    passthrough_problems,
-    statement_settings_problems,
-)
 from txsink.clickhouse.target_ddl import plan_create
 from txsink.clickhouse.values import Check, Rule, plan_rules
 from txsink.config import WriterConfig
 from txsink.errors import (
-    CommitOutcomeUnknown,
     ConfigError,
-    RetryableConflict,
     SchemaMismatch,
-    TxSinkError,
     UnavailableError,
 )
 from txsink.names import parse_url
@@ -66,6 +55,7 @@ from txsink.protocol.codec import JobMeta
 from txsink.protocol.states import Mode
 from txsink.protocol.visibility import batch_refusal
 from txsink.spark.messages import WritePlan
+from txsink.spark.validate_settings import check_insert_settings
 
 log = logging.getLogger(__name__)
 CACHE_SECONDS = 30.0
@@ -319,88 +309,6 @@ def create_target(config: WriterConfig, schema: StructType, warehouse: Any) -> N
         config.job, config.table, ", ".join(config.shard_urls), sql,
     )  # fmt: skip
     warehouse.create_target(config.table, sql)
-
-
-def check_insert_settings(config: WriterConfig, warehouse: Any, mode: str) -> None:
-    """Refuse, before anything is written, a writer whose user cannot run txsink's inserts
-    with the settings they rely on, or send the settings of the statements that follow a
-    PREPARE (:func:`~txsink.clickhouse.insert_settings.after_prepare_settings`: the
-    ATTACH of visibility=batch, the state store's writes with state=clickhouse)
-    (:func:`~txsink.clickhouse.insert_settings.insert_settings_problems` over
-    ``system.settings`` read as that user), or with the settings its options
-    ``settings.<name>`` add (a name the server does not know, with a did-you-mean; a
-    value a constraint forbids: :func:`~txsink.clickhouse.insert_settings.passthrough_problems`);
-    log the profile defaults txsink overrides (``deduplicate_insert='disable'`` and the
-    like)."""
-    wanted = STAGING_INSERT_SETTINGS if mode == "attach" else DEDUP_INSERT_SETTINGS
-    user = config.user or "default"
-    given = dict(config.settings)
-    later = after_prepare_settings(mode, config.visibility, config.state)
-    for k, server in enumerate(getattr(warehouse, "shards", None) or [warehouse]):
-        client = server.client
-        # the state store lives on url, the first server; a publish is on every one
-        here = [s for s in later if k == 0 or s[2] is not KEEPERMAP_SETTINGS]
-        effective = client.effective_settings(
-            [*wanted, "readonly", *given, *(n for _, _, names in here for n in names)]
-        )
-        problems = insert_settings_problems(effective, wanted, user=user, mode=mode)
-        if problems:
-            raise ConfigError(
-                f"job {config.job}: the settings of ClickHouse user {user} on {client.url} "
-                f"would break the exactly-once guarantee of {mode} mode for {config.table}; "
-                f"nothing was written:\n  - " + "\n  - ".join(problems)
-            )
-        problems = [
-            p
-            for sender, fix, settings in here
-            for p in statement_settings_problems(
-                effective, settings, user=user, sender=sender, fix=fix
-            )
-        ]
-        if problems:
-            raise ConfigError(
-                f"job {config.job}: ClickHouse user {user} on {client.url} may not send "
-                f"settings txsink sends after a batch is PREPARED: every batch into "
-                f"{config.table} would stop there, and neither the writer nor `txsink "
-                f"recover` could finish it; nothing was written:\n  - " + "\n  - ".join(problems)
-            )
-        mine = {n: v for n, v in effective.items() if n in given}
-        known = client.setting_names() if set(given) - set(mine) else ()
-        problems = passthrough_problems(mine, given, user=user, known=known)
-        if given and not problems:
-            problems = _probe_settings(client, given)
-        if problems:
-            raise ConfigError(
-                f"job {config.job}: ClickHouse on {client.url} would refuse the settings "
-                f"given as options for the inserts into {config.table} (user {user}); "
-                f"nothing was written:\n  - " + "\n  - ".join(problems)
-            )
-        overridden = sorted(
-            f"{n}={v.value}"
-            for n, v in effective.items()
-            if n in wanted and v.changed and str(wanted[n]) != v.value
-        )
-        if overridden:
-            log.info(
-                "job %s: user %s on %s has %s by default; txsink sends its own values with "
-                "every insert",
-                config.job, user, client.url, ", ".join(overridden),
-            )  # fmt: skip
-
-
-def _probe_settings(client: Any, given: Mapping[str, str]) -> list[str]:
-    """The server's own verdict on the values of ``given`` (a value it cannot parse, one
-    its constraints forbid): one statement that reads nothing, sent with them."""
-    try:
-        client.query_rows(
-            "SELECT 1", settings=given, what="try the settings given as options (SELECT 1)"
-        )
-    except (UnavailableError, RetryableConflict, CommitOutcomeUnknown):
-        raise  # no verdict on the settings
-    except TxSinkError as exc:
-        asked = ", ".join(f"settings.{k}={v!r}" for k, v in given.items())
-        return [f"the server refused them ({exc}): {asked}"]
-    return []
 
 
 def over_cluster(
