@@ -39,6 +39,7 @@ from tests.integration.test_dedup_mode import _Ctx, config, dying_after
 from txsink.clickhouse.client import connect
 from txsink.clickhouse.warehouse import ClickHouseWarehouse
 from txsink.driver import open_registry
+from txsink.embedded.stack import QUERY_LOG_CONFIG
 from txsink.protocol import ids
 from txsink.spark import validate
 from txsink.spark.dedup_write import write_dedup
@@ -315,8 +316,8 @@ def constrained(stack: Any, tmp_path: Path) -> Iterator[SimpleNamespace]:
     (tmp_path / "users.xml").write_text(USERS_XML)
     config = tmp_path / "config.xml"
     config.write_text(
-        f"<clickhouse><user_directories><users_xml><path>{tmp_path / 'users.xml'}</path>"
-        "</users_xml></user_directories></clickhouse>\n"
+        f"<clickhouse>{QUERY_LOG_CONFIG}<user_directories><users_xml>"
+        f"<path>{tmp_path / 'users.xml'}</path></users_xml></user_directories></clickhouse>\n"
     )
     port = free_port()
     argv = [sys.executable, "-m", "txsink.embedded.server", "--data", str(tmp_path / "data")]
