@@ -271,6 +271,7 @@ def _commit_writes(
             epoch, xid, batch, config.table, parts, mode, streaming=streaming,
             tables=sorted(targets) if targets else (),
             visibility=Visibility.BATCH if batch_visible else Visibility.PARTITION,
+            own_batches=streaming, first_batch=config.first_batch,
         )  # fmt: skip
     except FencedError:
         count(config, fencing_events=1)

@@ -71,6 +71,7 @@ class WriterConfig:
     metrics_textfile: str
     run_id: str
     micro_batch: bool = False
+    first_batch: int | None = None  # streaming: the job's own micro-batches start here
     visibility: str = "partition"
     shards: tuple[str, ...] = ()  # shard URLs (no userinfo); () = one server, `url`
     shard_by: str = ""

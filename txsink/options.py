@@ -362,6 +362,15 @@ _DECLARED: tuple[Option, ...] = (
         minimum=1,
     ),
     Option(
+        "first_batch",
+        "streaming: the first micro-batch this job writes, when its checkpoint was written "
+        "before under another job name or state store and the query stopped cleanly "
+        "(docs/operations.md#new-store)",
+        kind=Kind.INT,
+        minimum=0,
+        optional=True,
+    ),
+    Option(
         "skip_committed_replays",
         "executors skip writing a replayed, committed batch",
         "true",

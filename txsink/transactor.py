@@ -251,11 +251,15 @@ class Transactor:
         streaming: bool = False,
         tables: Sequence[str] = (),
         visibility: Visibility = Visibility.PARTITION,
+        own_batches: bool = False,
+        first_batch: int | None = None,
     ) -> CommitResult:
         """Prepare and publish one batch whose tasks all succeeded.
 
         ``streaming``: the batch id is a Spark micro-batch id (replays only ever repeat the
-        newest batch), not a ``txn_version``; see :func:`plans.decide_batch`.
+        newest batch), not a ``txn_version``; ``own_batches``/``first_batch``: whether a
+        job that committed nothing checks that the batch is its own; see
+        :func:`plans.decide_batch`.
 
         Several tables in one xid: ``target`` is the job's own table and each part names
         its table in ``StagedPart.target`` (normalised to ``""`` when it is ``target``, so
@@ -283,8 +287,9 @@ class Transactor:
 
         def decide(existing: XidRecord | None) -> plans.BatchDecision:
             return plans.decide_batch(
-                existing, incoming, last_batch, streaming=streaming, epoch=epoch.number
-            )
+                existing, incoming, last_batch, streaming=streaming, epoch=epoch.number,
+                own_batches=own_batches, first_batch=first_batch,
+            )  # fmt: skip
 
         decision = decide(existing)
         if decision.action is plans.BatchAction.PREPARE and mode is Mode.ATTACH:

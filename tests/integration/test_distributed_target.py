@@ -31,6 +31,7 @@ from txsink.config import WriterConfig
 from txsink.driver import borrowed_warehouse, open_registry
 from txsink.embedded.stack import StackInfo
 from txsink.errors import ConfigError, UnavailableError
+from txsink.ops.check import run_check
 from txsink.ops.verify import verify_job
 from txsink.spark.validate import validate
 
@@ -43,8 +44,8 @@ SCHEMA = StructType(
 
 def cluster_config(hosts: tuple[str, ...]) -> str:
     """``<remote_servers>``: cluster ``three`` (one replica per host), ``weighted``
-    (weights 1, 2, 1) and ``replicas`` (shard 2 lists a second replica, on 127.0.0.9);
-    macro ``{cluster}`` = ``three``."""
+    (weights 1, 2, 1), ``replicas`` (shard 2 lists a second replica, on 127.0.0.9) and
+    ``one`` (the first host alone); macro ``{cluster}`` = ``three``."""
 
     def replica(host: str) -> str:
         return f"<replica><host>{host}</host><port>9000</port></replica>"
@@ -61,7 +62,8 @@ def cluster_config(hosts: tuple[str, ...]) -> str:
     return (
         f"<clickhouse><macros><cluster>{CLUSTER}</cluster></macros><remote_servers>"
         f"<{CLUSTER}>{three}</{CLUSTER}><weighted>{weighted}</weighted>"
-        f"<replicas>{replicas}</replicas></remote_servers></clickhouse>\n"
+        f"<replicas>{replicas}</replicas><one><shard>{replica(hosts[0])}</shard></one>"
+        f"</remote_servers></clickhouse>\n"
     )
 
 
@@ -115,8 +117,9 @@ def db(servers: list[str]) -> Iterator[str]:
     """A database holding ``local`` on every server and Distributed tables on the first:
     ``dist`` (intHash64(id)), ``dist_rand`` (rand()), ``dist_macro`` (cluster
     ``'{cluster}'``), ``dist_mod`` (id % 3, which txsink cannot reproduce),
-    ``dist_weighted`` (shard weights) and ``dist_replicas`` (a shard with two replicas over
-    a local table that is not replicated)."""
+    ``dist_weighted`` (shard weights), ``dist_replicas`` (a shard with two replicas over
+    a local table that is not replicated), ``dist_nokey`` (no sharding key) and
+    ``dist_one`` (no key, cluster ``one``)."""
     name = f"dt_{uuid.uuid4().hex[:10]}"
     clients = [client(u) for u in servers]
     for c in clients:
@@ -132,10 +135,12 @@ def db(servers: list[str]) -> Iterator[str]:
         ("dist_replicas", "replicas", "intHash64(id)"),
         ("dist_mod", CLUSTER, "id % 3"),
         ("dist_weighted", "weighted", "intHash64(id)"),
+        ("dist_nokey", CLUSTER, ""),
+        ("dist_one", "one", ""),
     ):
         clients[0].command(
             f"CREATE TABLE {name}.{table} AS {name}.local "
-            f"ENGINE = Distributed('{cluster}', '{name}', 'local', {key})"
+            f"ENGINE = Distributed('{cluster}', '{name}', 'local'{', ' + key if key else ''})"
         )
     yield name
     for c in clients:
@@ -195,6 +200,69 @@ def test_a_sharding_key_txsink_cannot_reproduce_is_refused_or_left_to_dedup(
     for url in servers:
         with client(url) as c:
             assert c.query(f"SELECT count() FROM {db}.local").result_rows[0][0] == 0
+
+
+def test_dedup_through_a_distributed_table_a_replay_could_split_otherwise_is_refused(
+    servers: list[str], db: str, stack: StackInfo
+) -> None:
+    """Issue 38 row 2: each shard deduplicates its own part of a block by the block's
+    token, so a replay is exact only if it is split as the first attempt was. A key that
+    is not deterministic (rand()) or missing over several shards is refused before
+    anything is written, in mode=dedup and in mode=auto's fallback, naming the key and
+    the fix; `txsink check` says the same. A deterministic key keeps the fallback."""
+    clients = [client(u) for u in servers]
+    try:
+        for c in clients:  # attach is blocked on the shards: the local table feeds a view
+            c.command(f"CREATE TABLE {db}.viewed AS {db}.local")
+            c.command(f"CREATE TABLE {db}.sums (n Int64) ENGINE = MergeTree ORDER BY n")
+            c.command(
+                f"CREATE MATERIALIZED VIEW {db}.mv TO {db}.sums AS "
+                f"SELECT count() AS n FROM {db}.viewed"
+            )
+        for table, key in (("dist_mv_rand", "rand()"), ("dist_mv_hash", "cityHash64(id)")):
+            clients[0].command(
+                f"CREATE TABLE {db}.{table} AS {db}.viewed "
+                f"ENGINE = Distributed('{CLUSTER}', '{db}', 'viewed', {key})"
+            )
+        fix = r".*cityHash64\(<key column>\).*shards="
+        jobs = []
+
+        def refused(table: str, match: str, **extra: str) -> None:
+            entry = config(servers[0], f"{db}.{table}", stack.keeper, **extra)
+            jobs.append(entry)
+            with pytest.raises(ConfigError, match=match + fix):
+                validate(entry, SCHEMA)
+
+        refused("dist_rand", r"mode=dedup is unsafe.*sharding key rand\(\).*not deterministic",
+                mode="dedup")  # fmt: skip
+        refused("dist_nokey", "without a sharding key over 3 shards", mode="dedup")
+        refused("dist_mv_rand", r"mode=auto.*neither attach.*materialized view.*nor dedup.*rand")
+        one = config(servers[0], f"{db}.dist_one", stack.keeper, mode="dedup")
+        assert validate(one, SCHEMA).mode == "dedup"  # one shard: a replay goes where it went
+        hashed = validate(config(servers[0], f"{db}.dist_mv_hash", stack.keeper), SCHEMA)
+        assert (hashed.mode, hashed.config.table) == ("dedup", f"{db}.dist_mv_hash")
+
+        report = run_check(config(servers[0], f"{db}.dist_rand", stack.keeper, mode="dedup"))
+        (mode,) = [c for c in report.checks if c.name == "mode"]
+        assert mode.status == "fail" and "rand()" in mode.detail and "cityHash64" in mode.detail
+        assert not report.can_run
+
+        for c in clients:  # nothing written, nothing staged, no job recorded
+            for table in ("local", "viewed", "sums"):
+                assert c.query(f"SELECT count() FROM {db}.{table}").result_rows[0][0] == 0
+            staged = c.query(
+                "SELECT count() FROM system.tables WHERE database = 'txsink_staging' "
+                "AND name LIKE 'dt-%'"
+            ).result_rows[0][0]
+            assert staged == 0
+        registry = open_registry(jobs[0])
+        try:
+            assert all(registry.job_meta(j.job) is None for j in jobs)
+        finally:
+            registry.close()
+    finally:
+        for c in clients:
+            c.close()
 
 
 def test_spark_save_into_a_distributed_table_is_one_exact_xid_over_its_shards(

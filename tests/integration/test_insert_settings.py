@@ -9,6 +9,9 @@
   not deduplicate a task's identical slices.
 - Row 8: an AggregatingMergeTree target with ``SimpleAggregateFunction`` columns, written
   through Spark, gets exact values.
+- Issue 38 row 5: a settings-profile constraint on a ``log_*`` setting the ATTACH of
+  ``visibility=batch`` sends refuses the job before anything is staged (it used to fail
+  every ATTACH after PREPARE, with no way to finish the batch); partition visibility runs.
 
 Spark tests use the session's ``spark`` fixture (local[2]); the others need no Spark.
 """
@@ -35,6 +38,8 @@ from tests.integration.conftest import client_for, free_port
 from tests.integration.test_dedup_mode import _Ctx, config, dying_after
 from txsink.clickhouse.client import connect
 from txsink.clickhouse.warehouse import ClickHouseWarehouse
+from txsink.driver import open_registry
+from txsink.embedded.stack import QUERY_LOG_CONFIG
 from txsink.protocol import ids
 from txsink.spark import validate
 from txsink.spark.dedup_write import write_dedup
@@ -284,3 +289,107 @@ def test_an_aggregating_target_with_simple_aggregate_function_columns_gets_exact
     assert ch.query(f"SELECT count(), sum(total) FROM {table}").result_rows == [
         (7, sum(range(500)))
     ]
+
+
+# ------------------------------------------------------------------ issue 38 row 5
+
+
+USERS_XML = """<clickhouse>
+  <profiles><default>
+    <log_comment>etl</log_comment>
+    <constraints><log_comment><readonly/></log_comment></constraints>
+  </default></profiles>
+  <users><default>
+    <profile>default</profile><networks><ip>::/0</ip></networks><password></password>
+    <quota>default</quota>
+  </default></users>
+  <quotas><default></default></quotas>
+</clickhouse>
+"""
+
+
+@pytest.fixture
+def constrained(stack: Any, tmp_path: Path) -> Iterator[SimpleNamespace]:
+    """A second endpoint whose one user has a settings profile that tags every query's
+    log entry ``log_comment='etl'`` and forbids changing it (a real server's users.xml,
+    read by the engine through ``<user_directories>``)."""
+    (tmp_path / "users.xml").write_text(USERS_XML)
+    config = tmp_path / "config.xml"
+    config.write_text(
+        f"<clickhouse>{QUERY_LOG_CONFIG}<user_directories><users_xml>"
+        f"<path>{tmp_path / 'users.xml'}</path></users_xml></user_directories></clickhouse>\n"
+    )
+    port = free_port()
+    argv = [sys.executable, "-m", "txsink.embedded.server", "--data", str(tmp_path / "data")]
+    proc = subprocess.Popen(
+        [*argv, "--port", str(port), "--config-file", str(config)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/ping", timeout=1) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise
+                time.sleep(0.3)
+        yield SimpleNamespace(url=url, keeper=stack.keeper)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.spark
+def test_a_profile_constraint_on_the_publish_log_settings_refuses_the_job_before_staging(
+    spark: Any, constrained: Any
+) -> None:
+    ch = client_for(constrained)  # type: ignore[arg-type]
+    try:
+        ch.command("CREATE DATABASE IF NOT EXISTS p")
+        table = f"p.t_{uuid.uuid4().hex[:8]}"
+        ch.command(BY_DAY.format(t=table))
+        df = spark.createDataFrame(
+            [(i, dt.date(2024, 1, 1 + i % 3), i) for i in range(30)], "id long, day date, v long"
+        )
+        job = f"logc-{uuid.uuid4().hex[:8]}"
+        opts = {"url": constrained.url, "keeper": constrained.keeper, "table": table}
+        with pytest.raises(Exception, match=r"log_comment") as refused:
+            (
+                df.write.format("clickhouse_tx")
+                .options(**opts, job=job, mode="attach", visibility="batch", txn_version="1")
+                .mode("append")
+                .save()
+            )
+        text = str(refused.value)
+        assert "log_comment=etl is fixed for user default" in text, text
+        assert "use visibility=partition" in text and "nothing was written" in text, text
+        assert ch.query(f"SELECT count() FROM {table}").result_rows == [(0,)]
+        staged = ch.query(
+            "SELECT count() FROM system.tables WHERE name LIKE {j:String}",
+            parameters={"j": f"{job}%"},
+        ).result_rows
+        assert staged == [(0,)], "the refused job staged rows"
+        registry = open_registry(config(constrained, table))
+        try:
+            assert registry.list(job) == [], "the refused job prepared an xid"
+        finally:
+            registry.close()
+        # the way around it the message names: partition visibility publishes by MOVE
+        (
+            df.write.format("clickhouse_tx")
+            .options(**opts, job=f"{job}-p", mode="attach", txn_version="1")
+            .mode("append")
+            .save()
+        )
+        assert counts(ch, table) == (30, 30, 3)
+    finally:
+        ch.close()

@@ -8,6 +8,7 @@ exact rows, or a clear refusal with the target untouched and a way to go on.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import subprocess
 import sys
@@ -216,6 +217,34 @@ def test_a_reset_checkpoint_of_the_same_query_is_refused_not_skipped(stack, ch, 
     assert "checkpoint was reset" in job.log_tail()
     assert_exact(ch, job)  # nothing skipped silently, nothing written twice
     assert staging_left(ch, job) == []
+
+
+# -- issue 38 row 6: a new job name or state store on a checkpoint that may replay --------
+
+
+def test_a_new_job_name_and_store_on_a_checkpoint_that_replays_a_committed_batch_is_refused(
+    stack, ch, fresh_db, tmp_path
+):
+    """The old advice for changing `state`: a new job name. Batch 1 is committed by
+    txsink, then the driver dies before Spark records it; the query restarted under a
+    new job in the other store must not write batch 1 again. It is refused (the job has
+    no record of any batch and Spark hands it batch 1), naming first_batch; the old job
+    then finishes the stream exactly."""
+    job = new_job(tmp_path, ch, fresh_db, stack.url, stack.keeper, files=3, rows_per_file=400)
+    code = job.run(fault="driver.after_record", fault_after=1, files_per_trigger=1)
+    assert code != 0, job.log_tail()
+    committed = ch.query(f"SELECT count() FROM {job.table}").result_rows[0][0]
+    assert committed == 800, job.log_tail()  # batches 0 and 1; Spark recorded only 0
+
+    moved = dataclasses.replace(job, name=f"{job.name}-ch", options={"state": "clickhouse"})
+    assert moved.run(files_per_trigger=1) != 0
+    assert "first_batch=1" in moved.log_tail(), moved.log_tail()
+    count, distinct = ch.query(f"SELECT count(), uniqExact(id) FROM {job.table}").result_rows[0]
+    assert (count, distinct) == (800, 800), "batch 1 was written again under the new job"
+    assert staging_left(ch, moved) == []
+
+    assert job.run(files_per_trigger=1) == 0, job.log_tail()  # the old job goes on
+    assert_exact(ch, job)
 
 
 # -- row 6: two Keeper roots, one ClickHouse -----------------------------------------------

@@ -17,7 +17,7 @@ from txsink.clickhouse.chtypes import (
     unwrap,
 )
 from txsink.clickhouse.replicated_ddl import staging_engine_clause, staging_keeper_path
-from txsink.clickhouse.sqltext import split_top_level
+from txsink.clickhouse.sqltext import called_functions, split_top_level
 from txsink.clickhouse.values import Check, plan_rules
 from txsink.ports.warehouse import ColumnInfo, TargetInfo
 
@@ -359,7 +359,64 @@ def test_dedup_needs_a_dedup_window() -> None:
     rep = info("ReplicatedMergeTree", settings={"replicated_deduplication_window": "1000"})
     assert dedup_blockers(rep, min_window=100) == []
     assert dedup_blockers(info("Memory"))
-    assert dedup_blockers(info("Distributed")) == []
+
+
+def _dist(key: str, functions: dict[str, bool | None], shards: int | None = 3) -> TargetInfo:
+    tail = f", {key}" if key else ""
+    return TargetInfo(
+        "db", "d", "Distributed", engine_full=f"Distributed('c', 'db', 'local'{tail})",
+        key_functions=functions, shard_count=shards,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("key", "functions", "shards"),
+    [
+        ("cityHash64(id)", {"cityHash64": True}, 3),
+        ("intHash64(id)", {"intHash64": True}, None),
+        ("id % 3", {}, 3),  # an operator, no call
+        ("", {}, 1),  # one shard needs no key
+        ("if(id IN (1, 2), 1, 0)", {"if": True}, 3),
+    ],
+)
+def test_dedup_through_a_distributed_table_with_a_deterministic_split_is_allowed(
+    key: str, functions: dict[str, bool | None], shards: int | None
+) -> None:
+    assert dedup_blockers(_dist(key, functions, shards)) == []
+
+
+@pytest.mark.parametrize(
+    ("key", "functions", "shards", "named"),
+    [
+        ("rand()", {"rand": False}, 3, "rand()"),
+        ("rand64() % 3", {"rand64": False}, 3, "rand64()"),
+        (
+            "cityHash64(toString(now()))",
+            {"cityHash64": True, "now": False, "toString": True},
+            3,
+            "now()",
+        ),
+        ("randConstant()", {"randConstant": False}, 3, "randConstant()"),
+        ("neighbor(id, 1)", {"neighbor": None}, 3, "neighbor()"),  # the server cannot tell
+        ("cityHash64(id)", {}, 3, "cityHash64()"),  # never observed: not vouched for
+        ("", {}, 3, "without a sharding key over 3 shards"),
+        ("", {}, None, "without a sharding key over a cluster txsink does not find"),
+    ],
+)
+def test_dedup_through_a_distributed_table_a_replay_could_split_otherwise_is_refused(
+    key: str, functions: dict[str, bool | None], shards: int | None, named: str
+) -> None:
+    (msg,) = dedup_blockers(_dist(key, functions, shards))
+    assert named in msg and "db.d" in msg
+    assert "cityHash64(<key column>)" in msg and "shards=" in msg  # the two fixes
+
+
+def test_called_functions_are_calls_outside_quotes_not_operators() -> None:
+    assert called_functions("cityHash64(toString(id)) % 3") == ("cityHash64", "toString")
+    assert called_functions("if(id IN (1, 2), dictGet('d', 'rand()', id), x.f(1))") == (
+        "if",
+        "dictGet",
+    )
 
 
 def test_move_compat_reports_first_difference_and_accepts_equal() -> None:

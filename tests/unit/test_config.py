@@ -103,7 +103,7 @@ def test_defaults_are_unchanged() -> None:
         "block_bytes": "268435456", "compress": "lz4", "connect_timeout": "10",
         "send_receive_timeout": "300", "verify": "true", "ca_cert": "",
         "retry_attempts": "5", "retry_max_wait": "30", "publish_retry_s": "60",
-        "txn_version": "", "retention": "1000", "dedup_order_by": "",
+        "txn_version": "", "first_batch": "", "retention": "1000", "dedup_order_by": "",
         "dedup_min_window": "100", "skip_committed_replays": "true", "metrics_textfile": "",
         "shards": "", "shard_by": "", "shard_http_port": "", "settings": "", "metrics_port": "",
         "run_id": "", "micro_batch": "false", "create_table": "never", "order_by": "",

@@ -15,7 +15,9 @@ from txsink.clickhouse.insert_settings import (
     DEDUP_INSERT_SETTINGS,
     STAGING_INSERT_SETTINGS,
     SettingValue,
+    after_prepare_settings,
     insert_settings_problems,
+    statement_settings_problems,
 )
 from txsink.clickhouse.retry import RetryPolicy
 from txsink.errors import ConfigError, FencedError, RetryableConflict
@@ -186,6 +188,34 @@ def test_a_profile_that_forbids_a_needed_setting_is_refused_naming_it(
     for word in words:
         assert word in problems[0]
     assert "profile" in problems[0]
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "lo", "hi"),
+    [
+        ("log_queries", "0", None, None),  # const: the profile does not log queries
+        ("log_comment", "", None, None),  # read-only: any tag is a change
+        ("log_queries_min_type", "QUERY_FINISH", None, None),
+        ("log_queries_min_query_duration_ms", "1000", "1000", None),  # bounded below
+        ("log_queries_probability", "0.1", None, "0.5"),
+    ],
+)
+def test_a_profile_that_forbids_a_setting_of_the_batch_publish_refuses_the_job(
+    name: str, value: str, lo: str | None, hi: str | None
+) -> None:
+    """Issue 38 row 5: the ATTACH of visibility=batch sends log_* settings; a constraint
+    on any of them is found before anything is staged, with the way around it."""
+    fixed = lo is None and hi is None
+    effective = {name: SettingValue(name, value, True, fixed, lo, hi)}
+    ((sender, fix, settings),) = after_prepare_settings("attach", "batch", "keeper")
+    (msg,) = statement_settings_problems(effective, settings, user="etl", sender=sender, fix=fix)
+    assert name in msg and "user etl" in msg and "use visibility=partition" in msg
+    assert after_prepare_settings("attach", "partition", "keeper") == []
+    assert after_prepare_settings("dedup", "batch", "keeper") == []  # batch needs attach
+    names = [
+        n for _, _, s in after_prepare_settings("attach", "partition", "clickhouse") for n in s
+    ]
+    assert names == ["keeper_map_strict_mode", "max_query_size"]
 
 
 def test_a_constraint_that_already_holds_the_needed_value_is_fine() -> None:

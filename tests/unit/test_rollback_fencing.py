@@ -13,6 +13,7 @@ from tests.unit.test_transaction_model import JOB, TARGET, stage_batch
 from txsink.errors import ConfigError, RetryableConflict
 from txsink.ports.registry_memory import MemoryRegistry
 from txsink.ports.warehouse_memory import MemoryWarehouse
+from txsink.protocol import job as rules
 from txsink.protocol import plans
 from txsink.protocol.ids import batch_xid, staging_name, staging_prefix
 from txsink.protocol.states import Mode, XidRecord, XidState
@@ -154,3 +155,61 @@ def test_recovery_never_touches_staging_of_the_same_job_name_in_another_namespac
     assert theirs in wh.staging and mine not in wh.staging
     Transactor(there, wh, JOB).begin("run-b")
     assert theirs not in wh.staging
+
+
+# -- issue 38 row 6: a new job name or store on a checkpoint another job wrote -------------
+
+
+@pytest.mark.parametrize(
+    ("batch", "first_batch", "refused"),
+    [
+        (0, None, False),  # a fresh checkpoint starts at batch 0
+        (3, None, True),  # another job's checkpoint: batch 3 may be its committed replay
+        (3, 3, False),  # the operator says the query stopped cleanly before batch 3
+        (4, 3, False),
+        (2, 3, True),  # before the job's first batch: the earlier writer's
+    ],
+)
+def test_a_job_that_committed_nothing_refuses_a_batch_it_cannot_tell_from_another_jobs(
+    batch: int, first_batch: int | None, refused: bool
+) -> None:
+    reg, wh = MemoryRegistry(), MemoryWarehouse()
+    tx = Transactor(reg, wh, JOB)
+    epoch = tx.begin("run-1")
+    parts = stage_batch(wh, epoch.number, batch, [(1, "a")], 1, 0)
+
+    def commit() -> str:
+        return tx.commit_batch(
+            epoch, batch_xid(batch), batch, TARGET, parts, streaming=True,
+            own_batches=True, first_batch=first_batch,
+        ).action  # fmt: skip
+
+    task = rules.task_replay(
+        JOB, batch_xid(batch), "attach", None, None, batch, None,
+        streaming=True, first_batch=first_batch,
+    )  # fmt: skip
+    if refused:
+        with pytest.raises(ConfigError, match=r"first_batch|first batch"):
+            commit()
+        assert task.verdict is rules.TaskVerdict.REFUSE and "nothing was written" in task.reason
+        assert wh.target_ids(TARGET) == []
+        tombstone = reg.get(JOB, batch_xid(batch))  # its staging rolled back
+        assert tombstone is not None and tombstone.state is XidState.ABORTED
+        again = rules.task_replay(
+            JOB, batch_xid(batch), "attach", XidState.ABORTED, "attach", batch, None,
+            streaming=True, first_batch=first_batch,
+        )  # fmt: skip
+        assert again.verdict is rules.TaskVerdict.REFUSE  # the rerun's tasks refuse too
+    else:
+        assert commit() == "committed" and task.verdict is rules.TaskVerdict.WRITE
+    # a job with history, a batch save (txn_version) and the bare Transactor are unaffected
+    assert rules.unowned_batch_refusal(JOB, batch, 0, first_batch) is None
+    assert rules.task_replay(JOB, "b", "attach", None, None, batch, None).verdict is not (
+        rules.TaskVerdict.REFUSE
+    )
+
+
+def test_the_refusal_names_the_batch_first_batch_and_the_other_ways_out() -> None:
+    text = rules.unowned_batch_refusal(JOB, 7, None, None) or ""
+    assert "micro-batch 7" in text and "first_batch=7" in text and "commits/" in text
+    assert "txsink recover" in text and "new checkpoint location" in text

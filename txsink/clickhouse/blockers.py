@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from txsink.clickhouse.replicated_ddl import split_engine
+from txsink.clickhouse.sqltext import called_functions
 from txsink.ports.warehouse import WINDOW_SECONDS_KEY, ColumnInfo, TargetInfo
 from txsink.protocol.dedup_window import Window
 
@@ -101,9 +103,10 @@ def dedup_blockers(
     sends ``deduplicate_blocks_in_dependent_materialized_views=1`` with every block, but
     ClickHouse (26.9, docs/reliability.md) deduplicates a view's block only in a view table that
     has a dedup window itself; with none, a replayed block is dropped from the target and
-    counted again in the view. A Distributed target is not blocked: deduplication
-    happens in the shards' local tables, which must have the window set (txsink cannot
-    see them from here; see :func:`dedup_notes`).
+    counted again in the view. A Distributed target is blocked only where a replay could
+    split a block over the shards differently (:func:`distributed_blockers`):
+    deduplication happens in the shards' local tables, which must have the window set
+    (txsink cannot see them from here; see :func:`dedup_notes`).
     """
     t = info.name
     if info.engine in ("View", "LiveView", "WindowView"):
@@ -114,7 +117,7 @@ def dedup_blockers(
             "TO table) instead"
         ]
     if info.engine == "Distributed":
-        return []
+        return distributed_blockers(info)
     if not info.is_merge_tree:
         return [
             f"target {t} uses engine {info.engine}, which does not deduplicate inserts: a "
@@ -140,6 +143,61 @@ def dedup_blockers(
                 "again in the view"
             )
     return out
+
+
+def distributed_blockers(info: TargetInfo) -> list[str]:
+    """Why dedup mode through the ``Distributed`` table ``info`` could write a row twice.
+
+    The table splits every block over its shards by its sharding key, and each shard
+    deduplicates its own sub-block by the block's token. A replay is exact only if it
+    splits each block as the first attempt did: the key must call only functions the
+    server marks deterministic (``rand()``, ``now()``, ``generateUUIDv4()``,
+    ``rowNumberInBlock()``, ``dictGet()``... are not; one the server cannot vouch for
+    counts as not), and a table without a key must have one shard (ClickHouse refuses
+    the inserts otherwise, or, with ``insert_distributed_one_random_shard``, picks a
+    shard per block at random). Otherwise a shard that saw the token drops rows it never
+    got and another one stores rows it already has."""
+    t = info.name
+    fix = (
+        f"give {t} a deterministic sharding key, e.g. cityHash64(<key column>) (a "
+        "Distributed table holds no rows: recreate it with the key), or let txsink write "
+        "each shard itself: option shards= (the shard URLs) with table= the local table, "
+        "in attach mode"
+    )
+    try:
+        _, args, _ = split_engine(info.engine_full)
+    except ValueError:
+        args = []
+    if len(args) < 3:
+        return [
+            f"target {t} is Distributed, but txsink cannot read its sharding key from "
+            f"{info.engine_full!r}, so it cannot tell whether a replayed block reaches the "
+            f"shards that saw it; {fix}"
+        ]
+    key = args[3].strip() if len(args) > 3 else ""
+    if not key:
+        if info.shard_count == 1:
+            return []
+        over = (
+            f"{info.shard_count} shards"
+            if info.shard_count
+            else "a cluster txsink does not find in system.clusters"
+        )
+        return [
+            f"target {t} is Distributed without a sharding key over {over}: a replayed "
+            f"block could go to another shard than the first attempt's, which does not "
+            f"know its token; {fix}"
+        ]
+    unsafe = [f for f in called_functions(key) if info.key_functions.get(f) is not True]
+    if unsafe:
+        calls = ", ".join(f"{f}()" for f in unsafe)
+        return [
+            f"target {t} is Distributed with sharding key {key}, which calls {calls}: not "
+            f"deterministic (system.functions), so a replayed batch is split over the "
+            f"shards differently and each shard deduplicates only the rows it saw, "
+            f"duplicating some rows and dropping others; {fix}"
+        ]
+    return []
 
 
 def _window_blocker(what: str, info: TargetInfo, min_window: int) -> str:
@@ -173,9 +231,9 @@ def dedup_notes(info: TargetInfo) -> list[str]:
         f"target {info.name} is Distributed: txsink inserts with insert_distributed_sync=1 "
         "(distributed_foreground_insert) so a block is on the shards when acknowledged; "
         "every shard's local table must be a MergeTree with a dedup window "
-        "(non_replicated_/replicated_deduplication_window) and its sharding key must be "
-        "deterministic (not rand()), or a replayed block lands on another shard and is "
-        "not recognised; the shards' windows (parts and seconds) are not checked either"
+        "(non_replicated_/replicated_deduplication_window); txsink does not check the "
+        "shards' windows (parts and seconds). Do not change the cluster's shards or "
+        "weights while a batch may be replayed: the replay would be split differently"
     ]
 
 

@@ -53,6 +53,55 @@ DEDUP_INSERT_SETTINGS: dict[str, Any] = {
     "max_partitions_per_insert_block": 0,
 }
 OPTIONAL_INSERT_SETTINGS = ("deduplicate_insert",)
+# The publish of visibility=batch: its ATTACH PARTITION ALL goes into system.query_log
+# with the batch's tag as log_comment, whatever the user's profile says about logging
+# (the proof that it landed once the target merged its parts). A profile constraint on
+# any of them would refuse every ATTACH after PREPARE, where neither the writer nor
+# `txsink recover` can finish the batch: validation checks them before anything is
+# staged (:func:`statement_settings_problems`). log_comment's value here stands for
+# every tag (a constraint allows one only where it equals the profile's value).
+ATTACH_LOG_SETTINGS: dict[str, Any] = {
+    "log_queries": 1,
+    "log_comment": "txsink",
+    "log_queries_min_type": "QUERY_START",
+    "log_queries_min_query_duration_ms": 0,
+    "log_queries_probability": 1,
+}
+# Every write of the state store with state=clickhouse (txsink.keeper.keepermap): strict
+# mode is the compare-and-set; a node's value travels hex-encoded inside the statement
+# (room for a 1 MiB node, twice over). The COMMITTED record is such a write.
+KEEPERMAP_SETTINGS: dict[str, Any] = {
+    "keeper_map_strict_mode": 1,
+    "max_query_size": 8 * 1024 * 1024,
+}
+
+
+def after_prepare_settings(
+    mode: str, visibility: str, state: str
+) -> list[tuple[str, str, Mapping[str, Any]]]:
+    """The settings txsink sends with statements other than inserts that run after a
+    batch is PREPARED, for :func:`statement_settings_problems`: (what sends them, the
+    way around a constraint that forbids them, the settings)."""
+    out: list[tuple[str, str, Mapping[str, Any]]] = []
+    if mode == "attach" and visibility == "batch":
+        out.append(
+            (
+                "the ATTACH that publishes a batch (visibility=batch)",
+                "use visibility=partition",
+                ATTACH_LOG_SETTINGS,
+            )
+        )
+    if state == "clickhouse":
+        out.append(
+            (
+                "every write of the state store (state=clickhouse)",
+                "start the job with state=keeper",
+                KEEPERMAP_SETTINGS,
+            )
+        )
+    return out
+
+
 # What breaks which guarantee, for the messages of insert_settings_problems and
 # refused_setting.
 _WHY = {
@@ -228,6 +277,29 @@ def insert_settings_problems(
         problem = _constraint(have, str(value), user, need, how)
         if problem:
             problems.append(problem)
+    return problems
+
+
+def statement_settings_problems(
+    effective: Mapping[str, SettingValue],
+    wanted: Mapping[str, Any],
+    *,
+    user: str,
+    sender: str,
+    fix: str,
+) -> list[str]:
+    """Why ``user`` cannot send ``wanted`` with statements other than inserts (``sender``
+    names them, e.g. "the ATTACH of visibility=batch"), by the constraint rules of
+    :func:`insert_settings_problems`; ``fix``: the way around it that needs no profile
+    change."""
+    how = f"{fix}, or relax the settings constraints of user {user}'s profile"
+    problems = []
+    for name, value in wanted.items():
+        have = effective.get(name)
+        if have is not None:
+            problem = _constraint(have, str(value), user, f"{sender} sends {name}={value!r}", how)
+            if problem:
+                problems.append(problem)
     return problems
 
 

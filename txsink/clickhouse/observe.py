@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from typing import Any
 
 from txsink.clickhouse.client import Client
+from txsink.clickhouse.replicated_ddl import split_engine
 from txsink.clickhouse.sqltext import (
+    called_functions,
     has_ttl,
     log_ttl_seconds,
     parse_settings_clause,
@@ -290,7 +293,37 @@ class Observer:
             zookeeper_path=keeper_path,
             replica_name=replica,
             server_timezone=str(zone),
+            **(self._distribution(str(engine_full)) if engine == "Distributed" else {}),
         )
+
+    def _distribution(self, engine_full: str) -> dict[str, Any]:
+        """What decides where a ``Distributed`` table sends a replayed block: whether
+        each function its sharding key calls is deterministic (``system.functions``) and
+        how many shards its cluster has (``system.clusters``), as ``TargetInfo`` fields
+        (:func:`~.blockers.dedup_blockers` decides). One round trip (two with macros)."""
+        try:
+            _, args, _ = split_engine(engine_full)
+        except ValueError:
+            return {}  # dedup_blockers reports an engine it cannot read
+        if len(args) < 3:
+            return {}
+        cluster = self.expand_macros(args[0].strip().strip("'\"`"))
+        calls = called_functions(args[3]) if len(args) > 3 else ()
+        rows = self.client.query_rows(
+            "SELECT (SELECT uniqExact(shard_num) FROM system.clusters WHERE cluster = {c:String}), "
+            "(SELECT groupArray((name, case_insensitive, deterministic)) FROM system.functions "
+            "WHERE lower(name) IN {names:Array(String)})",
+            parameters={"c": cluster, "names": sorted({n.lower() for n in calls})},
+            what=f"read the cluster {cluster} and the sharding key of a Distributed table",
+        )
+        count, found = rows[0]
+        exact = {str(n): d for n, _, d in found}
+        folded = {str(n).lower(): d for n, ci, d in found if ci}
+        functions: dict[str, bool | None] = {}
+        for name in calls:
+            flag = exact[name] if name in exact else folded.get(name.lower())
+            functions[name] = None if flag is None else bool(flag)
+        return {"key_functions": functions, "shard_count": int(count) or None}
 
     def dependent_views(self, target: str) -> tuple[str, ...]:
         """Materialized views fed by ``db.table`` now (the commit's re-check of attach

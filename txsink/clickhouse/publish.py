@@ -19,6 +19,7 @@ import logging
 from collections.abc import Sequence
 
 from txsink.clickhouse.blockers import AddColumn, plan_column_catch_up
+from txsink.clickhouse.insert_settings import ATTACH_LOG_SETTINGS
 from txsink.clickhouse.observe import MAX_COMMANDS, PARTITION_ID_RE
 from txsink.clickhouse.staging import Stager
 from txsink.errors import ConfigError, RecoveryAlarm, RetryableConflict, TxSinkError
@@ -73,13 +74,7 @@ class Publisher(Stager):
         ``log_comment``, whatever the user's profile says about logging."""
         fq = self._staging(staging, "attach from")
         db, name = split_table(target)
-        logged = {
-            "log_queries": 1,
-            "log_comment": tag,
-            "log_queries_min_type": "QUERY_START",
-            "log_queries_min_query_duration_ms": 0,
-            "log_queries_probability": 1,
-        }
+        logged = {**ATTACH_LOG_SETTINGS, "log_comment": tag}
 
         def attach(note: str = "") -> None:
             self.client.command(

@@ -93,6 +93,16 @@ def mask_quoted(text: str) -> str:
     return re.sub(r"'(?:[^'\\]|\\.)*'", lambda m: "'" + "_" * (len(m.group(0)) - 2) + "'", text)
 
 
+_CALL_RE = re.compile(r"(?<![\w.`$])([A-Za-z_][A-Za-z0-9_]*)\(")
+
+
+def called_functions(expr: str) -> tuple[str, ...]:
+    """The names of the functions ``expr`` calls, once each, in order of appearance.
+    ``name(`` only: the server writes a call without a space, and an operator with its
+    parenthesis apart (``id IN (1, 2)``); names inside string literals do not count."""
+    return tuple(dict.fromkeys(m.group(1) for m in _CALL_RE.finditer(mask_quoted(expr))))
+
+
 def sql_string(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 

@@ -96,12 +96,13 @@ from kazoo.exceptions import (
     RolledBackError,
 )
 
+from txsink.clickhouse.insert_settings import KEEPERMAP_SETTINGS
 from txsink.errors import ConfigError, TxSinkError, UnavailableError
 from txsink.names import quote_ident, quote_literal
 from txsink.ports.manifest_codec import CHUNKS_DIR
 
-# values travel hex-encoded inside the statement: room for a 1 MiB node, twice over
-STRICT = {"keeper_map_strict_mode": 1, "max_query_size": 8 * 1024 * 1024}
+# validation checks them against the user's settings constraints (insert_settings)
+STRICT = KEEPERMAP_SETTINGS
 #: seconds after which an unconfirmed row is a dead creator's, taken over by the next
 #: create (a live creator confirms its rows within a few statements)
 PENDING_STALE_S = 15.0

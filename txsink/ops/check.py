@@ -146,12 +146,23 @@ def _settings(config: WriterConfig, client: Any, mode: str, checks: list[Check])
     from txsink.clickhouse.insert_settings import (
         DEDUP_INSERT_SETTINGS,
         STAGING_INSERT_SETTINGS,
+        after_prepare_settings,
         insert_settings_problems,
+        statement_settings_problems,
     )
 
     wanted = STAGING_INSERT_SETTINGS if mode == "attach" else DEDUP_INSERT_SETTINGS
-    effective = client.effective_settings([*wanted, "readonly"])
+    later = after_prepare_settings(mode, config.visibility, config.state)
+    names = [*wanted, "readonly", *(n for _, _, settings in later for n in settings)]
+    effective = client.effective_settings(names)
     problems = insert_settings_problems(effective, wanted, user=config.user, mode=mode)
+    problems += [  # the statements after a PREPARE (validation refuses the same)
+        p
+        for sender, fix, settings in later
+        for p in statement_settings_problems(
+            effective, settings, user=config.user, sender=sender, fix=fix
+        )
+    ]
     shown = ", ".join(f"{n}={v.value}" for n, v in sorted(effective.items()))
     if problems:
         checks.append(Check("insert settings", FAIL, "; ".join(problems)))

@@ -92,6 +92,11 @@ class TargetInfo:
     # the server's time zone (timezone()): where a zone-less DateTime column reads a
     # timestamp_ntz's wall clock; "" when unknown (UTC is assumed)
     server_timezone: str = ""
+    # Distributed only: each function its sharding key calls -> whether the server calls
+    # it deterministic (system.functions; None: it cannot tell or does not know it), and
+    # the shard count of its cluster (system.clusters; None: not found there)
+    key_functions: Mapping[str, bool | None] = field(default_factory=dict)
+    shard_count: int | None = None
 
     @property
     def name(self) -> str:

@@ -49,7 +49,10 @@ A batch is committed in one mode: every task reports the mode it wrote in and
 **Replays.** A batch is a replay, and writes nothing, when its xid is COMMITTED, or
 when it has no record and is not newer than the ledger's last committed batch (batch
 ids are monotonic; retention pruned its record): :func:`is_replay`. A task finding
-its xid PREPARED in another mode is refused (:func:`task_replay`).
+its xid PREPARED in another mode is refused (:func:`task_replay`). A streaming job that
+has committed nothing refuses a first micro-batch other than 0 (or the ``first_batch``
+option): its checkpoint was written under another job name or store, and the batch may
+be the replay of one committed there (:func:`unowned_batch_refusal`).
 
 **Half-visible dedup batches.** In dedup mode blocks reach the target as they are
 sent, so a batch that fails (a refused value, a lost task) may leave part of its rows
@@ -343,6 +346,43 @@ def is_replay(state: XidState | None, batch: int | None, last_batch: int | None)
     return batch is not None and last_batch is not None and batch <= last_batch
 
 
+def unowned_batch_refusal(
+    job: str, batch: int | None, last_batch: int | None, first_batch: int | None
+) -> str | None:
+    """Why a *streaming* batch with no record of its xid must not be written by a job
+    whose ledger has committed nothing (``last_batch`` None); None: it may.
+
+    Spark numbers a checkpoint's micro-batches from 0, so a job that sees batch N > 0
+    first runs on a checkpoint another job name or state store wrote before. If that
+    writer committed batch N and Spark did not record it (a crash between the two
+    commits), Spark replays N, and a job with no record of it would write it twice. Only
+    the operator knows the query stopped cleanly: ``first_batch`` (the option) says the
+    job's own batches start there; a batch before it is refused too."""
+    if batch is None or last_batch is not None:
+        return None
+    if first_batch is None and batch == 0:
+        return None
+    if first_batch is not None and batch >= first_batch:
+        return None
+    if first_batch is not None:
+        return (
+            f"micro-batch {batch} comes before job {job}'s first batch (first_batch="
+            f"{first_batch}): it belongs to the checkpoint's earlier writer and may have been "
+            f"committed there; nothing was written. Run the query on that job name and "
+            f"state store, or from a new checkpoint location (docs/operations.md#new-store)"
+        )
+    return (
+        f"job {job} has no record of any batch, but Spark hands it micro-batch {batch}: "
+        f"the query's checkpoint was written before under another job name or state store, "
+        f"and batch {batch} may be the replay of a batch committed there but not in the "
+        f"checkpoint, which would be written twice; nothing was written. If the query was "
+        f"stopped cleanly (its checkpoint's commits/ holds batch {batch - 1}), the batch is "
+        f"new: set option first_batch={batch}. Otherwise run `txsink recover` on the old "
+        f"job and store and go on there, or start from a new checkpoint location "
+        f"(docs/operations.md#new-store)"
+    )
+
+
 class TaskVerdict(enum.StrEnum):
     WRITE = "write"
     SKIP = "skip"  # a replay of a committed batch: write nothing, report skipped
@@ -444,10 +484,15 @@ def task_replay(
     recorded_mode: str | None,
     batch: int | None,
     last_batch: int | None,
+    *,
+    streaming: bool = False,
+    first_batch: int | None = None,
 ) -> TaskReplay:
     """What an executor task of ``xid`` does, given its record (``state``, the mode it
     was prepared in) and the ledger's ``last_batch``: write, skip the committed batch,
-    or refuse a PREPARED xid of another mode (only recovery may finish it, in its mode)."""
+    or refuse a PREPARED xid of another mode (only recovery may finish it, in its mode)
+    or a ``streaming`` batch the job cannot tell from a replay of another job's
+    (:func:`unowned_batch_refusal`)."""
     if state is XidState.PREPARED and recorded_mode is not None and recorded_mode != task_mode:
         return TaskReplay(
             TaskVerdict.REFUSE,
@@ -457,4 +502,8 @@ def task_replay(
         )
     if is_replay(state, batch, last_batch):
         return TaskReplay(TaskVerdict.SKIP, f"xid {xid} is committed already")
+    if streaming and state in (None, XidState.ABORTED):  # an earlier refusal's tombstone
+        refusal = unowned_batch_refusal(job, batch, last_batch, first_batch)
+        if refusal:
+            return TaskReplay(TaskVerdict.REFUSE, refusal)
     return TaskReplay(TaskVerdict.WRITE)

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from txsink.protocol.ids import parse_staging, staging_prefix
-from txsink.protocol.job import is_replay
+from txsink.protocol.job import is_replay, unowned_batch_refusal
 from txsink.protocol.states import XidRecord, XidState
 
 __all__ = [
@@ -61,6 +61,8 @@ def decide_batch(
     *,
     streaming: bool = False,
     epoch: int | None = None,
+    own_batches: bool = False,
+    first_batch: int | None = None,
 ) -> BatchDecision:
     """Decide between preparing the new staging and honouring an earlier record.
 
@@ -82,6 +84,12 @@ def decide_batch(
 
     An ABORTED tombstone lets the batch prepare afresh unless the new manifest names a
     table the tombstone rolled back.
+
+    ``own_batches``: the batch ids come from a Spark checkpoint the job may share with
+    an earlier job name or store (the Spark writers): a streaming job that has committed
+    nothing refuses a first batch it cannot tell from a replay of one written there
+    (:func:`~.job.unowned_batch_refusal`; ``first_batch``: the option that says where
+    the job's own batches start).
     """
     batch = incoming.batch
     stray = tuple(
@@ -104,6 +112,9 @@ def decide_batch(
                 stray,
                 f"batch {batch} is not newer than the last committed batch {last_batch}",
             )
+        refusal = unowned_batch_refusal(incoming.job, batch, last_batch, first_batch)
+        if streaming and own_batches and refusal:
+            return BatchDecision(BatchAction.REFUSE, stray, refusal)
         if existing is not None:
             clash = sorted(existing.aborted_tables & set(incoming.staging_tables))
             if clash:
@@ -128,7 +139,8 @@ def decide_batch(
                 f"writer run (epoch {epoch}): the batch was saved twice under one job, e.g. two "
                 f"saves in one foreachBatch call. The second save was NOT written. Write every "
                 f"table of a batch inside one `txsink.transaction(...)`, or keep this job for "
-                f"the first save and give the second its own job name",
+                f"the first save and give the second its own job name, with option "
+                f"first_batch={existing.batch} (its batches start at the replay of this one)",
             )
         return BatchDecision(BatchAction.SKIP, stray, f"xid {existing.xid} already committed")
     return BatchDecision(

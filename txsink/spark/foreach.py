@@ -63,7 +63,8 @@ def make_foreach_batch(**options: Any) -> Callable[[Any, int], None]:
                 f"call (run {run_id or '?'}); a second save under one job would be skipped as "
                 f"a replay. Nothing was written. Write every table of a batch inside one "
                 f"`txsink.transaction(...)`, or keep this job for the first save and give the "
-                f"second its own job name"
+                f"second its own job name, with option first_batch={batch_id} (its batches "
+                f"start at the replay of this one)"
             )
         _LAST_BATCH[job_key] = (run_id, batch_id)
         opts = {k: str(v) for k, v in options.items()}

@@ -3,7 +3,8 @@
 Checks, in order, each failing with one error that names the object and the remedy:
 ClickHouse reachable and the target exists; the DataFrame schema fits the target
 (:func:`txsink.clickhouse.chtypes.check_schema`); the mode is possible on this target
-(MOVE PARTITION blockers, dedup-window requirements); Keeper reachable. Nothing is
+(MOVE PARTITION blockers, dedup-window requirements); Keeper reachable; the writer's
+user may send the settings txsink sends (:mod:`txsink.spark.validate_settings`). Nothing is
 written to the target by validation; the staging database is ensured, and Keeper's
 ``<keeper_root>/namespace`` node (the store's id) on first use. A missing target is
 created first where ``create_table=if_missing`` (:func:`read_target`), then validated
@@ -39,21 +40,12 @@ from txsink.clickhouse.blockers import attach_blockers, dedup_blockers, dedup_no
 from txsink.clickhouse.chtypes import SparkField, check_schema, parse_ch_type, unwrap
 from txsink.clickhouse.dedup_insert import view_tables
 from txsink.clickhouse.error_map import UNKNOWN_TABLE
-from txsink.clickhouse.insert_settings import (
-    DEDUP_INSERT_SETTINGS,
-    STAGING_INSERT_SETTINGS,
-    insert_settings_problems,
-    passthrough_problems,
-)
 from txsink.clickhouse.target_ddl import plan_create
 from txsink.clickhouse.values import Check, Rule, plan_rules
 from txsink.config import WriterConfig
 from txsink.errors import (
-    CommitOutcomeUnknown,
     ConfigError,
-    RetryableConflict,
     SchemaMismatch,
-    TxSinkError,
     UnavailableError,
 )
 from txsink.names import parse_url
@@ -63,6 +55,7 @@ from txsink.protocol.codec import JobMeta
 from txsink.protocol.states import Mode
 from txsink.protocol.visibility import batch_refusal
 from txsink.spark.messages import WritePlan
+from txsink.spark.validate_settings import check_insert_settings
 
 log = logging.getLogger(__name__)
 CACHE_SECONDS = 30.0
@@ -106,6 +99,7 @@ def choose_mode(
     info: TargetInfo,
     view_tables: tuple[TargetInfo, ...] = (),
     pinned: str | None = None,
+    why_not_shards: str = "",
 ) -> str:
     """The batch's mode, as :func:`txsink.protocol.job.resolve_mode` decides it from the
     target's blockers; ConfigError where it refuses; logs which and why (mode=auto).
@@ -113,9 +107,11 @@ def choose_mode(
     ``view_tables``: the tables the target's materialized views store into (dedup mode
     needs a dedup window there too). ``pinned``: the mode the job recorded at its first
     commit; it wins over ``auto`` and must still be possible on the target.
+    ``why_not_shards``: why a Distributed target's shards cannot take attach mode
+    (:func:`over_cluster`), said with its attach blockers.
     """
     pin = Mode(pinned) if pinned else None
-    blockers = attach_blockers(info)
+    blockers = attach_blockers(info) + ([why_not_shards] if why_not_shards else [])
     problems: list[str] = []
     if pin is Mode.DEDUP or (pin is None and config.mode != "attach"):
         problems = dedup_blockers(info, min_window=config.dedup_min_window, view_tables=view_tables)
@@ -212,10 +208,12 @@ def _validate(
         if infos is None:
             infos = read_target(config, schema, warehouse)
         info = infos[0]
+        why_not_shards = ""
         if info.engine == "Distributed" and not config.shards:
             over = over_cluster(config, schema, info, warehouse)
-            if over is not None:
+            if isinstance(over, WritePlan):
                 return over
+            why_not_shards = over
         strict = {c for i in infos for c in not_nullable(i.columns)}
         fields = [
             SparkField(f.name, f.dataType.simpleString(), f.nullable and f.name not in strict)
@@ -245,7 +243,7 @@ def _validate(
         views: tuple[TargetInfo, ...] = ()
         if info.dependent_views and (pinned or config.mode) != "attach":
             views = view_tables(warehouse, info)
-        mode = choose_mode(config, info, views, pinned)
+        mode = choose_mode(config, info, views, pinned, why_not_shards)
         check_insert_settings(config, warehouse, mode)
         refusal = batch_refusal(config.table, info.engine, mode)
         if config.visibility == "batch" and refusal:
@@ -313,77 +311,17 @@ def create_target(config: WriterConfig, schema: StructType, warehouse: Any) -> N
     warehouse.create_target(config.table, sql)
 
 
-def check_insert_settings(config: WriterConfig, warehouse: Any, mode: str) -> None:
-    """Refuse, before anything is written, a writer whose user cannot run txsink's inserts
-    with the settings they rely on
-    (:func:`~txsink.clickhouse.insert_settings.insert_settings_problems` over
-    ``system.settings`` read as that user), or with the settings its options
-    ``settings.<name>`` add (a name the server does not know, with a did-you-mean; a
-    value a constraint forbids: :func:`~txsink.clickhouse.insert_settings.passthrough_problems`);
-    log the profile defaults txsink overrides (``deduplicate_insert='disable'`` and the
-    like)."""
-    wanted = STAGING_INSERT_SETTINGS if mode == "attach" else DEDUP_INSERT_SETTINGS
-    user = config.user or "default"
-    given = dict(config.settings)
-    for server in getattr(warehouse, "shards", None) or [warehouse]:
-        client = server.client
-        effective = client.effective_settings([*wanted, "readonly", *given])
-        problems = insert_settings_problems(effective, wanted, user=user, mode=mode)
-        if problems:
-            raise ConfigError(
-                f"job {config.job}: the settings of ClickHouse user {user} on {client.url} "
-                f"would break the exactly-once guarantee of {mode} mode for {config.table}; "
-                f"nothing was written:\n  - " + "\n  - ".join(problems)
-            )
-        mine = {n: v for n, v in effective.items() if n in given}
-        known = client.setting_names() if set(given) - set(mine) else ()
-        problems = passthrough_problems(mine, given, user=user, known=known)
-        if given and not problems:
-            problems = _probe_settings(client, given)
-        if problems:
-            raise ConfigError(
-                f"job {config.job}: ClickHouse on {client.url} would refuse the settings "
-                f"given as options for the inserts into {config.table} (user {user}); "
-                f"nothing was written:\n  - " + "\n  - ".join(problems)
-            )
-        overridden = sorted(
-            f"{n}={v.value}"
-            for n, v in effective.items()
-            if n in wanted and v.changed and str(wanted[n]) != v.value
-        )
-        if overridden:
-            log.info(
-                "job %s: user %s on %s has %s by default; txsink sends its own values with "
-                "every insert",
-                config.job, user, client.url, ", ".join(overridden),
-            )  # fmt: skip
-
-
-def _probe_settings(client: Any, given: Mapping[str, str]) -> list[str]:
-    """The server's own verdict on the values of ``given`` (a value it cannot parse, one
-    its constraints forbid): one statement that reads nothing, sent with them."""
-    try:
-        client.query_rows(
-            "SELECT 1", settings=given, what="try the settings given as options (SELECT 1)"
-        )
-    except (UnavailableError, RetryableConflict, CommitOutcomeUnknown):
-        raise  # no verdict on the settings
-    except TxSinkError as exc:
-        asked = ", ".join(f"settings.{k}={v!r}" for k, v in given.items())
-        return [f"the server refused them ({exc}): {asked}"]
-    return []
-
-
 def over_cluster(
     config: WriterConfig, schema: StructType, info: TargetInfo, warehouse: Any
-) -> WritePlan | None:
+) -> WritePlan | str:
     """The plan of a write into the ``Distributed`` table ``info`` as one sharded xid
     over its cluster's local tables (shards from ``system.clusters``, ``shard_by`` from
-    its sharding key: :func:`txsink.clickhouse.shards.parse_distributed`); None where
-    dedup mode through the Distributed table is what is asked (``mode=dedup``, a job
-    pinned to dedup) or what ``mode=auto`` falls back to because the cluster's *shape*
-    rules attach out (a sharding key txsink cannot reproduce, weights, replicas without
-    replicated local tables, an attach blocker on a local table). Anything else (a shard
+    its sharding key: :func:`txsink.clickhouse.shards.parse_distributed`). Where dedup
+    mode through the Distributed table is asked (``mode=dedup``, a job pinned to dedup),
+    "" instead; where ``mode=auto`` falls back to it because the cluster's *shape* rules
+    attach out (a sharding key txsink cannot reproduce, weights, replicas without
+    replicated local tables, an attach blocker on a local table), the reason, which
+    :func:`choose_mode` adds to the attach blockers. Anything else (a shard
     that does not answer, a missing local table, a schema that does not fit, refused
     credentials) is raised as it is: a new job must not be pinned to dedup for good
     because of a passing problem."""
@@ -392,10 +330,11 @@ def over_cluster(
 
     pinned = read_pin(config)[0]
     if "dedup" in (config.mode, pinned):
-        return None
+        return ""
 
-    def no_cluster(reason: str) -> WritePlan | None:
-        """Raise where attach was asked or pinned; else warn, and None: dedup mode."""
+    def no_cluster(reason: str) -> str:
+        """Raise where attach was asked or pinned; else warn, and the reason: dedup mode
+        (if :func:`~txsink.clickhouse.blockers.dedup_blockers` allows it)."""
         if "attach" in (config.mode, pinned):
             raise ConfigError(
                 f"job {config.job}: {config.table} is a Distributed table; attach mode writes "
@@ -407,7 +346,7 @@ def over_cluster(
             "(%s); mode=auto inserts through it in dedup mode",
             config.job, config.table, reason,
         )  # fmt: skip
-        return None
+        return f"its shards cannot take attach mode: {reason}"
 
     try:
         target = parse_distributed(info)

@@ -63,6 +63,8 @@ def already_committed(plan: WritePlan, task: Task) -> bool:
         record.mode.value if record is not None else None,
         task.batch,
         None if last is None else int(last),
+        streaming=plan.streaming,
+        first_batch=plan.config.first_batch,
     )
     if decision.verdict is rules.TaskVerdict.REFUSE:
         raise ConfigError(decision.reason)
