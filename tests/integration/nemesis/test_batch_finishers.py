@@ -23,6 +23,7 @@ from tests.integration.test_rollback_races import counts, prepared_record
 from tests.nemesis.services import Services
 from txsink.driver import JobHandle, open_job
 from txsink.errors import RecoveryAlarm, TxSinkError
+from txsink.protocol.sequence import attach_tag
 from txsink.protocol.states import Visibility, XidRecord, XidState
 
 TRIALS = 30
@@ -88,6 +89,30 @@ class Crash(BaseException):
     """The driver dies here (nothing below catches a BaseException)."""
 
 
+def merge_attached_parts_away(ch: Any, target: str) -> None:
+    """Merge the parts an ATTACH put in ``target`` and wait until the replaced (outdated)
+    ones are cleaned up too, so that no part UUID shows the ATTACH; ``target`` needs
+    ``old_parts_lifetime = 1, cleanup_delay_period = 1, cleanup_delay_period_random_add
+    = 0``. The server drops replaced parts when it loads a table (a restart), not only
+    after old_parts_lifetime: detach and attach it rather than wait for the cleanup (a
+    server that loads outdated parts back keeps them until the cleanup thread runs)."""
+    ch.command(f"OPTIMIZE TABLE {target} FINAL")
+    ch.command(f"DETACH TABLE {target} SYNC")
+    ch.command(f"ATTACH TABLE {target}")
+    db, name = target.split(".")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # the attached parts merged and cleaned up
+        left = ch.query(
+            "SELECT count() FROM system.parts WHERE database = {d:String} AND "
+            "table = {t:String} AND level = 0",
+            parameters={"d": db, "t": name},
+        ).result_rows[0][0]
+        if left == 0:
+            return
+        time.sleep(0.5)
+    raise AssertionError("the target kept the attached parts: the test proves nothing")
+
+
 def test_a_roll_forward_after_the_target_merged_the_attached_parts_away_attaches_nothing(
     nemesis: Services, ch: Any, target: str
 ) -> None:
@@ -109,25 +134,9 @@ def test_a_roll_forward_after_the_target_merged_the_attached_parts_away_attaches
 
         tx.fault = at("driver.after_attach", die)
         with pytest.raises(Crash):
-            tx.publish(epoch, record)
+            tx.publish(epoch, record, resumed=False)  # the first attempt
         assert counts(ch, target) == (ROWS, ROWS)
-        ch.command(f"OPTIMIZE TABLE {target} FINAL")
-        # the server drops replaced parts when it loads a table (a restart), not only
-        # after old_parts_lifetime: detach and attach it rather than wait for the cleanup
-        ch.command(f"DETACH TABLE {target} SYNC")
-        ch.command(f"ATTACH TABLE {target}")
-        db, name = target.split(".")
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # the attached parts merged and cleaned up
-            left = ch.query(
-                "SELECT count() FROM system.parts WHERE database = {d:String} AND "
-                "table = {t:String} AND level = 0",
-                parameters={"d": db, "t": name},
-            ).result_rows[0][0]
-            if left == 0:
-                break
-            time.sleep(0.5)
-        assert left == 0, "the target kept the attached parts: the test proves nothing"
+        merge_attached_parts_away(ch, target)
         later = open_job(crashed.config)  # the restart, another process
         try:
             later.transactor.begin("run-2")
@@ -225,3 +234,69 @@ def test_a_batch_xid_whose_staging_vanished_is_an_alarm_not_committed(
         assert still is not None and still.state is XidState.PREPARED
     finally:
         handle.close()
+
+
+def test_a_late_roll_forward_whose_attach_log_line_a_ttl_deleted_is_an_alarm_not_a_second_attach(
+    nemesis: Services, ch: Any, target: str
+) -> None:
+    """The roll-forward above, once the query log's TTL has deleted the ATTACH's line
+    too, with no server restart (issue 38 row 3): nothing proves the ATTACH landed any
+    more. The old code attached the batch a second time; it must be a RecoveryAlarm that
+    names the query log's TTL, nothing attached."""
+    ch.command(
+        f"ALTER TABLE {target} MODIFY SETTING old_parts_lifetime = 1, "
+        "cleanup_delay_period = 1, cleanup_delay_period_random_add = 0"
+    )
+    # the server must not look restarted since the PREPARE (uptime() counts whole
+    # seconds, clocks may be CLOCK_SKEW_S apart): a fresh stack is up for a few seconds
+    deadline = time.monotonic() + 30
+    while ch.query("SELECT uptime()").result_rows[0][0] < 4 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    crashed = open_handle(nemesis, target)
+    try:
+        tx = crashed.transactor
+        epoch = tx.begin("run-1")
+        record = batch_prepared(crashed, epoch, "b1", range(0, ROWS))
+
+        def die() -> None:
+            raise Crash
+
+        tx.fault = at("driver.after_attach", die)
+        with pytest.raises(Crash):
+            tx.publish(epoch, record, resumed=False)  # the first attempt
+        assert counts(ch, target) == (ROWS, ROWS)
+        merge_attached_parts_away(ch, target)
+        tag = attach_tag(tx.prefix, record, target)
+        ch.command("SYSTEM FLUSH LOGS")
+        assert logged_attaches(ch, tag) == 1, "no ATTACH line to delete: proves nothing"
+        ch.command("ALTER TABLE system.query_log MODIFY TTL event_time + INTERVAL 1 SECOND")
+        try:
+            deadline = time.monotonic() + 30
+            while logged_attaches(ch, tag) and time.monotonic() < deadline:
+                time.sleep(0.5)  # the line expires a second after the ATTACH
+                ch.command("OPTIMIZE TABLE system.query_log FINAL")  # the TTL deletes it
+            assert logged_attaches(ch, tag) == 0, "the TTL kept the ATTACH's line"
+            later = open_job(crashed.config)
+            try:
+                with pytest.raises(RecoveryAlarm, match=r"system\.query_log keeps lines"):
+                    later.transactor.begin("run-2")
+            finally:
+                later.close()
+        finally:
+            ch.command("ALTER TABLE system.query_log REMOVE TTL")
+        assert counts(ch, target) == (ROWS, ROWS)  # attached once, not twice
+        still = crashed.registry.get(crashed.config.job, "b1")
+        assert still is not None and still.state is XidState.PREPARED
+    finally:
+        crashed.close()
+
+
+def logged_attaches(ch: Any, tag: str) -> int:
+    """Finished ATTACHes tagged ``tag`` that ``system.query_log`` holds."""
+    return int(
+        ch.query(
+            "SELECT count() FROM system.query_log WHERE log_comment = {tag:String} "
+            "AND type = 'QueryFinish'",
+            parameters={"tag": tag},
+        ).result_rows[0][0]
+    )
