@@ -18,6 +18,7 @@ Spark tests use the session's ``spark`` fixture (local[2]); the others need no S
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import shutil
 import subprocess
@@ -150,26 +151,14 @@ def test_an_attach_task_spanning_150_partitions_publishes_every_row_once(
 # ------------------------------------------------------------------ row 7: profiles
 
 
-@pytest.fixture
-def profiled(stack: Any, tmp_path: Path) -> Iterator[SimpleNamespace]:
-    """A second endpoint whose every connection starts from a settings profile with
-    ``deduplicate_insert='disable'`` (chdb has no users: the endpoint applies it)."""
+@contextlib.contextmanager
+def endpoint(stack: Any, data: Path, *args: str) -> Iterator[SimpleNamespace]:
+    """A second embedded endpoint (its own engine in ``data``, started with ``args``),
+    up until the block ends."""
     port = free_port()
-    data = tmp_path / "profiled"
+    argv = [sys.executable, "-m", "txsink.embedded.server", "--data", str(data)]
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "txsink.embedded.server",
-            "--data",
-            str(data),
-            "--port",
-            str(port),
-            "--setting",
-            "deduplicate_insert=disable",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        [*argv, "--port", str(port), *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -192,6 +181,14 @@ def profiled(stack: Any, tmp_path: Path) -> Iterator[SimpleNamespace]:
             proc.kill()
             proc.wait()
         shutil.rmtree(data, ignore_errors=True)
+
+
+@pytest.fixture
+def profiled(stack: Any, tmp_path: Path) -> Iterator[SimpleNamespace]:
+    """A second endpoint whose every connection starts from a settings profile with
+    ``deduplicate_insert='disable'`` (chdb has no users: the endpoint applies it)."""
+    with endpoint(stack, tmp_path / "profiled", "--setting", "deduplicate_insert=disable") as ep:
+        yield ep
 
 
 def test_a_dedup_replay_stays_exact_under_a_profile_that_disables_deduplicate_insert(
@@ -319,33 +316,8 @@ def constrained(stack: Any, tmp_path: Path) -> Iterator[SimpleNamespace]:
         f"<clickhouse>{QUERY_LOG_CONFIG}<user_directories><users_xml>"
         f"<path>{tmp_path / 'users.xml'}</path></users_xml></user_directories></clickhouse>\n"
     )
-    port = free_port()
-    argv = [sys.executable, "-m", "txsink.embedded.server", "--data", str(tmp_path / "data")]
-    proc = subprocess.Popen(
-        [*argv, "--port", str(port), "--config-file", str(config)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/ping", timeout=1) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise
-                time.sleep(0.3)
-        yield SimpleNamespace(url=url, keeper=stack.keeper)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with endpoint(stack, tmp_path / "data", "--config-file", str(config)) as ep:
+        yield ep
 
 
 @pytest.mark.spark
