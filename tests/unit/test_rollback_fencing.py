@@ -213,3 +213,33 @@ def test_the_refusal_names_the_batch_first_batch_and_the_other_ways_out() -> Non
     text = rules.unowned_batch_refusal(JOB, 7, None, None) or ""
     assert "micro-batch 7" in text and "first_batch=7" in text and "commits/" in text
     assert "txsink recover" in text and "new checkpoint location" in text
+
+
+def test_a_task_of_a_batch_rolled_back_after_the_jobs_first_commit_writes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A job that committed batch 0, died with batch 1 staged (rolled back to a tombstone
+    by the restart's recovery): the rerun's tasks of batch 1 read the ledger too, so the
+    tombstone does not read as "a job that committed nothing" and they write
+    (test_misbehaving_users' view created mid-stream hit this on the real stack)."""
+    import contextlib
+
+    from txsink import driver
+    from txsink.config import WriterConfig
+    from txsink.spark.messages import WritePlan
+    from txsink.spark.task import Task
+    from txsink.spark.writer import already_committed
+
+    reg, wh = MemoryRegistry(), MemoryWarehouse()
+    tx = Transactor(reg, wh, JOB)
+    committed_batches(tx, wh, 0)
+    staged = stage_batch(wh, 1, 1, [(1, "a")], 1, 0)
+    tx.roll_back(batch_xid(1), [p.table for p in staged])
+    tombstone = reg.get(JOB, batch_xid(1))
+    assert tombstone is not None and tombstone.state is XidState.ABORTED
+    monkeypatch.setattr(driver, "borrowed_registry", lambda _c: contextlib.nullcontext(reg))
+    options = {"url": "http://h:8123", "keeper": "k:2181", "table": TARGET, "job": JOB}
+    plan = WritePlan(WriterConfig.from_options(options), "attach")
+    assert plan.streaming
+    task = Task("run-2", batch_xid(1), 1, 0, 0, 1, "q", 0.0)
+    assert already_committed(plan, task) is False  # written, not refused

@@ -18,7 +18,7 @@ from typing import Any
 
 from txsink.errors import ConfigError, UnavailableError
 from txsink.protocol import job as rules
-from txsink.protocol.states import Mode
+from txsink.protocol.states import Mode, XidState
 from txsink.spark.attach_write import write_attach
 from txsink.spark.dedup_write import write_dedup
 from txsink.spark.messages import TxCommitMessage, WritePlan
@@ -51,7 +51,10 @@ def already_committed(plan: WritePlan, task: Task) -> bool:
     try:
         with borrowed_registry(plan.config) as registry:
             record = registry.get(job, task.xid)
-            if record is None and task.batch is not None:
+            # no record, or the tombstone of a rolled-back attempt: the ledger tells a
+            # replay (no record) and whether the job committed any batch before this one
+            unsettled = record is None or record.state is XidState.ABORTED
+            if unsettled and task.batch is not None:
                 last = registry.ledger(job).last_batch
     except UnavailableError:
         return False
