@@ -32,7 +32,7 @@ from txsink.spark.validate import validate
 
 WINDOW = 5  # the target's dedup window, in parts
 ROWS = 6  # the frozen partition's rows: 3 blocks of 2
-BATCH = 7
+BATCH = 0  # a fresh job: its first micro-batch (a later one needs option first_batch)
 SCHEMA = StructType([StructField("id", LongType(), False)])
 
 
