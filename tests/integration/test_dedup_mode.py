@@ -67,9 +67,22 @@ def assert_view_exact(ch: Any, db: str, job: Job) -> None:
 # ------------------------------------------------------------------ Spark, crashes
 
 
+EVERY_POINT = ["executor.mid_write", "driver.before_prepare", "driver.after_prepare",
+               "driver.after_record", "driver.mid_commit"]  # fmt: skip
+
+
 @pytest.mark.spark
+@pytest.mark.parametrize(
+    "order",
+    [  # `make test`: a task and the prepare; `make test-slow`: every point
+        pytest.param(
+            ["executor.mid_write", "driver.after_prepare", "driver.mid_commit"], id="key-points"
+        ),
+        pytest.param(EVERY_POINT, id="every-point", marks=pytest.mark.slow),
+    ],
+)
 def test_crash_at_every_fault_point_then_restart_is_exact_in_target_and_view(
-    stack, ch, zk, fresh_db, tmp_path
+    stack, ch, zk, fresh_db, tmp_path, order
 ):
     """One job, one crash per fault point in turn, each restart replaying the crashed batch.
     Its state lives in ClickHouse (``state=clickhouse``) and its Keeper address answers
@@ -85,9 +98,7 @@ def test_crash_at_every_fault_point_then_restart_is_exact_in_target_and_view(
     job = new_job(tmp_path, ch, fresh_db, stack.url, NO_KEEPER, files=12, rows_per_file=1000,
                   ddl=ORDERS, options=STATE_IN_CLICKHOUSE)  # fmt: skip
     with_view(ch, fresh_db)
-    order = ["executor.mid_write", "driver.before_prepare", "driver.after_prepare",
-             "driver.after_record", "driver.mid_commit"]  # fmt: skip
-    assert sorted([*order, "driver.after_commit"]) == sorted(POINTS)
+    assert sorted([*EVERY_POINT, "driver.after_commit"]) == sorted(POINTS)
     for point in order:
         code = job.run(*SINK, mode="auto", fault=point, fault_after=0 if point == order[0] else 1)
         if point == "driver.mid_commit":

@@ -159,7 +159,7 @@ def _committed_xids_hold_both_tables(ch, job: Job, daily: str) -> None:
 @pytest.mark.parametrize(
     "points",
     [
-        pytest.param(("driver.between_writes", "driver.mid_commit"), id="key-points"),
+        pytest.param(("driver.mid_commit",), id="key-points"),
         pytest.param(DRIVER_POINTS, id="every-point", marks=pytest.mark.slow),
     ],
 )

@@ -164,7 +164,7 @@ def test_routing_matches_the_engines_int_hash64_for_every_integer_type(
 @pytest.mark.parametrize(
     "points",
     [
-        pytest.param(("driver.after_prepare", "driver.mid_commit"), id="key-points"),
+        pytest.param(("driver.mid_commit",), id="key-points"),
         pytest.param(
             tuple(p for p in POINTS if p not in ("driver.after_record", "executor.mid_write")),
             id="every-point",

@@ -175,6 +175,7 @@ def test_executor_jvms_killed_mid_write_and_while_the_driver_commits_then_the_dr
     assert staging_left(ch, job) == []  # the killed attempts' staging was dropped
 
 
+@pytest.mark.slow  # dedup's task rerun after a kill: also test_spark_crashes (local mode)
 def test_an_executor_jvm_killed_mid_write_in_dedup_mode_leaves_it_exact(
     stack: Any, ch: Any, fresh_db: str, tmp_path: Path
 ) -> None:
