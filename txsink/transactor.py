@@ -40,6 +40,7 @@ from txsink.errors import (
     CommitOutcomeUnknown,
     ConfigError,
     ContentChanged,
+    DiscardedBatch,
     RecoveryAlarm,
     RetryableConflict,
     TxSinkError,
@@ -296,12 +297,13 @@ class Transactor:
             self._refuse_dedup_leftovers(xid)
         if decision.action is plans.BatchAction.PREPARE and mode is Mode.DEDUP:
             mark = discarded(self.registry, self.job, xid)
-            if mark is not None and streaming:  # its tasks skipped: Spark moves on
-                log.warning("job %s: xid %s was discarded by the operator", self.job, xid)
+            gone = rules.discarded_batch(self.job, xid, target, mark, streaming=streaming)
+            if gone.verdict is rules.TaskVerdict.SKIP:  # its tasks skipped: Spark moves on
+                log.warning("%s", gone.reason)
                 self._rest(epoch, streaming=streaming)
                 return CommitResult(xid, "discarded", seconds=self.clock() - started)
-            if mark is not None:
-                raise ConfigError(rules.discarded_refusal(self.job, xid, target, mark))
+            if gone.verdict is rules.TaskVerdict.REFUSE:
+                raise DiscardedBatch(gone.reason)
             self._check_dedup_coverage(xid, parts)
         if decision.action is plans.BatchAction.PREPARE:
             self.fault("driver.before_prepare")

@@ -66,6 +66,7 @@ from txsink.errors import (
     ConfigError,
     ContentChanged,
     DedupWindowExceeded,
+    DiscardedBatch,
     FencedError,
     HalfVisibleBatch,
 )
@@ -315,15 +316,14 @@ def _write(
             # sibling or an earlier attempt); finishing the xid adds nothing new, so no
             # fence, but the operator may have given it up
             mark = discarded(registry, cfg.job, xid)
-            if mark is not None:
-                if plan.streaming:  # Spark replays it on every restart: let it pass
-                    log.warning(
-                        "job %s: xid %s was discarded by the operator; skipped", cfg.job, xid
-                    )
-                    for _ in blocks:  # the worker holds block 0 only: no other reader
-                        pass
-                    return task.message(plan, skipped=True, extra={"discarded": True})
-                raise HalfVisibleBatch(rules.discarded_refusal(cfg.job, xid, cfg.table, mark))
+            gone = rules.discarded_batch(cfg.job, xid, cfg.table, mark, streaming=plan.streaming)
+            if gone.verdict is rules.TaskVerdict.SKIP:  # Spark replays it on every restart
+                log.warning("%s", gone.reason)
+                for _ in blocks:  # the worker holds block 0 only: no other reader
+                    pass
+                return task.message(plan, skipped=True, extra={"discarded": True})
+            if gone.verdict is rules.TaskVerdict.REFUSE:
+                raise DiscardedBatch(gone.reason)
         elif listed:
             # another batch of the job stopped half-way: writing this one could add its
             # rows again. A lagging Keeper server may still show one just committed: sync
