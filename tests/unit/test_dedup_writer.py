@@ -317,9 +317,10 @@ def test_a_discarded_saved_batch_is_refused_by_its_task_and_its_commit_with_one_
 def test_a_committed_plain_save_whose_cleanup_failed_never_reads_as_half_visible(
     stores: tuple[MemoryRegistry, Warehouse, list[str]],
 ) -> None:
+    from txsink.dedup_state import open_dedup_batches
     from txsink.errors import UnavailableError
     from txsink.ports.warehouse_memory import MemoryWarehouse
-    from txsink.transactor import Transactor, open_dedup_batches
+    from txsink.transactor import Transactor
 
     registry, _, _ = stores
     write_dedup(plan(), _task("u0123456789ab", None), rows(5))

@@ -62,6 +62,7 @@ from pyarrow import ipc
 from txsink.clickhouse.blocks import iter_blocks
 from txsink.clickhouse.dedup_insert import NO_BYTE_LIMIT, DedupTarget
 from txsink.clickhouse.values import NOTHING_WRITTEN, ValueRefused
+from txsink.dedup_state import discarded, open_dedup_batches
 from txsink.errors import (
     ConfigError,
     ContentChanged,
@@ -79,7 +80,6 @@ from txsink.spark.dedup_records import StateCell, outlived, sealed
 from txsink.spark.hash_ahead import BlockFeed
 from txsink.spark.messages import TxCommitMessage, WritePlan
 from txsink.spark.task import Task, checked
-from txsink.transactor import discarded, open_dedup_batches
 
 log = logging.getLogger(__name__)
 
