@@ -14,6 +14,9 @@ errors here and keep the server's error code in ``code``.
 - :class:`ContentChanged`: dedup mode saw a replayed batch whose content differs.
 - :class:`HalfVisibleBatch`: dedup mode refused a batch because another batch of the job
   stopped half-way (some of its rows are in the target); nothing was written.
+- :class:`DiscardedBatch`: a batch the operator gave up (``recover --discard-dedup``) is
+  never written again; nothing was written. Both a :class:`HalfVisibleBatch` and a
+  :class:`ConfigError` (its ``txn_version`` names a batch that may not be written).
 - :class:`DedupWindowExceeded`: dedup mode refused a block the target's dedup window may
   no longer recognise (or may not hold until a replay).
 - :class:`UnavailableError`: ClickHouse or Keeper cannot be reached.
@@ -65,6 +68,12 @@ class ContentChanged(TxSinkError):
 class HalfVisibleBatch(TxSinkError):
     """Dedup mode: another batch of the job stopped half-way, part of its rows visible;
     no other batch is written until it is rerun or discarded by the operator."""
+
+
+class DiscardedBatch(HalfVisibleBatch, ConfigError):
+    """Dedup mode: the batch was discarded by the operator (``txsink recover
+    --discard-dedup``) and is never written again; raised by its tasks and its commit
+    (:func:`txsink.protocol.job.discarded_batch`)."""
 
 
 class UnavailableError(TxSinkError):

@@ -36,10 +36,12 @@ from typing import Any
 
 import tenacity
 
+from txsink.dedup_state import discarded
 from txsink.errors import (
     CommitOutcomeUnknown,
     ConfigError,
     ContentChanged,
+    DiscardedBatch,
     RecoveryAlarm,
     RetryableConflict,
     TxSinkError,
@@ -55,14 +57,11 @@ from txsink.protocol.codec import (
     IDLE_STATE,
     WAIT_KEY,
     JobMeta,
-    decode_partition_state,
 )
-from txsink.protocol.dedup import OpenBatch, open_batch
 from txsink.protocol.dedup import xid_key as dedup_xid_key
 from txsink.protocol.ids import (
     parse_staging,
     staging_prefix,
-    xid_batch,
 )
 from txsink.protocol.states import Epoch, Mode, StagedPart, Visibility, XidRecord, XidState
 from txsink.protocol.steps import PublishBounds
@@ -94,45 +93,6 @@ class RecoveryReport:
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
-
-
-DISCARDED = "discarded"  # dedup/<xid>/discarded: the operator gave the xid up (recover)
-
-
-def open_dedup_batches(registry: Registry, job: str, *, skip: str = "") -> list[OpenBatch]:
-    """The job's dedup batches stopped half-way (:func:`rules.is_open_dedup`), each summed
-    up from its partition records; ``skip`` names an xid not to consider (the caller's
-    own), a discarded xid is not one. One Keeper listing when there is none, which is
-    the common case."""
-    found: list[OpenBatch] = []
-    last: int | None = None
-    for xid in registry.blob_children(job, "dedup"):
-        if xid == skip:
-            continue
-        record = registry.get(job, xid)
-        if record is None and last is None:
-            ledger_last = registry.ledger(job).last_batch
-            last = None if ledger_last is None else int(ledger_last)
-        if not rules.is_open_dedup(record.state if record else None, xid_batch(xid), last):
-            continue
-        key = dedup_xid_key(xid)
-        names = registry.blob_children(job, key)
-        if DISCARDED in names:
-            continue
-        states = []
-        for name in names:
-            blob = registry.get_blob(job, f"{key}/{name}")
-            state = decode_partition_state(blob, f"jobs/{job}/{key}/{name}") if blob else None
-            if state is not None:
-                states.append(state)
-        if states:
-            found.append(open_batch(xid, states))
-    return found
-
-
-def discarded(registry: Registry, job: str, xid: str) -> dict[str, Any] | None:
-    """The operator's mark on a dedup xid given up with ``recover --discard-dedup``."""
-    return registry.get_blob(job, f"{dedup_xid_key(xid)}/{DISCARDED}")
 
 
 def default_owner() -> str:
@@ -296,12 +256,13 @@ class Transactor:
             self._refuse_dedup_leftovers(xid)
         if decision.action is plans.BatchAction.PREPARE and mode is Mode.DEDUP:
             mark = discarded(self.registry, self.job, xid)
-            if mark is not None and streaming:  # its tasks skipped: Spark moves on
-                log.warning("job %s: xid %s was discarded by the operator", self.job, xid)
+            gone = rules.discarded_batch(self.job, xid, target, mark, streaming=streaming)
+            if gone.verdict is rules.TaskVerdict.SKIP:  # its tasks skipped: Spark moves on
+                log.warning("%s", gone.reason)
                 self._rest(epoch, streaming=streaming)
                 return CommitResult(xid, "discarded", seconds=self.clock() - started)
-            if mark is not None:
-                raise ConfigError(rules.discarded_refusal(self.job, xid, target, mark))
+            if gone.verdict is rules.TaskVerdict.REFUSE:
+                raise DiscardedBatch(gone.reason)
             self._check_dedup_coverage(xid, parts)
         if decision.action is plans.BatchAction.PREPARE:
             self.fault("driver.before_prepare")

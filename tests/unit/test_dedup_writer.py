@@ -283,12 +283,44 @@ def test_a_discarded_streaming_batch_is_skipped_by_its_tasks_and_its_commit(
         write_dedup(saving, _task("b7", 7), rows(5))
 
 
+def test_a_discarded_saved_batch_is_refused_by_its_task_and_its_commit_with_one_error(
+    stores: tuple[MemoryRegistry, Warehouse, list[str]],
+) -> None:
+    """One rule, one error: the task and the commit of a discarded batch refuse it with
+    the same class and text, caught as a half-visible batch and as a configuration
+    error (the class the commit raised before)."""
+    from txsink.errors import ConfigError
+    from txsink.ops.recovery import discard_dedup
+    from txsink.ports.warehouse_memory import MemoryWarehouse
+    from txsink.protocol.states import Mode
+    from txsink.transactor import Transactor
+
+    registry, warehouse, _ = stores
+    _half_write("b7", 7)
+    discard_dedup(type("S", (), {"registry": registry})(), "j", "b7")  # type: ignore[arg-type]
+    warehouse.inserts.clear()
+    saving = dataclasses.replace(plan(), xid="b7", batch=7)  # a save with txn_version=7
+    with pytest.raises(HalfVisibleBatch) as by_task:
+        write_dedup(saving, _task("b7", 7), rows(5))
+    epoch = registry.take_epoch("j", "run-2")
+    with pytest.raises(HalfVisibleBatch) as by_commit:
+        Transactor(registry, MemoryWarehouse(), "j").commit_batch(
+            epoch, "b7", 7, "db.t", (), Mode.DEDUP, streaming=False
+        )
+    assert type(by_task.value) is type(by_commit.value)
+    assert isinstance(by_task.value, ConfigError)
+    assert str(by_task.value) == str(by_commit.value)
+    assert "discarded by the operator" in str(by_commit.value)
+    assert warehouse.inserts == [] and registry.get("j", "b7") is None
+
+
 def test_a_committed_plain_save_whose_cleanup_failed_never_reads_as_half_visible(
     stores: tuple[MemoryRegistry, Warehouse, list[str]],
 ) -> None:
+    from txsink.dedup_state import open_dedup_batches
     from txsink.errors import UnavailableError
     from txsink.ports.warehouse_memory import MemoryWarehouse
-    from txsink.transactor import Transactor, open_dedup_batches
+    from txsink.transactor import Transactor
 
     registry, _, _ = stores
     write_dedup(plan(), _task("u0123456789ab", None), rows(5))

@@ -130,6 +130,15 @@ def test_the_spark_layer_and_the_protocol_stay_apart() -> None:
     assert not any(t.startswith("txsink.spark") for t in graph["txsink.committer"])
 
 
+def test_executor_writers_do_not_import_the_driver_side_runner() -> None:
+    """A task's writer reads the job's state through the ports (``txsink.dedup_state``
+    for dedup's fence and discard mark), never through the driver's Transactor."""
+    graph = import_graph()
+    for writer in ("txsink.spark.attach_write", "txsink.spark.dedup_write"):
+        assert not graph[writer] & {"txsink.transactor", "txsink.publisher"}, writer
+    assert "txsink.dedup_state" in graph["txsink.transactor"]
+
+
 LEAN = """
 import sys
 

@@ -288,8 +288,13 @@ def test_a_batch_stopped_half_way_fences_every_other_xid_and_names_both_ways_out
     assert "txn_version=5" in why and "--discard-dedup b5" in why
     adhoc = rules.open_dedup_refusal(J, "b6", T, [OpenBatch("u12", 1, 1, 3, 3)]) or ""
     assert "impossible for a save without txn_version" in adhoc and "3 row(s)" in adhoc
-    gone = rules.discarded_refusal(J, "b5", T, {"by": "txsink-recover@h:1", "rows": 24})
-    assert "discarded by the operator (txsink-recover@h:1, 24 row(s)" in gone
+    mark = {"by": "txsink-recover@h:1", "rows": 24}
+    gone = rules.discarded_batch(J, "b5", T, mark, streaming=False)
+    assert gone.verdict is rules.TaskVerdict.REFUSE
+    assert "discarded by the operator (txsink-recover@h:1, 24 row(s)" in gone.reason
+    skip = rules.discarded_batch(J, "b5", T, mark, streaming=True)
+    assert skip.verdict is rules.TaskVerdict.SKIP
+    assert rules.discarded_batch(J, "b5", T, None, streaming=False).verdict.value == "write"
 
 
 def test_a_takeover_counts_one_recovery_and_the_runs_next_commits_none(monkeypatch) -> None:

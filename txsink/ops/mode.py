@@ -23,12 +23,12 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+from txsink.dedup_state import open_dedup_batches
 from txsink.errors import ConfigError, RecoveryAlarm, Refused
 from txsink.ops.status import recover_owner, writer_is_live
 from txsink.ops.stores import Stores
 from txsink.protocol.dedup import xid_key as dedup_xid_key
 from txsink.protocol.states import Mode, XidState
-from txsink.transactor import open_dedup_batches
 
 MODES = tuple(m.value for m in Mode)
 

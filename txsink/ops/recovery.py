@@ -12,6 +12,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from txsink.dedup_state import DISCARDED, open_dedup_batches
 from txsink.errors import ConfigError
 from txsink.ops.liveness import (
     STALE_CAP,
@@ -25,7 +26,7 @@ from txsink.protocol.ids import staging_prefix
 from txsink.protocol.ops import Alarm
 from txsink.protocol.planner import plan_publish
 from txsink.protocol.states import Epoch, Mode
-from txsink.transactor import DISCARDED, RecoveryReport, Transactor, open_dedup_batches
+from txsink.transactor import RecoveryReport, Transactor
 
 log = logging.getLogger(__name__)
 

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from txsink.clickhouse.observe import DEFAULT_STAGING_DB
+from txsink.dedup_state import open_dedup_batches
 from txsink.ops.anomalies import DEFAULT_STUCK_AFTER
 from txsink.ops.liveness import (
     RECOVER_OWNER_PREFIX,
@@ -60,7 +61,6 @@ from txsink.protocol.ids import parse_staging, staging_prefix
 from txsink.protocol.ops import Alarm
 from txsink.protocol.planner import plan_publish
 from txsink.protocol.states import Epoch, Mode, XidRecord, XidState
-from txsink.transactor import open_dedup_batches
 
 log = logging.getLogger(__name__)
 
@@ -246,7 +246,7 @@ def assess(
     """The status of one job from what Keeper and ClickHouse show (pure).
 
     ``open_dedup``: the job's dedup batches stopped half-way
-    (:func:`txsink.transactor.open_dedup_batches`).
+    (:func:`txsink.dedup_state.open_dedup_batches`).
 
     ``staging_view`` holds rows per partition of the staging tables PREPARED xids need
     (None for a missing table), as :meth:`ClickHouseWarehouse.staging_view` returns it.

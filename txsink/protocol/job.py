@@ -62,7 +62,7 @@ a dedup task of any *other* xid refuses to send its first block
 (:func:`open_dedup_refusal`), so no new ``txn_version``, plain save or reset
 checkpoint can add those rows a second time. The ways out are a rerun of that batch
 (it resumes and commits) or the operator's ``txsink recover --discard-dedup``, which
-marks the xid so that it is never written again (:func:`discarded_refusal`).
+marks the xid so that it is never written again (:func:`discarded_batch`).
 """
 
 from __future__ import annotations
@@ -385,7 +385,7 @@ def unowned_batch_refusal(
 
 class TaskVerdict(enum.StrEnum):
     WRITE = "write"
-    SKIP = "skip"  # a replay of a committed batch: write nothing, report skipped
+    SKIP = "skip"  # a committed (or discarded) batch: write nothing, report skipped
     REFUSE = "refuse"
 
 
@@ -462,17 +462,30 @@ def dedup_coverage_refusal(
     )
 
 
-def discarded_refusal(job: str, xid: str, table: str, mark: Mapping[str, Any]) -> str:
-    """Why a task of an xid the operator discarded (``recover --discard-dedup``) must not
-    write: its rows may have been deleted from the target, and the target's dedup window
-    would drop a rerun's blocks as duplicates of them (rows lost, batch committed)."""
-    return (
+def discarded_batch(
+    job: str, xid: str, table: str, mark: Mapping[str, Any] | None, *, streaming: bool
+) -> TaskReplay:
+    """The one rule for a dedup xid the operator gave up (``recover --discard-dedup``;
+    ``mark`` is its mark, None if not discarded), asked by its tasks and its commit. Its
+    rows may have been deleted from the target, whose dedup window would drop a rerun's
+    blocks as duplicates of them (rows lost, batch committed): it is never written
+    again. A streaming query replays its last planned batch on every restart, so there
+    it is skipped and the query moves on; anything else is refused (raised as
+    :class:`~txsink.errors.DiscardedBatch`)."""
+    if mark is None:
+        return TaskReplay(TaskVerdict.WRITE)
+    if streaming:
+        return TaskReplay(
+            TaskVerdict.SKIP, f"job {job}: xid {xid} was discarded by the operator; skipped"
+        )
+    return TaskReplay(
+        TaskVerdict.REFUSE,
         f"job {job}: xid {xid} was discarded by the operator ({mark.get('by', '?')}, "
         f"{mark.get('rows', '?')} row(s) of it were in {table}); it is never written "
         f"again, because the target may still recognise its blocks and drop them as "
         f"duplicates. Nothing was written. Write this data as a new batch (a new "
         f"txn_version or a plain save; a streaming query: see "
-        f"docs/modes.md#a-dedup-batch-stopped-half-way)"
+        f"docs/modes.md#a-dedup-batch-stopped-half-way)",
     )
 
 

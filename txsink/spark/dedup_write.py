@@ -1,8 +1,9 @@
 """Dedup mode's executor path: deterministic blocks inserted straight into the target.
 
 Used where partitions cannot be moved (see docs/modes.md). The attach writer's peer (the
-same :class:`~txsink.spark.task.PartitionWriter` shape); it decides with
-:mod:`txsink.protocol.dedup` and talks to ClickHouse only through
+same :class:`~txsink.spark.task.PartitionWriter` shape). A partition is a plan run like
+the publish: :func:`txsink.protocol.dedup_plan.write_partition` yields each read and write
+in its order and :func:`run_plan` carries them out; it talks to ClickHouse only through
 :class:`~txsink.clickhouse.dedup_insert.DedupTarget` (no SQL here) and to Keeper through
 a pooled registry (:mod:`txsink.spark.dedup_records`). One Spark task attempt:
 
@@ -53,7 +54,7 @@ import hashlib
 import io
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -62,23 +63,26 @@ from pyarrow import ipc
 from txsink.clickhouse.blocks import iter_blocks
 from txsink.clickhouse.dedup_insert import NO_BYTE_LIMIT, DedupTarget
 from txsink.clickhouse.values import NOTHING_WRITTEN, ValueRefused
+from txsink.dedup_state import discarded, open_dedup_batches
 from txsink.errors import (
     ConfigError,
     ContentChanged,
     DedupWindowExceeded,
+    DiscardedBatch,
     FencedError,
     HalfVisibleBatch,
 )
 from txsink.faults import fault_point
 from txsink.protocol import dedup
+from txsink.protocol import dedup_plan as dp
 from txsink.protocol import dedup_window as dw
 from txsink.protocol import job as rules
 from txsink.protocol.states import StagedPart
+from txsink.protocol.steps import FaultPoint
 from txsink.spark.dedup_records import StateCell, outlived, sealed
 from txsink.spark.hash_ahead import BlockFeed
 from txsink.spark.messages import TxCommitMessage, WritePlan
 from txsink.spark.task import Task, checked
-from txsink.transactor import discarded, open_dedup_batches
 
 log = logging.getLogger(__name__)
 
@@ -315,15 +319,14 @@ def _write(
             # sibling or an earlier attempt); finishing the xid adds nothing new, so no
             # fence, but the operator may have given it up
             mark = discarded(registry, cfg.job, xid)
-            if mark is not None:
-                if plan.streaming:  # Spark replays it on every restart: let it pass
-                    log.warning(
-                        "job %s: xid %s was discarded by the operator; skipped", cfg.job, xid
-                    )
-                    for _ in blocks:  # the worker holds block 0 only: no other reader
-                        pass
-                    return task.message(plan, skipped=True, extra={"discarded": True})
-                raise HalfVisibleBatch(rules.discarded_refusal(cfg.job, xid, cfg.table, mark))
+            gone = rules.discarded_batch(cfg.job, xid, cfg.table, mark, streaming=plan.streaming)
+            if gone.verdict is rules.TaskVerdict.SKIP:  # Spark replays it on every restart
+                log.warning("%s", gone.reason)
+                for _ in blocks:  # the worker holds block 0 only: no other reader
+                    pass
+                return task.message(plan, skipped=True, extra={"discarded": True})
+            if gone.verdict is rules.TaskVerdict.REFUSE:
+                raise DiscardedBatch(gone.reason)
         elif listed:
             # another batch of the job stopped half-way: writing this one could add its
             # rows again. A lagging Keeper server may still show one just committed: sync
@@ -335,21 +338,14 @@ def _write(
             why = rules.open_dedup_refusal(cfg.job, xid, cfg.table, fence)
             if why is not None:
                 raise HalfVisibleBatch(why)
-        sent = _send(plan, task, feed, cell, target(), legacy, lambda: sealed(plan, task, registry))
-    if sent is None:  # the batch was prepared or committed while this attempt ran
+        steps = dp.write_partition(initial, attempt)
+        guard = target()
+        sent = run_plan(plan, task, steps, feed, cell, guard, legacy, registry)
+    if isinstance(sent, dp.Outlived):  # the batch was prepared or committed meanwhile
         return outlived(plan, task, registry, blocks)
-    done, inserted, skipped, total, track = sent
-    while True:
-        refusal = dedup.decide_end(cell.state, len(done))
-        if refusal is not None:
-            raise changed(cell.state, refusal)
-        final_track = _merge(track, cell.state.track if cell.state else None)
-        if cell.propose(dedup.after(done, attempt, time.time(), final_track)):
-            break
-        mismatch = dedup.check_prefix(cell.state, done)
-        if mismatch is not None:
-            raise changed(cell.state, mismatch)
-    decision = dedup.summarize(initial, inserted, skipped, len(done))
+    done, inserted, skipped, total, decision = (
+        sent.done, sent.inserted, sent.skipped, sent.rows, sent.decision
+    )  # fmt: skip
     if decision is dedup.Decision.SAME:
         from txsink.metrics import count
 
@@ -369,122 +365,80 @@ def _write(
     )
 
 
-def _send(
+def run_plan(
     plan: WritePlan,
     task: Task,
+    steps: Generator[dp.DedupStep, Any, dp.Sent | dp.Outlived],
     feed: BlockFeed,
     cell: StateCell,
     guard: DedupTarget,
     legacy: Callable[[int], bool],
-    is_sealed: Callable[[], bool],
-) -> tuple[list[dedup.BlockFingerprint], int, int, int, dw.Track | None] | None:
-    """Decide, record and send the partition's blocks in order (BEFORE, then the insert);
-    (fingerprints, blocks inserted, skipped, rows, window track), or None if the batch was
-    sealed (``is_sealed``, asked before every insert) while this attempt ran."""
+    registry: Any,
+) -> dp.Sent | dp.Outlived:
+    """Carry out the partition's sequence (:func:`txsink.protocol.dedup_plan.write_partition`):
+    the block in hand from ``feed``, the window from ``guard``, records through ``cell``,
+    the seal from ``registry``; every decision and its order are the sequence's."""
     cfg = plan.config
     job, table = cfg.job, cfg.table
     xid, batch, partition, attempt = task.xid, task.batch, task.partition, task.attempt
 
-    def changed(stored: dedup.PartitionState | None, refusal: dedup.Refusal) -> ContentChanged:
-        return content_changed(
-            plan, xid=xid, batch=batch, partition=partition, stored=stored, refusal=refusal
-        )
+    def is_sealed() -> bool:
+        return sealed(plan, task, registry)
 
-    track: dw.Track | None = None  # this attempt's view of the window bookkeeping
-    prev_counter: int | None = None
-    done: list[dedup.BlockFingerprint] = []
-    inserted = skipped = total = 0
-    index = 0
+    block: Any = None
+    reply: Any = None
     while True:
-        block = feed.next_block(legacy)
-        if block is None:
+        try:
+            step = steps.send(reply)
+        except StopIteration as end:
+            result: dp.Sent | dp.Outlived = end.value
             break
-        fp = feed.fingerprint(block, legacy)
-        while True:
-            stored = cell.state
-            step = dedup.decide_block(stored, index, fp)
-            if step.action is dedup.BlockAction.REFUSE and step.refusal is not None:
-                raise changed(stored, step.refusal)
-            if step.action is dedup.BlockAction.SKIP:
-                break
-            resend = stored is not None and index < len(stored.blocks)
-            track = _merge(track, stored.track if stored else None)
-            # the target's block counter is read here, after the block is hashed: only the
-            # BEFORE write (a new block) or nothing (a re-sent one) stands between this read
-            # and the insert, so other writers' parts cannot slip past the window check in
-            # a hash's time (a read taken while the block was hashed let a replay re-send a
-            # block whose token had left the window: test_dedup_writer)
-            observed = guard.observe()
-            if observed is not None:
-                now, window = observed
-                verdict: dw.WindowRefusal | None = None
-                if resend and stored is not None and stored.track is None:
-                    verdict = dedup.unmarked(stored)
-                else:
-                    track, verdict = dw.window_step(
-                        track, window, now, resend=resend, prev_counter=prev_counter
-                    )
-                if verdict is not None:
-                    raise window_exceeded(
-                        plan, xid=xid, batch=batch, partition=partition, index=index,
-                        resend=resend, window=window, refusal=verdict,
-                    )  # fmt: skip
-                prev_counter = now.counter
-            if not dedup.needs_before_record(stored, index):
-                break
-            if cell.propose(dedup.before([*done, fp], attempt, time.time(), track)):
-                break
-            # another attempt wrote first: its record must agree with what we sent
-            mismatch = dedup.check_prefix(cell.state, done)
-            if mismatch is not None:
-                raise changed(cell.state, mismatch)
-        done.append(fp)
-        feed.cut_next(block, legacy(index + 1))  # recorded: the next one may be cut now
-        if step.action is dedup.BlockAction.INSERT:
-            # after this attempt's last record write, so not staler than the commit: a
-            # batch committed meanwhile had its records deleted, and what this attempt
-            # read of them may be gone (docs/modes.md#attempts-that-outlive-their-batch)
-            if is_sealed():
-                log.warning(
-                    "job %s: xid %s was prepared or committed while task attempt %d of "
-                    "Spark partition %d ran (a zombie or a speculative loser): block %d and "
-                    "the rest not sent to %s", job, xid, attempt, partition, index, table,
-                )  # fmt: skip
-                return None
-            try:  # a retry of the block asks again: it may come long after this check
+        reply = None
+        if isinstance(step, dp.NextBlock):
+            block = None  # let the sent block go before the next is cut (memory bound)
+            block = feed.next_block(legacy)
+            reply = None if block is None else feed.fingerprint(block, legacy)
+        elif isinstance(step, dp.ObserveWindow):
+            reply = guard.observe()
+        elif isinstance(step, dp.ProposeBefore | dp.ProposeAfter):
+            record = dedup.before if isinstance(step, dp.ProposeBefore) else dedup.after
+            written = cell.propose(record(step.blocks, step.attempt, time.time(), step.track))
+            reply = (written, cell.state)
+        elif isinstance(step, dp.CutNext):
+            feed.cut_next(block, legacy(step.index))
+        elif isinstance(step, dp.CheckSealed):
+            reply = is_sealed()
+        elif isinstance(step, dp.InsertBlock):
+            try:  # a retry of the block asks again: it may come long after CheckSealed
                 guard.insert(
-                    block, job=cfg.job, xid=xid, partition=partition, index=index,
+                    block, job=job, xid=xid, partition=partition, index=step.index,
                     resend_ok=lambda: not is_sealed(),
                 )  # fmt: skip
+                reply = True
             except FencedError:
-                log.warning(
-                    "job %s: xid %s was prepared or committed while block %d of task attempt "
-                    "%d of Spark partition %d was retried: not sent again to %s",
-                    job, xid, index, attempt, partition, table,
-                )  # fmt: skip
-                return None
-            inserted += 1
+                reply = False
+        elif isinstance(step, FaultPoint):
+            fault_point(step.name)
+        elif isinstance(step, dp.RefuseContent):
+            raise content_changed(
+                plan, xid=xid, batch=batch, partition=partition, stored=step.stored,
+                refusal=step.refusal,
+            )  # fmt: skip
         else:
-            skipped += 1
-        total += block.num_rows
-        if index == 0:
-            fault_point("executor.mid_write")
-        del block
-        index += 1
-    return done, inserted, skipped, total, track
-
-
-def _merge(ours: dw.Track | None, theirs: dw.Track | None) -> dw.Track | None:
-    """This attempt's track, reconciled with the record's (which another attempt may have
-    written): the record's first mark wins; the highest counter and block size seen too."""
-    if theirs is None:
-        return ours
-    if ours is None or ours.first != theirs.first:
-        return theirs
-    return dw.Track(
-        ours.first,
-        ours.parts_window,
-        ours.seconds_window,
-        max(ours.seen, theirs.seen),
-        max(ours.block_parts, theirs.block_parts),
-    )
+            raise window_exceeded(
+                plan, xid=xid, batch=batch, partition=partition, index=step.index,
+                resend=step.resend, window=step.window, refusal=step.refusal,
+            )  # fmt: skip
+    if isinstance(result, dp.Outlived) and result.retried:
+        log.warning(
+            "job %s: xid %s was prepared or committed while block %d of task attempt "
+            "%d of Spark partition %d was retried: not sent again to %s",
+            job, xid, result.index, attempt, partition, table,
+        )  # fmt: skip
+    elif isinstance(result, dp.Outlived):
+        log.warning(
+            "job %s: xid %s was prepared or committed while task attempt %d of "
+            "Spark partition %d ran (a zombie or a speculative loser): block %d and "
+            "the rest not sent to %s", job, xid, attempt, partition, result.index, table,
+        )  # fmt: skip
+    return result
