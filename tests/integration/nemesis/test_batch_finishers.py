@@ -89,6 +89,25 @@ class Crash(BaseException):
     """The driver dies here (nothing below catches a BaseException)."""
 
 
+def attached_then_merged_away(crashed: Any, ch: Any, target: str) -> Any:
+    """Batch b1 prepared and attached by ``crashed``, whose driver then dies before it
+    records COMMITTED; the target merges the attached parts away and cleans them up.
+    Returns the PREPARED record."""
+    tx = crashed.transactor
+    epoch = tx.begin("run-1")
+    record = batch_prepared(crashed, epoch, "b1", range(0, ROWS))
+
+    def die() -> None:
+        raise Crash
+
+    tx.fault = at("driver.after_attach", die)
+    with pytest.raises(Crash):
+        tx.publish(epoch, record, resumed=False)  # the first attempt
+    assert counts(ch, target) == (ROWS, ROWS)
+    merge_attached_parts_away(ch, target)
+    return record
+
+
 def merge_attached_parts_away(ch: Any, target: str) -> None:
     """Merge the parts an ATTACH put in ``target`` and wait until the replaced (outdated)
     ones are cleaned up too, so that no part UUID shows the ATTACH; ``target`` needs
@@ -125,18 +144,7 @@ def test_a_roll_forward_after_the_target_merged_the_attached_parts_away_attaches
     )
     crashed = open_handle(nemesis, target)
     try:
-        tx = crashed.transactor
-        epoch = tx.begin("run-1")
-        record = batch_prepared(crashed, epoch, "b1", range(0, ROWS))
-
-        def die() -> None:
-            raise Crash
-
-        tx.fault = at("driver.after_attach", die)
-        with pytest.raises(Crash):
-            tx.publish(epoch, record, resumed=False)  # the first attempt
-        assert counts(ch, target) == (ROWS, ROWS)
-        merge_attached_parts_away(ch, target)
+        attached_then_merged_away(crashed, ch, target)
         later = open_job(crashed.config)  # the restart, another process
         try:
             later.transactor.begin("run-2")
@@ -255,17 +263,7 @@ def test_a_late_roll_forward_whose_attach_log_line_a_ttl_deleted_is_an_alarm_not
     crashed = open_handle(nemesis, target)
     try:
         tx = crashed.transactor
-        epoch = tx.begin("run-1")
-        record = batch_prepared(crashed, epoch, "b1", range(0, ROWS))
-
-        def die() -> None:
-            raise Crash
-
-        tx.fault = at("driver.after_attach", die)
-        with pytest.raises(Crash):
-            tx.publish(epoch, record, resumed=False)  # the first attempt
-        assert counts(ch, target) == (ROWS, ROWS)
-        merge_attached_parts_away(ch, target)
+        record = attached_then_merged_away(crashed, ch, target)
         tag = attach_tag(tx.prefix, record, target)
         ch.command("SYSTEM FLUSH LOGS")
         assert logged_attaches(ch, tag) == 1, "no ATTACH line to delete: proves nothing"
