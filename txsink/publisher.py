@@ -162,6 +162,8 @@ class StepRunner:
         elif isinstance(step, steps.Attach):
             self.claims.pop((step.xid, step.target), None)
             wh.attach_all(step.batch_staging, step.target, step.tag)
+        elif isinstance(step, steps.SealRow):
+            wh.seal_dedup(step.tag)
         elif isinstance(step, ops.DropParts):
             wh.drop_parts(step.staging, step.partition_id, step.evidence)
         elif isinstance(step, steps.Write):

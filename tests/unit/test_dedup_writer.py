@@ -35,17 +35,20 @@ class Client:
         self.queries.append(sql)
         row = ("Distributed", "Distributed(c, db, t_local)", 0, 0, 1.0)
         # the first observation also carries the server's window defaults (none here)
-        return [(*row, [])] if "system.merge_tree_settings" in sql else [row]
+        # and the target's column types
+        return [(*row, [], [("id", "Int64")])] if "system.merge_tree_settings" in sql else [row]
 
 
 class Warehouse:
     def __init__(self) -> None:
         self.client = Client()
         self.inserts: list[tuple[str, int, dict[str, Any]]] = []
+        self.guards: list[Any] = []
 
     def insert_blocks(self, table: str, batches: Any, **kw: Any) -> None:
         rows = sum(b.num_rows for b in batches)
         self.inserts.append((table, rows, kw["settings"]))
+        self.guards.append(kw["guard"])
 
 
 @pytest.fixture
@@ -432,7 +435,7 @@ class _CountingClient:
     def query_rows(self, sql: str, **_: Any) -> list[tuple[Any, ...]]:
         settings = "MergeTree ORDER BY id SETTINGS non_replicated_deduplication_window = 100"
         row = ("MergeTree", settings, self.counter, self.counter, 1.0)
-        return [(*row, [])] if "system.merge_tree_settings" in sql else [row]
+        return [(*row, [], [("id", "Int64")])] if "system.merge_tree_settings" in sql else [row]
 
 
 def test_a_replayed_block_whose_token_left_the_window_while_it_was_hashed_is_refused(

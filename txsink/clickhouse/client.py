@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 import clickhouse_connect
 from clickhouse_connect.driver import exceptions as ch_exc
+from clickhouse_connect.driver.query import arrow_buffer
 
 from txsink.clickhouse.error_map import (
     map_error,
@@ -153,6 +154,29 @@ class Client:
             what=f"INSERT of {arrow_table.num_rows} rows into {db}.{table}",
             idempotent=idempotent,
             table=f"{db}.{table}",
+            resend_ok=resend_ok,
+        )
+
+    def insert_arrow_sql(
+        self,
+        sql: str,
+        arrow_table: Any,
+        *,
+        settings: Mapping[str, Any] | None = None,
+        idempotent: bool = False,
+        resend_ok: Callable[[], bool] | None = None,
+        table: str | None = None,
+    ) -> Any:
+        """Run ``sql`` (an ``INSERT ... SELECT ... FROM input(...) FORMAT Arrow``) with the
+        Arrow table as its data; retried as :meth:`insert_arrow` is."""
+        body: Any = arrow_buffer(arrow_table)[1]  # a pyarrow Buffer
+        return self._call(
+            lambda: self.raw.command(
+                sql, data=bytes(body), settings=dict(settings) if settings else None
+            ),
+            what=f"INSERT of {arrow_table.num_rows} rows into {table}",
+            idempotent=idempotent,
+            table=table,
             resend_ok=resend_ok,
         )
 

@@ -15,7 +15,13 @@ Every SQL statement dedup mode sends lives here, so the Spark layer holds none
   highest block number + 1 for replicated ones (numbered per partition). Outdated parts
   still listed count too;
 - :func:`view_tables`: the tables the target's materialized views store into, for
-  validation (a view table without a dedup window counts a replayed block twice).
+  validation (a view table without a dedup window counts a replayed block twice);
+- the seal (:func:`guarded_insert_sql`, :data:`SEAL_TABLE`): every block is sent as
+  ``INSERT ... SELECT ... FROM input() WHERE`` checks the server makes when the insert
+  starts: the xid's seal row is absent (the commit writes it, then waits out the
+  inserts still running, before COMMITTED) and the window bounds the task just checked
+  still hold. An attempt frozen anywhere before its insert starts on the server (a GC
+  pause, a partition) therefore writes nothing once its batch is sealed.
 """
 
 from __future__ import annotations
@@ -25,11 +31,12 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from txsink.clickhouse.blockers import dedup_window
+from txsink.clickhouse.error_map import SEALED_MARK, WINDOW_MARK
 from txsink.clickhouse.insert_settings import DEDUP_INSERT_SETTINGS
 from txsink.clickhouse.sqltext import parse_settings_clause
 from txsink.errors import ConfigError
-from txsink.names import split_table
-from txsink.ports.warehouse import WINDOW_SECONDS_KEY, TargetInfo
+from txsink.names import qualified, quote_ident, quote_literal, split_table
+from txsink.ports.warehouse import WINDOW_SECONDS_KEY, InsertGuard, TargetInfo
 from txsink.protocol import dedup_window as dw
 from txsink.protocol.ids import dedup_token
 
@@ -43,21 +50,90 @@ WINDOW_KEYS = (
     WINDOW_SECONDS_KEY,
 )
 
+# The block counter (see txsink.protocol.dedup_window): mx for non-replicated targets, sm
+# for replicated ones; {db}/{t} are query parameters here, literals in a guarded insert.
+_COUNTERS = (
+    "SELECT max(m) AS mx, sum(m + 1) AS sm FROM (SELECT partition_id, "
+    " max(max_block_number) AS m FROM system.parts "
+    " WHERE database = {db} AND table = {t} GROUP BY partition_id)"
+)
 _MARK_FROM = (
     " FROM (SELECT engine, engine_full FROM system.tables "
     " WHERE database = {db:String} AND name = {t:String}) AS t CROSS JOIN "
-    "(SELECT max(m) AS mx, sum(m + 1) AS sm FROM (SELECT partition_id, "
-    " max(max_block_number) AS m FROM system.parts "
-    " WHERE database = {db:String} AND table = {t:String} GROUP BY partition_id)) AS p"
+    "(" + _COUNTERS.format(db="{db:String}", t="{t:String}") + ") AS p"
 )
 _MARK_SQL = "SELECT t.engine, t.engine_full, p.mx, p.sm, toFloat64(now64(3))" + _MARK_FROM
 # The first observation of a task also reads the server's defaults of the window settings,
 # in the same statement (one round trip): a later one only needs the counter and the clock.
+# ... and the target's column types (a guarded insert sends the block as typed input).
 _FIRST_MARK_SQL = (
     "SELECT t.engine, t.engine_full, p.mx, p.sm, toFloat64(now64(3)), "
     "(SELECT groupArray((name, value)) FROM system.merge_tree_settings "
-    " WHERE name IN {names:Array(String)})" + _MARK_FROM
+    " WHERE name IN {names:Array(String)}), "
+    "(SELECT groupArray((name, type)) FROM system.columns "
+    " WHERE database = {db:String} AND table = {t:String})" + _MARK_FROM
 )
+# Where the commit of a dedup xid writes its seal row (in the staging database).
+SEAL_TABLE = "txsink_seals"
+# A seal must outlive every attempt of its batch; the Keeper check stops them after the
+# record is pruned too.
+SEAL_TTL_DAYS = 30
+
+
+def seal_table_sql(staging_db: str) -> str:
+    """``CREATE TABLE IF NOT EXISTS`` of the seal table (validation of a dedup job)."""
+    return (
+        f"CREATE TABLE IF NOT EXISTS {qualified(staging_db, SEAL_TABLE)} "
+        "(tag String, sealed_at DateTime DEFAULT now()) ENGINE = MergeTree ORDER BY tag "
+        f"TTL sealed_at + INTERVAL {SEAL_TTL_DAYS} DAY"
+    )
+
+
+def seal_row_sql(staging_db: str) -> str:
+    """The commit's seal row (parameter ``tag``)."""
+    return f"INSERT INTO {qualified(staging_db, SEAL_TABLE)} (tag) VALUES ({{tag:String}})"
+
+
+def guarded_insert_sql(
+    db: str, table: str, columns: Iterable[str], guard: InsertGuard, staging_db: str
+) -> str:
+    """The statement a guarded block is sent with (Arrow data in the request body).
+
+    Its WHERE clause is checked by the server when the insert starts, before any row is
+    read: ``throwIf`` refuses the whole insert (nothing written, error 395 with
+    :data:`~.error_map.SEALED_MARK` or :data:`~.error_map.WINDOW_MARK`) when the seal
+    row exists or the block counter or clock left ``guard.window``. The seal's literal
+    stays in the statement's text: that is how the commit finds it in
+    ``system.processes``."""
+    cols = list(columns)
+    types = dict(guard.types)
+    missing = [c for c in cols if c not in types]
+    if missing:
+        raise ConfigError(
+            f"table {db}.{table} has no column(s) {missing} that the block carries; "
+            "the DataFrame's columns must be the table's"
+        )
+    names = ", ".join(quote_ident(c) for c in cols)
+    structure = ", ".join(f"{quote_ident(c)} {types[c]}" for c in cols)
+    checks = [
+        f"(SELECT throwIf(count() > 0, {quote_literal(SEALED_MARK)}) "
+        f"FROM {qualified(staging_db, SEAL_TABLE)} WHERE tag = {quote_literal(guard.seal)})"
+    ]
+    w = guard.window
+    if w is not None:
+        counter = "sm" if guard.replicated else "mx"
+        late = "" if w.deadline is None else f" OR toFloat64(now64(3)) > {w.deadline!r}"
+        checks.append(
+            f"(SELECT throwIf({counter} < {w.counter_min} OR {counter} > {w.counter_max}"
+            f"{late}, {quote_literal(WINDOW_MARK)}) FROM ("
+            + _COUNTERS.format(db=quote_literal(db), t=quote_literal(table))
+            + "))"
+        )
+    where = " AND ".join(f"{c} = 0" for c in checks)
+    return (
+        f"INSERT INTO {qualified(db, table)} ({names}) SELECT {names} "
+        f"FROM input({quote_literal(structure)}) WHERE {where} FORMAT Arrow"
+    )
 
 
 def insert_settings(
@@ -86,6 +162,8 @@ class DedupTarget:
         self.settings = settings  # the user's settings.<name> options
         self.db, self.name = split_table(table)
         self._defaults: dict[str, str] | None = None
+        self._types: tuple[tuple[str, str], ...] | None = None  # the target's columns
+        self._replicated = False
 
     def insert(
         self,
@@ -95,11 +173,18 @@ class DedupTarget:
         xid: str,
         partition: int,
         index: int,
+        seal: str,
+        window: dw.Guard | None = None,
         resend_ok: Callable[[], bool] | None = None,
     ) -> None:
-        """Insert the Arrow table ``block`` as ONE ClickHouse block with its token; a
-        retry after an unknown outcome is sent only while ``resend_ok()`` (else
-        :class:`~txsink.errors.FencedError`)."""
+        """Insert the Arrow table ``block`` as ONE ClickHouse block with its token, guarded
+        on the server by the xid's seal row ``seal`` and the ``window`` bounds
+        (:func:`guarded_insert_sql`); a retry after an unknown outcome is sent only while
+        ``resend_ok()`` (else :class:`~txsink.errors.FencedError`, as when the server
+        finds the seal)."""
+        if self._types is None:  # the plan observes before every insert; a read otherwise
+            self._first_read()
+        guard = InsertGuard(seal, self._types or (), window, self._replicated)
         self.warehouse.insert_blocks(
             self.table,
             block.to_batches(),
@@ -107,7 +192,12 @@ class DedupTarget:
             block_bytes=NO_BYTE_LIMIT,
             settings=insert_settings(job, xid, partition, index, self.settings),
             resend_ok=resend_ok,
+            guard=guard,
         )
+
+    def _first_read(self) -> None:
+        self._defaults = None
+        self.observe()
 
     def observe(self) -> tuple[dw.Mark, dw.Window] | None:
         """(counter and server time, window now); None where no window can be observed."""
@@ -127,8 +217,10 @@ class DedupTarget:
         engine, engine_full, mx, sm, now = rows[0][:5]
         if self._defaults is None:
             self._defaults = {str(k): str(v) for k, v in rows[0][5]}
+            self._types = tuple((str(n), str(t)) for n, t in rows[0][6])
         settings = {**self._defaults, **parse_settings_clause(str(engine_full))}
         info = TargetInfo(self.db, self.name, str(engine), str(engine_full), settings=settings)
+        self._replicated = info.is_replicated
         window = dedup_window(info)
         if window is None:
             return None

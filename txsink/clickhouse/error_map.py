@@ -19,7 +19,13 @@ import enum
 import re
 
 from txsink.credentials import scrub
-from txsink.errors import ConfigError, RetryableConflict, TxSinkError, UnavailableError
+from txsink.errors import (
+    ConfigError,
+    FencedError,
+    RetryableConflict,
+    TxSinkError,
+    UnavailableError,
+)
 
 # ClickHouse error codes that matter here.
 UNKNOWN_TABLE = 60
@@ -36,6 +42,10 @@ REQUIRED_PASSWORD = 194
 TABLE_IS_READ_ONLY = 242
 TOO_FEW_LIVE_REPLICAS = 285
 UNKNOWN_STATUS_OF_INSERT = 319
+THROW_IF = 395  # FUNCTION_THROW_IF_VALUE_IS_NON_ZERO: a guarded dedup insert refused
+# The messages of a guarded dedup insert's server-side checks (clickhouse/dedup_insert.py)
+SEALED_MARK = "txsink-sealed"
+WINDOW_MARK = "txsink-window"
 
 # Rejected before any work was done: always safe to retry.
 _REJECTED_CODES = frozenset(
@@ -180,6 +190,19 @@ def map_error(
         name = table or "the table"
         return ConfigError(
             f"the database of {name} does not exist on {url} ({what}); create it first: {detail}",
+            code=code,
+        )
+    if code == THROW_IF and SEALED_MARK in detail:
+        return FencedError(
+            f"{what} on {url} was refused by the server: its batch was sealed by a commit "
+            "(this task attempt outlived its batch; nothing of the block was written)",
+            code=code,
+        )
+    if code == THROW_IF and WINDOW_MARK in detail:
+        return RetryableConflict(
+            f"{what} on {url} was refused by the server: the target's dedup window moved "
+            f"since the task checked it (other writers inserted parts meanwhile); nothing "
+            f"of the block was written and the task is retried: {detail}",
             code=code,
         )
     if code in _AUTH_CODES:

@@ -34,6 +34,7 @@ from txsink.errors import ConfigError
 from txsink.ports.warehouse import (
     BlockSettings,
     ClusterReplica,
+    InsertGuard,
     InsertStats,
     TargetInfo,
     Warehouse,
@@ -281,8 +282,9 @@ class ShardedWarehouse:
         block_bytes: int,
         settings: BlockSettings = None,
         resend_ok: Callable[[], bool] | None = None,
+        guard: InsertGuard | None = None,
     ) -> InsertStats:
-        if "." in table or "`" in table:
+        if "." in table or "`" in table or guard is not None:
             raise self.capabilities.missing(
                 "direct_insert",
                 f"inserting into {table} directly (dedup mode)",
@@ -323,6 +325,14 @@ class ShardedWarehouse:
     def ensure_staging_db(self) -> None:
         for shard in self.shards:
             shard.ensure_staging_db()
+
+    def ensure_seal_table(self) -> None:
+        for shard in self.shards:
+            shard.ensure_seal_table()
+
+    def seal_dedup(self, tag: str) -> None:
+        for shard in self.shards:
+            shard.seal_dedup(tag)
 
     def create_target(self, table: str, sql: str) -> None:
         """The target created on every shard (``create_table=if_missing``)."""

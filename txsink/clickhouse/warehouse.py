@@ -22,6 +22,13 @@ from typing import Any
 import pyarrow as pa
 
 from txsink.clickhouse.blocks import iter_blocks
+from txsink.clickhouse.dedup_insert import (
+    SEAL_TABLE,
+    guarded_insert_sql,
+    seal_row_sql,
+    seal_table_sql,
+)
+from txsink.clickhouse.error_map import UNKNOWN_DATABASE, UNKNOWN_TABLE
 from txsink.clickhouse.insert_settings import OPTIONAL_INSERT_SETTINGS, STAGING_INSERT_SETTINGS
 from txsink.clickhouse.observe import TABLE_ALREADY_EXISTS
 from txsink.clickhouse.publish import Publisher
@@ -29,6 +36,7 @@ from txsink.errors import ConfigError, RetryableConflict, TxSinkError, Unavailab
 from txsink.names import split_table
 from txsink.ports.warehouse import (
     BlockSettings,
+    InsertGuard,
     InsertStats,
     TargetInfo,
     WarehouseCapabilities,
@@ -79,6 +87,37 @@ class ClickHouseWarehouse(Publisher):
                 code=exc.code,
             ) from exc
 
+    # ------------------------------------------------------------------ dedup seals
+
+    def ensure_seal_table(self) -> None:
+        """The staging database and its seal table (validation of a dedup-mode job: every
+        guarded insert reads it)."""
+        self.ensure_staging_db()
+        self.client.command(
+            seal_table_sql(self.staging_db), table=f"{self.staging_db}.{SEAL_TABLE}"
+        )
+
+    def seal_dedup(self, tag: str) -> None:
+        """Write seal row ``tag``: no guarded insert carrying it starts afterwards. A
+        repeated row is harmless (the guard counts rows). A seal table dropped since
+        validation is made again (the inserts of the xid fail without it: none lands)."""
+
+        def write() -> None:
+            self.client.command(
+                seal_row_sql(self.staging_db),
+                parameters={"tag": tag},
+                table=f"{self.staging_db}.{SEAL_TABLE}",
+                what=f"seal {tag}",
+            )
+
+        try:
+            write()
+        except ConfigError as exc:
+            if exc.code not in (UNKNOWN_TABLE, UNKNOWN_DATABASE):
+                raise
+            self.ensure_seal_table()
+            write()
+
     # ------------------------------------------------------------------ inserts
 
     def insert_blocks(
@@ -90,6 +129,7 @@ class ClickHouseWarehouse(Publisher):
         block_bytes: int,
         settings: BlockSettings = None,
         resend_ok: Callable[[], bool] | None = None,
+        guard: InsertGuard | None = None,
     ) -> InsertStats:
         """Send ``batches`` as blocks of at most ``block_rows`` rows / ``block_bytes`` bytes.
 
@@ -100,6 +140,9 @@ class ClickHouseWarehouse(Publisher):
         here, under the staging settings, which win.
         A block is retried after an ambiguous failure only if it carries such a token, and
         only while ``resend_ok()`` is true (else :class:`~txsink.errors.FencedError`).
+        ``guard`` (dedup mode): each block is sent as the statement of
+        :func:`~.dedup_insert.guarded_insert_sql`, which the server refuses once the
+        xid is sealed (FencedError) or the window moved (RetryableConflict).
         Block boundaries depend only on the batch sizes, so a replay of the same data cuts
         the same blocks.
         """
@@ -122,14 +165,24 @@ class ClickHouseWarehouse(Publisher):
             # txsink's staging settings win over any given (a user's settings.<name>)
             block_settings = self.client.known({**(extra or {}), **base}, OPTIONAL_INSERT_SETTINGS)
             idempotent = bool(block_settings.get("insert_deduplication_token"))
-            self.client.insert_arrow(
-                db,
-                name,
-                block,
-                settings=block_settings or None,
-                idempotent=idempotent,
-                resend_ok=resend_ok,
-            )
+            if guard is not None:
+                self.client.insert_arrow_sql(
+                    guarded_insert_sql(db, name, block.schema.names, guard, self.staging_db),
+                    block,
+                    settings=block_settings or None,
+                    idempotent=idempotent,
+                    resend_ok=resend_ok,
+                    table=f"{db}.{name}",
+                )
+            else:
+                self.client.insert_arrow(
+                    db,
+                    name,
+                    block,
+                    settings=block_settings or None,
+                    idempotent=idempotent,
+                    resend_ok=resend_ok,
+                )
             rows += block.num_rows
             size += block.nbytes
             blocks += 1

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from txsink.errors import ConfigError
+from txsink.protocol.dedup_window import Guard
 from txsink.protocol.evidence_life import EvidenceLife
 
 MERGE_TREE_SUFFIX = "MergeTree"
@@ -44,6 +45,21 @@ DEFAULT_WINDOW_SECONDS = 3600
 BlockSettings = Callable[[int], Mapping[str, Any]] | Mapping[str, Any] | None
 # Rows per partition id of one staging table; None for a table that does not exist.
 StagingView = dict[str, dict[str, int] | None]
+
+
+@dataclass(frozen=True)
+class InsertGuard:
+    """What the server checks when a dedup-mode block insert starts, in the statement
+    itself: that the xid's seal row ``seal`` (:func:`~txsink.protocol.ids.seal_tag`) is
+    absent, and that the target's block counter and clock are within ``window``.
+    ``types``: the target's column types (the block's columns are sent as typed input);
+    ``replicated``: the counter is summed over partitions (see
+    :mod:`txsink.protocol.dedup_window`)."""
+
+    seal: str
+    types: tuple[tuple[str, str], ...]
+    window: Guard | None = None
+    replicated: bool = False
 
 
 @dataclass(frozen=True)
@@ -235,6 +251,10 @@ class Warehouse(Protocol):
 
     def ensure_staging_db(self) -> None: ...
 
+    def ensure_seal_table(self) -> None: ...
+
+    def seal_dedup(self, tag: str) -> None: ...
+
     def create_staging(
         self, target: str, table: str, expected: TargetInfo | None = None
     ) -> None: ...
@@ -252,6 +272,7 @@ class Warehouse(Protocol):
         block_bytes: int,
         settings: BlockSettings = None,
         resend_ok: Callable[[], bool] | None = None,  # asked before a block is sent again
+        guard: InsertGuard | None = None,  # checked by the server as each block starts
     ) -> InsertStats: ...
 
     # -- publish ----------------------------------------------------------------------

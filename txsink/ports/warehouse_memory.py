@@ -33,11 +33,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from txsink.errors import ConfigError, RetryableConflict, TxSinkError, UnavailableError
+from txsink.errors import ConfigError, FencedError, RetryableConflict, TxSinkError, UnavailableError
 from txsink.ports.memory_tables import MemoryTable, Part, cut_blocks, partition_of
 from txsink.ports.warehouse import (
     BlockSettings,
     ClusterReplica,
+    InsertGuard,
     InsertStats,
     StagingView,
     TargetInfo,
@@ -82,6 +83,7 @@ class MemoryWarehouse:
         self.views: dict[str, tuple[str, ...]] = {}  # target -> materialized views
         self.moves = 0  # MOVE PARTITION commands that ran (partitions)
         self.running = 0  # settle() answers "busy" this many more times
+        self.seals: set[str] = set()  # seal rows of dedup xids (seal_dedup)
         # evidence_life(): seconds since the server started (a test sets a restart),
         # the targets' old_parts_lifetime, the query log's TTL (None: none)
         self.uptime_s = float("inf")
@@ -295,6 +297,12 @@ class MemoryWarehouse:
     def ensure_staging_db(self) -> None:
         self._call("ensure_staging_db", lambda: setattr(self, "staging_db_created", True))
 
+    def ensure_seal_table(self) -> None:
+        self._call("ensure_seal_table", lambda: None)
+
+    def seal_dedup(self, tag: str) -> None:
+        self._call("seal_dedup", lambda: self.seals.add(tag))
+
     def create_staging(self, target: str, table: str, expected: TargetInfo | None = None) -> None:
         def act() -> None:
             self._check_name(table, "create")
@@ -324,6 +332,7 @@ class MemoryWarehouse:
         block_bytes: int,
         settings: BlockSettings = None,
         resend_ok: Callable[[], bool] | None = None,  # the twin never sends a block again
+        guard: InsertGuard | None = None,  # the seal only: the twin keeps no block counter
     ) -> InsertStats:
         if block_rows < 1 or block_bytes < 1:
             raise ConfigError(f"block_rows={block_rows} / block_bytes={block_bytes} must be >= 1")
@@ -335,6 +344,8 @@ class MemoryWarehouse:
             t = self._table(table) if direct else self._staged(table)
             rows = blocks = 0
             for block in cut_blocks(batches, block_rows):
+                if guard is not None and guard.seal in self.seals:
+                    raise FencedError(f"{table}: {guard.seal} is sealed; the block was refused")
                 extra = settings(blocks) if callable(settings) else settings
                 token = str((extra or {}).get("insert_deduplication_token", ""))
                 by_pid: dict[str, list[Any]] = {}

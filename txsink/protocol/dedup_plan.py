@@ -92,9 +92,12 @@ class CheckSealed:
 @dataclass(frozen=True)
 class InsertBlock:
     """-> bool: insert the block in hand as block ``index``; False if the batch was sealed
-    while it was retried (nothing more may be sent)."""
+    (the runner asks before each retry; the server checks the xid's seal row when the
+    insert starts): nothing more may be sent. ``guard``: the window bounds the server
+    checks when the insert starts (None where no window was observed)."""
 
     index: int
+    guard: dw.Guard | None = None
 
 
 @dataclass(frozen=True)
@@ -174,6 +177,7 @@ def write_partition(
     stored = initial  # the record as this attempt last read or wrote it
     track: dw.Track | None = None  # this attempt's view of the window bookkeeping
     prev_counter: int | None = None
+    guard: dw.Guard | None = None
     done: list[dedup.BlockFingerprint] = []
     inserted = skipped = rows = 0
     index = 0
@@ -189,6 +193,7 @@ def write_partition(
                 break
             resend = stored is not None and index < len(stored.blocks)
             track = merge_track(track, stored.track if stored else None)
+            guard = None
             observed = yield ObserveWindow()
             if observed is not None:
                 now, window = observed
@@ -201,6 +206,8 @@ def write_partition(
                     )
                 if verdict is not None:
                     yield RefuseWindow(index, resend, window, verdict)
+                if track is not None:  # always, past window_step
+                    guard = dw.insert_guard(track, window, resend=resend)
                 prev_counter = now.counter
             if not dedup.needs_before_record(stored, index):
                 break
@@ -213,7 +220,7 @@ def write_partition(
         if step.action is dedup.BlockAction.INSERT:
             if (yield CheckSealed()):
                 return Outlived(index, retried=False)
-            if not (yield InsertBlock(index)):
+            if not (yield InsertBlock(index, guard)):
                 return Outlived(index, retried=True)
             inserted += 1
         else:

@@ -205,3 +205,30 @@ def window_step(
         Track(track.first, window.parts, window.seconds, max(track.seen, now.counter), block_parts),
         None,
     )
+
+
+@dataclass(frozen=True)
+class Guard:
+    """The window check of :func:`window_step`, as bounds the server checks again when the
+    block's insert starts (:mod:`txsink.clickhouse.dedup_insert`): an attempt frozen
+    between the check and its send (a GC pause, a partition) is refused by the server
+    if the window moved meanwhile, instead of re-sending a forgotten block."""
+
+    counter_min: int  # BACKWARDS: parts were dropped since the check
+    counter_max: int  # EVICTED / NO_ROOM, in parts
+    deadline: float | None  # EVICTED / NO_ROOM, server clock (replicated targets)
+
+
+def insert_guard(track: Track, window: Window, *, resend: bool) -> Guard:
+    """The bounds a block may still be inserted within: ``track`` and ``window`` as
+    :func:`window_step` left and saw them, for the block it just allowed."""
+    nxt = 0 if resend else max(1, track.block_parts)
+    room = window.parts - margin_parts(window.parts)
+    past = min(track.parts_window, window.parts)
+    counter_max = track.first.counter + min(past, room - nxt)
+    deadline = None
+    if window.seconds is not None:
+        room_s = window.seconds - margin_seconds(window.seconds)
+        past_s = window.seconds if track.seconds_window is None else track.seconds_window
+        deadline = track.first.at + min(room_s, past_s, window.seconds)
+    return Guard(track.seen, counter_max, deadline)

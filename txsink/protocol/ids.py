@@ -169,6 +169,15 @@ def batch_claim_name(batch_staging: str, token: str) -> str:
     return replace(name, claim=token[:8]).table
 
 
+def seal_tag(prefix: str, xid: str) -> str:
+    """The row the commit of dedup xid ``xid`` of the job with staging prefix ``prefix``
+    (:func:`staging_prefix`) writes into the server's seal table before
+    COMMITTED: every block insert of the xid checks, on the server, that it is absent
+    (:mod:`txsink.clickhouse.dedup_insert`); the text is also how the commit finds an
+    insert of the xid still running (``system.processes``)."""
+    return f"txsink-seal:{prefix}:{xid}"
+
+
 def dedup_token(job: str, xid: str, partition: int, block: int) -> str:
     """The ``insert_deduplication_token`` of one deterministic block in dedup mode."""
     return f"txsink:{job}:{xid}:p{partition}:k{block}"

@@ -133,6 +133,16 @@ class ClaimBatch:
 
 
 @dataclass(frozen=True)
+class SealDedup:
+    """Write the dedup xid's seal row on the server (:func:`~txsink.protocol.ids.seal_tag`),
+    then wait out any of its inserts still running: a block insert checks the seal on the
+    server when it starts, so once the seal is written and none runs, no insert of the
+    xid can add a row (an attempt frozen between its last check and its send included)."""
+
+    xid: str
+
+
+@dataclass(frozen=True)
 class Reobserve:
     """Stop here, look at staging again and plan afresh (after consolidation)."""
 
@@ -140,6 +150,7 @@ class Reobserve:
 Operation = (
     Publish
     | RecordCommitted
+    | SealDedup
     | DropStaging
     | Alarm
     | Evidence

@@ -40,6 +40,7 @@ from txsink.protocol.ops import (
     RecordCommitted,
     RecordCut,
     Reobserve,
+    SealDedup,
     StagedUuids,
     StagingView,
 )
@@ -275,8 +276,11 @@ def plan_publish(
     after every entry of every table is published or shown to be.
     """
     if record.mode is Mode.DEDUP:
-        # Dedup mode inserted straight into the target; finishing is only the record.
-        return [] if record.state is XidState.COMMITTED else [RecordCommitted(record.xid)]
+        # Dedup mode inserted straight into the target; finishing is sealing the xid on
+        # the server (no late insert of it can land after) and the record.
+        if record.state is XidState.COMMITTED:
+            return []
+        return [SealDedup(record.xid), RecordCommitted(record.xid)]
     if record.state is XidState.COMMITTED:
         return _drop_committed(record, view, record.staging_tables)
     ops: list[Operation] = []

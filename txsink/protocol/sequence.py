@@ -30,7 +30,7 @@ from dataclasses import replace
 from typing import Any
 
 from txsink.protocol.evidence_life import EvidenceLife, guard_late_publish, moving_targets
-from txsink.protocol.ids import batch_staging_name
+from txsink.protocol.ids import batch_staging_name, seal_tag
 from txsink.protocol.ops import (
     Alarm,
     AttachAll,
@@ -42,6 +42,7 @@ from txsink.protocol.ops import (
     RecordCommitted,
     RecordCut,
     Reobserve,
+    SealDedup,
     StagedUuids,
     StagingView,
 )
@@ -73,6 +74,7 @@ from txsink.protocol.steps import (
     PublishBounds,
     ReadRecord,
     Run,
+    SealRow,
     Settle,
     Step,
     Stop,
@@ -329,6 +331,19 @@ def carry_out(
             yield FaultPoint("driver.after_record")
         elif isinstance(op, RecordCut):
             record = yield Write(record, op)
+        elif isinstance(op, SealDedup):
+            tag = seal_tag(prefix, op.xid)
+            yield SealRow(tag)
+            yield FaultPoint("driver.after_seal")
+            quiet = yield Settle(record.xid, (tag,), fresh=True)
+            if not quiet:
+                yield Stop(
+                    Failure.UNAVAILABLE,
+                    f"xid {record.xid}: a block insert of it still runs on ClickHouse "
+                    f"{bounds.retry_s:g}s after its seal (an attempt that outlived its "
+                    "batch); not recorded COMMITTED yet. The next commit or `txsink "
+                    f"recover --job {record.job}` finishes it",
+                )
         else:
             yield op
             if isinstance(op, (MovePartitions, Consolidate)) and not moved:

@@ -133,6 +133,14 @@ class Settle:
 
 
 @dataclass(frozen=True)
+class SealRow:
+    """Write seal row ``tag`` on the server (every shard): no block insert carrying this
+    tag starts after it (:class:`~txsink.protocol.ops.SealDedup`)."""
+
+    tag: str
+
+
+@dataclass(frozen=True)
 class CheckFence:
     """-> None: raises (FencedError) unless this writer's epoch still holds the job."""
 
@@ -222,6 +230,7 @@ Step = (
     | ObserveDetached
     | HeldClaims
     | Settle
+    | SealRow
     | CheckFence
     | ReadRecord
     | MovePartitions

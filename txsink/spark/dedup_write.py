@@ -77,6 +77,7 @@ from txsink.protocol import dedup
 from txsink.protocol import dedup_plan as dp
 from txsink.protocol import dedup_window as dw
 from txsink.protocol import job as rules
+from txsink.protocol.ids import seal_tag, staging_prefix
 from txsink.protocol.states import StagedPart
 from txsink.protocol.steps import FaultPoint
 from txsink.spark.dedup_records import StateCell, outlived, sealed
@@ -385,6 +386,8 @@ def run_plan(
     def is_sealed() -> bool:
         return sealed(plan, task, registry)
 
+    seal = seal_tag(staging_prefix(job, plan.namespace), xid)
+
     block: Any = None
     reply: Any = None
     while True:
@@ -412,7 +415,7 @@ def run_plan(
             try:  # a retry of the block asks again: it may come long after CheckSealed
                 guard.insert(
                     block, job=job, xid=xid, partition=partition, index=step.index,
-                    resend_ok=lambda: not is_sealed(),
+                    seal=seal, window=step.guard, resend_ok=lambda: not is_sealed(),
                 )  # fmt: skip
                 reply = True
             except FencedError:

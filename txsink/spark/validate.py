@@ -254,6 +254,8 @@ def _validate(
             warehouse.attach_logged(config.table, f"txsink probe {config.job}", time.time())
         if mode == "attach":
             warehouse.ensure_staging_db()
+        else:  # every dedup block insert checks its batch's seal row there
+            warehouse.ensure_seal_table()
     return WritePlan(
         config,
         mode,
