@@ -39,11 +39,12 @@ SCHEMA = StructType([StructField("id", LongType(), False)])
 class Attempt:
     """One task attempt of partition 0 of batch ``BATCH``, in its own process."""
 
-    def __init__(self, plan_file: Path, attempt: int, *, freeze: bool) -> None:
+    def __init__(self, plan_file: Path, attempt: int, *, freeze: bool | str) -> None:
         self.plan_file, self.attempt = plan_file, attempt
         args = [str(plan_file), "0", str(attempt), str(BATCH), "0", str(ROWS)]
+        how = ["freeze" if freeze is True else freeze] if freeze else []
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.integration.zombie_task", *args, *(["freeze"] * freeze)],
+            [sys.executable, "-m", "tests.integration.zombie_task", *args, *how],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -87,19 +88,22 @@ def assert_exact(ch: Any, table: str, produced: int) -> None:
     assert tuple(got) == (produced, produced, expected), f"{got[0] - got[1]} duplicated row(s)"
 
 
+@pytest.mark.parametrize("freeze", ["freeze", "freeze-send"])
 def test_a_dedup_attempt_thawed_after_its_batch_committed_writes_nothing(
-    stack, ch, fresh_db, tmp_path
+    stack, ch, fresh_db, tmp_path, freeze
 ):
     """The straddle of the issue: the frozen attempt passed the replay check, its batch is
     then committed by another attempt (whose records the commit deletes) and more parts
-    than the window holds are inserted; thawed, it must not send its blocks again."""
+    than the window holds are inserted; thawed, it must not send its blocks again.
+    ``freeze-send``: frozen after every check of its own, right before its first insert
+    is sent; only the server's check of the batch's seal row stops it."""
     table = f"{fresh_db}.t"
     ch.command(
         f"CREATE TABLE {table} (id Int64) ENGINE = MergeTree ORDER BY id "
         f"SETTINGS non_replicated_deduplication_window = {WINDOW}"
     )
     plan, path = make_plan(stack, table, tmp_path, mode="dedup", dedup_min_window=str(WINDOW))
-    zombie = Attempt(path, 0, freeze=True)
+    zombie = Attempt(path, 0, freeze=freeze)
     try:
         winner = Attempt(path, 1, freeze=False)
         assert winner.result()["rows"] == ROWS

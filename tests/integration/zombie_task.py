@@ -2,13 +2,14 @@
 (:func:`txsink.spark.writer.write_partition`) with a stand-in TaskContext, for the tests
 that freeze an attempt the way a GC pause or a network partition freezes an executor.
 
-    python -m tests.integration.zombie_task PLAN PARTITION ATTEMPT BATCH FIRST COUNT [freeze]
+    python -m tests.integration.zombie_task PLAN PARTITION ATTEMPT BATCH FIRST COUNT [freeze|freeze-send]
 
 ``PLAN`` is a pickled :class:`~txsink.spark.messages.WritePlan` (as Spark ships it to
 executors); the rows are ``id`` FIRST..FIRST+COUNT-1 in batches of one row. With
 ``freeze`` the process stops itself (SIGSTOP) when the writer pulls its first batch: the
 test sees it stopped (``waitpid(WUNTRACED)``), does what it wants meanwhile and thaws
-it (SIGCONT). The commit message is printed as JSON (and pickled to ``PLAN.<ATTEMPT>.msg``
+it (SIGCONT). With ``freeze-send`` it stops right before its first block insert is sent
+(every check made, the seal's included). The commit message is printed as JSON (and pickled to ``PLAN.<ATTEMPT>.msg``
 for the test to commit); an error as ``{"error": ...}``.
 """
 
@@ -58,11 +59,30 @@ def source(first: int, count: int, freeze: bool) -> Iterator[Any]:
         yield pa.RecordBatch.from_pydict({"id": pa.array([i], pa.int64())})
 
 
+def freeze_before_first_send() -> None:
+    """Stop the process when its first block insert into a target is about to be sent:
+    after every check the attempt makes (its batch's seal included), before the request."""
+    from txsink.clickhouse.warehouse import ClickHouseWarehouse
+
+    send = ClickHouseWarehouse.insert_blocks
+    frozen = []
+
+    def insert_blocks(self: Any, table: str, *args: Any, **kwargs: Any) -> Any:
+        if "." in table and not frozen:
+            frozen.append(table)
+            os.kill(os.getpid(), signal.SIGSTOP)  # frozen here until the test's SIGCONT
+        return send(self, table, *args, **kwargs)
+
+    ClickHouseWarehouse.insert_blocks = insert_blocks  # type: ignore[method-assign]
+
+
 def main(argv: list[str]) -> None:
     with open(argv[0], "rb") as fh:
         plan = pickle.load(fh)
     partition, attempt, batch, first, count = (int(a) for a in argv[1:6])
     freeze = argv[6:] == ["freeze"]
+    if argv[6:] == ["freeze-send"]:
+        freeze_before_first_send()
     ctx = Ctx(partition, attempt, batch)
     TaskContext.get = classmethod(lambda _cls: ctx)  # type: ignore[method-assign,assignment]
     try:
