@@ -8,6 +8,8 @@ interface for stock ``clickhouse_connect.get_client(host, port)`` in other proce
 - The query text is the ``query`` URL parameter followed by the request body (ClickHouse's
   own rule). ``INSERT ... FORMAT X`` streams the rest of the body into
   ``Connection.send_insert`` chunk by chunk, so large inserts are never held in memory.
+  An ``INSERT ... SELECT ... FROM input('<structure>') ... FORMAT X`` in the ``query``
+  parameter takes the whole body as its data (:mod:`~txsink.embedded.input_insert`).
 - Request bodies may be chunked and compressed (``Content-Encoding`` lz4 frame, zstd,
   gzip, deflate, br); responses are compressed when ``enable_http_compression=1`` and the
   client sent ``Accept-Encoding``.
@@ -60,6 +62,7 @@ from txsink.embedded.http_errors import (
     HttpError,
     engine_error,
 )
+from txsink.embedded.input_insert import run_input_insert, spool_dir
 from txsink.embedded.responses import (
     EMPTY_SUMMARY,
     STREAMABLE_FORMATS,
@@ -72,6 +75,7 @@ from txsink.embedded.responses import (
 from txsink.embedded.sqlscan import (
     InsertHeader,
     format_clause,
+    scan_input_insert,
     scan_insert,
     split_params,
     statement_kind,
@@ -212,8 +216,9 @@ class Handler(BaseHTTPRequestHandler):
             )
         settings, binds = split_params(params)
         query_param = params.get("query", "")
+        feed = scan_input_insert(query_param) if query_param else None  # the body is data
         head = (query_param + "\n").encode() if query_param else b""
-        header: InsertHeader | bool | None = False
+        header: InsertHeader | bool | None = False if feed is None else None
         while header is False:
             chunk = body.read_chunk()
             head += chunk
@@ -232,6 +237,11 @@ class Handler(BaseHTTPRequestHandler):
         fresh = "readonly" in settings
         with self.engine.connection(session_id, timeout, check, fresh) as (ec, session):
             self.engine.prepare(ec, settings, params.get("database") or None)
+            if feed is not None:
+                spool = spool_dir(self.data_dir)
+                summary = run_input_insert(self.engine, ec, feed, body, binds, spool)
+                self._reply_empty(query_id, summary)
+                return
             if isinstance(header, InsertHeader):
                 start = time.monotonic()
                 result = self.engine.insert(

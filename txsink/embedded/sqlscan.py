@@ -1,7 +1,8 @@
 """Reading a request's SQL and parameters without parsing SQL.
 
 Owns the lexical scans the endpoint needs: finding an ``INSERT ... FORMAT X`` header at
-the start of a (possibly partial) body, the statement kind, a trailing ``FORMAT`` clause;
+the start of a (possibly partial) body, an ``INSERT ... SELECT ... FROM input('<structure>')
+... FORMAT X`` whose data is the body, the statement kind, a trailing ``FORMAT`` clause;
 splitting URL parameters into HTTP-interface parameters, engine settings and
 ``param_<name>`` bindings for ``{name:Type}`` placeholders; quoting values and identifiers.
 
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+from txsink.embedded.http_errors import SYNTAX_ERROR, HttpError
 
 # URL parameters that belong to the HTTP interface, never passed to the engine as settings.
 HTTP_ONLY_PARAMS = frozenset(
@@ -152,6 +155,110 @@ def scan_insert(buf: bytes) -> InsertHeader | bool | None:
                 return InsertHeader(sql, fm.group().decode(), data)
             pos = m.end()
     return False
+
+
+@dataclass(frozen=True)
+class InputInsert:
+    """``INSERT ... SELECT ... FROM input('<structure>') ... FORMAT <fmt>``: the body is
+    the data ``input()`` reads, in format ``fmt``."""
+
+    before: str  # the statement up to ``input``
+    structure: str  # input()'s string literal as written, quotes and escapes included
+    after: str  # from after input(...) up to the FORMAT clause (WHERE, SETTINGS, ...)
+    fmt: str
+
+    def reading_file(self, path: str) -> str:
+        """The statement with ``input(...)`` read from ``file(path, fmt, structure)`` and
+        without its FORMAT clause (``path`` must hold no glob characters)."""
+        source = f"file({sql_string(path)}, {sql_string(self.fmt)}, {self.structure})"
+        return f"{self.before}{source}{self.after}".rstrip()
+
+
+_INPUT_SHAPE = (
+    "INSERT INTO t (cols) SELECT cols FROM input('<col Type, ...>') [WHERE ...] FORMAT <name>"
+)
+
+
+def _token_spans(buf: bytes) -> list[tuple[int, int]] | None:
+    """(start, end) of each word, quoted literal and other character of ``buf``, skipping
+    whitespace and comments; ``None`` when a quote or comment is not closed."""
+    spans: list[tuple[int, int]] = []
+    pos, n = 0, len(buf)
+    while pos < n:
+        c = buf[pos]
+        if c in _WS:
+            pos += 1
+        elif buf.startswith(b"--", pos) or c == 0x23:
+            end = buf.find(b"\n", pos)
+            pos = n if end < 0 else end + 1
+        elif buf.startswith(b"/*", pos):
+            end = buf.find(b"*/", pos + 2)
+            if end < 0:
+                return None
+            pos = end + 2
+        elif c in (0x27, 0x22, 0x60):
+            end = _skip_quoted(buf, pos)
+            if end < 0:
+                return None
+            spans.append((pos, end))
+            pos = end
+        else:
+            m = _WORD.match(buf, pos)
+            end = m.end() if m is not None else pos + 1
+            spans.append((pos, end))
+            pos = end
+    return spans
+
+
+def scan_input_insert(sql: str) -> InputInsert | None:
+    """``sql`` as an INSERT reading its data from ``input()``, or ``None`` when it is not one.
+
+    ``sql`` is the whole statement (the ``query`` URL parameter; the body is the data).
+    Raises :class:`HttpError` (SYNTAX_ERROR) for an INSERT calling ``input(`` in another
+    shape than :data:`_INPUT_SHAPE`.
+    """
+    buf = sql.encode()
+    spans = _token_spans(buf)
+    if spans is None:
+        return None
+    toks = [buf[a:b] for a, b in spans]
+    if not toks or toks[0].upper() != b"INSERT":
+        return None
+    calls = [
+        i
+        for i in range(1, len(toks) - 1)
+        if toks[i].lower() == b"input" and toks[i + 1] == b"(" and toks[i - 1] != b"."
+    ]
+    if not calls:
+        return None
+    if len(calls) > 1:
+        raise HttpError(
+            SYNTAX_ERROR,
+            f"An INSERT may read input() once; this one calls it {len(calls)} times. "
+            f"The shape served: {_INPUT_SHAPE}",
+        )
+    i = calls[0]
+    if i + 3 >= len(toks) or not toks[i + 2].startswith(b"'") or toks[i + 3] != b")":
+        raise HttpError(
+            SYNTAX_ERROR,
+            f"input() takes one string literal, the structure of the data, as in {_INPUT_SHAPE}",
+        )
+    end = len(toks)
+    while end > 0 and toks[end - 1] == b";":
+        end -= 1
+    fmt_at = end - 2
+    if fmt_at <= i + 3 or toks[fmt_at].upper() != b"FORMAT" or not _WORD.fullmatch(toks[end - 1]):
+        raise HttpError(
+            SYNTAX_ERROR,
+            "An INSERT reading input() needs a trailing FORMAT clause naming the format of "
+            f"the request body, as in {_INPUT_SHAPE}",
+        )
+    return InputInsert(
+        before=buf[: spans[i][0]].decode(),
+        structure=toks[i + 2].decode(),
+        after=buf[spans[i + 3][1] : spans[fmt_at][0]].decode(),
+        fmt=toks[end - 1].decode(),
+    )
 
 
 def statement_kind(sql: str) -> str:
