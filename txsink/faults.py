@@ -34,7 +34,8 @@ POINTS = (
 # Points only some paths reach (a job that does not use the feature never hits them):
 # between two tx.write calls of txsink.transaction, and around the one ATTACH PARTITION
 # ALL of visibility=batch (claimed but not attached; attached, batch staging not yet
-# dropped), and after a dedup xid's seal row. POINTS + FEATURE_POINTS name every point the package has (a unit test checks).
+# dropped), and after a dedup xid's seal row. POINTS + FEATURE_POINTS name every point
+# the package has (a unit test checks).
 FEATURE_POINTS = (
     "driver.between_writes",
     "driver.before_attach",

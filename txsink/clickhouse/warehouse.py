@@ -120,6 +120,36 @@ class ClickHouseWarehouse(Publisher):
 
     # ------------------------------------------------------------------ inserts
 
+    def _insert_guarded(
+        self,
+        db: str,
+        name: str,
+        block: Any,
+        guard: InsertGuard,
+        settings: Mapping[str, Any],
+        resend_ok: Callable[[], bool] | None,
+    ) -> None:
+        """One dedup block, guarded (:func:`~.dedup_insert.guarded_insert_sql`). A seal
+        table missing (a plan validated by an older txsink, staging dropped by hand) is
+        made and the block sent again: the refusal came before anything was written."""
+        sql = guarded_insert_sql(db, name, block.schema.names, guard, self.staging_db)
+        for last in (False, True):
+            try:
+                self.client.insert_arrow_sql(
+                    sql,
+                    block,
+                    settings=settings or None,
+                    idempotent=bool(settings.get("insert_deduplication_token")),
+                    resend_ok=resend_ok,
+                    table=f"{db}.{name}",
+                )
+                return
+            except ConfigError as exc:
+                missing = exc.code in (UNKNOWN_TABLE, UNKNOWN_DATABASE)
+                if last or not missing or self.staging_db not in str(exc):
+                    raise
+                self.ensure_seal_table()
+
     def insert_blocks(
         self,
         table: str,
@@ -166,14 +196,7 @@ class ClickHouseWarehouse(Publisher):
             block_settings = self.client.known({**(extra or {}), **base}, OPTIONAL_INSERT_SETTINGS)
             idempotent = bool(block_settings.get("insert_deduplication_token"))
             if guard is not None:
-                self.client.insert_arrow_sql(
-                    guarded_insert_sql(db, name, block.schema.names, guard, self.staging_db),
-                    block,
-                    settings=block_settings or None,
-                    idempotent=idempotent,
-                    resend_ok=resend_ok,
-                    table=f"{db}.{name}",
-                )
+                self._insert_guarded(db, name, block, guard, block_settings, resend_ok)
             else:
                 self.client.insert_arrow(
                     db,
