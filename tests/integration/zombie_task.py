@@ -2,15 +2,15 @@
 (:func:`txsink.spark.writer.write_partition`) with a stand-in TaskContext, for the tests
 that freeze an attempt the way a GC pause or a network partition freezes an executor.
 
-    python -m tests.integration.zombie_task PLAN PARTITION ATTEMPT BATCH FIRST COUNT [freeze|freeze-send]
+    python -m tests.integration.zombie_task PLAN PARTITION ATTEMPT BATCH FIRST COUNT [MODE]
 
 ``PLAN`` is a pickled :class:`~txsink.spark.messages.WritePlan` (as Spark ships it to
-executors); the rows are ``id`` FIRST..FIRST+COUNT-1 in batches of one row. With
+executors); the rows are ``id`` FIRST..FIRST+COUNT-1 in batches of one row. With MODE
 ``freeze`` the process stops itself (SIGSTOP) when the writer pulls its first batch: the
 test sees it stopped (``waitpid(WUNTRACED)``), does what it wants meanwhile and thaws
 it (SIGCONT). With ``freeze-send`` it stops right before its first block insert is sent
-(every check made, the seal's included). The commit message is printed as JSON (and pickled to ``PLAN.<ATTEMPT>.msg``
-for the test to commit); an error as ``{"error": ...}``.
+(every check made, the seal's included). The commit message is printed as JSON (and
+pickled to ``PLAN.<ATTEMPT>.msg`` for the test to commit); an error as ``{"error": ...}``.
 """
 
 from __future__ import annotations
