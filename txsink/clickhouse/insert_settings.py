@@ -51,8 +51,12 @@ DEDUP_INSERT_SETTINGS: dict[str, Any] = {
     # deduplicate; harmless for other engines (alias of distributed_foreground_insert)
     "insert_distributed_sync": 1,
     "max_partitions_per_insert_block": 0,
+    # a block is sent as INSERT ... SELECT FROM input() (its seal and window checked on
+    # the server): 26.x deduplicates those only where this says so, and with
+    # force_enable refuses, rather than skips, deduplication it cannot apply
+    "deduplicate_insert_select": "force_enable",
 }
-OPTIONAL_INSERT_SETTINGS = ("deduplicate_insert",)
+OPTIONAL_INSERT_SETTINGS = ("deduplicate_insert", "deduplicate_insert_select")
 # The publish of visibility=batch: its ATTACH PARTITION ALL goes into system.query_log
 # with the batch's tag as log_comment, whatever the user's profile says about logging
 # (the proof that it landed once the target merged its parts). A profile constraint on
