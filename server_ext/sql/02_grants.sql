@@ -9,8 +9,12 @@ GRANT ALTER MOVE PARTITION, ALTER ATTACH PARTITION ON analytics.* TO txsink_writ
 
 -- staging: the writer owns every table in it. ALTER covers what create_staging does to
 -- protect a fresh staging table (REMOVE TTL, MODIFY SETTING) and the column catch-up
--- before a MOVE (ADD COLUMN) after the target gained a column.
+-- before a MOVE (ADD COLUMN) after the target gained a column. Dedup mode keeps its
+-- seal table txsink_seals there (docs/modes.md#attempts-that-outlive-their-batch).
 GRANT CREATE TABLE, DROP TABLE, SELECT, INSERT, ALTER ON txsink_staging.* TO txsink_writer;
+-- dedup mode sends each block as INSERT ... SELECT FROM input(): a table function,
+-- which ClickHouse allows to users holding CREATE TEMPORARY TABLE
+GRANT CREATE TEMPORARY TABLE ON *.* TO txsink_writer;
 
 -- introspection used for validation, publish bookkeeping and `txsink status/verify`
 GRANT SELECT ON system.parts TO txsink_writer;

@@ -103,7 +103,7 @@ def test_the_guarded_statement_checks_the_seal_and_the_window_when_the_insert_st
         dw.Guard(10, 20, None),
     )  # fmt: skip
     sql = guarded_insert_sql("db", "t", ["id", "s"], guard, "txsink_staging")
-    assert sql.startswith("INSERT INTO `db`.`t` (`id`, `s`) SELECT `id`, `s` FROM input(")
+    assert sql.startswith("INSERT INTO `db`.`t` (`id`, `s`) SELECT * FROM input(")
     assert "'`id` Int64, `s` Nullable(String)'" in sql
     assert f"`txsink_staging`.`{SEAL_TABLE}` WHERE tag = 'txsink-seal:tx_j:b1'" in sql
     assert "mx < 10 OR mx > 20" in sql and "now64" not in sql

@@ -17,7 +17,7 @@ from txsink import driver
 from txsink.config import WriterConfig
 from txsink.errors import HalfVisibleBatch
 from txsink.ports.registry_memory import MemoryRegistry
-from txsink.protocol.ids import dedup_token
+from txsink.protocol.ids import dedup_token, seal_tag, staging_prefix
 from txsink.spark.dedup_write import write_dedup
 from txsink.spark.messages import WritePlan
 from txsink.spark.task import Task
@@ -44,8 +44,11 @@ class Warehouse:
         self.client = Client()
         self.inserts: list[tuple[str, int, dict[str, Any]]] = []
         self.guards: list[Any] = []
+        self.refuse: Exception | None = None  # what the server answers every insert
 
     def insert_blocks(self, table: str, batches: Any, **kw: Any) -> None:
+        if self.refuse is not None:
+            raise self.refuse
         rows = sum(b.num_rows for b in batches)
         self.inserts.append((table, rows, kw["settings"]))
         self.guards.append(kw["guard"])
@@ -262,6 +265,11 @@ def _half_write(xid: str, batch: int | None, partition: int = 0) -> None:
         write_dedup(plan(), _task(xid, batch, partition), failing())
 
 
+def _ops_stores(registry: MemoryRegistry, warehouse: Any) -> Any:
+    """What ``txsink recover`` hands :func:`discard_dedup`: the registry, a warehouse."""
+    return type("S", (), {"registry": registry, "warehouse": lambda _self, _meta: warehouse})()
+
+
 def test_a_discarded_streaming_batch_is_skipped_by_its_tasks_and_its_commit(
     stores: tuple[MemoryRegistry, Warehouse, list[str]],
 ) -> None:
@@ -272,7 +280,10 @@ def test_a_discarded_streaming_batch_is_skipped_by_its_tasks_and_its_commit(
 
     registry, warehouse, _ = stores
     _half_write("b7", 7)
-    discard_dedup(type("S", (), {"registry": registry})(), "j", "b7")  # type: ignore[arg-type]
+    sealed = MemoryWarehouse()
+    discard_dedup(_ops_stores(registry, sealed), "j", "b7")
+    # sealed on the server too: a zombie task of b7 adds nothing the operator deletes
+    assert sealed.seals == {seal_tag(staging_prefix("j", registry.namespace()), "b7")}
     warehouse.inserts.clear()
     message = write_dedup(plan(), _task("b7", 7), rows(5))  # Spark replays batch 7
     assert message.skipped and warehouse.inserts == []
@@ -300,7 +311,7 @@ def test_a_discarded_saved_batch_is_refused_by_its_task_and_its_commit_with_one_
 
     registry, warehouse, _ = stores
     _half_write("b7", 7)
-    discard_dedup(type("S", (), {"registry": registry})(), "j", "b7")  # type: ignore[arg-type]
+    discard_dedup(_ops_stores(registry, MemoryWarehouse()), "j", "b7")
     warehouse.inserts.clear()
     saving = dataclasses.replace(plan(), xid="b7", batch=7)  # a save with txn_version=7
     with pytest.raises(HalfVisibleBatch) as by_task:
@@ -384,7 +395,7 @@ def test_a_discard_of_the_wrong_xid_fences_nobody(
     registry, _, _ = stores
     writer = registry.take_epoch("j", "streaming-driver")
     with pytest.raises(ConfigError, match="nothing was changed"):
-        discard_dedup(type("S", (), {"registry": registry})(), "j", "b99")  # type: ignore[arg-type]
+        discard_dedup(_ops_stores(registry, None), "j", "b99")
     current = registry.current_epoch("j")
     assert current is not None and current.number == writer.number
 
@@ -540,3 +551,17 @@ def test_an_attempt_resuming_from_a_record_deleted_under_it_sends_nothing(
     message = write_dedup(plan(), task(0), rows(5))
     assert len(warehouse.inserts) == seen[0], "the zombie re-sent blocks of a committed batch"
     assert message.skipped
+
+
+def test_a_seal_refusal_keeper_does_not_back_fails_the_task_instead_of_skipping_it(
+    stores: tuple[MemoryRegistry, Warehouse, list[str]],
+) -> None:
+    """A seal row left by another life of the same xid name (the job's state lost and
+    started again) must not turn a live batch's tasks into skipped ones: rows lost."""
+    from txsink.errors import FencedError
+
+    _registry, warehouse, _ = stores
+    warehouse.refuse = FencedError("refused by the server: its batch was sealed")
+    with pytest.raises(FencedError):
+        write_dedup(plan(), _task("b0", 0), rows(3))
+

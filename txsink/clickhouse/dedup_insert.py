@@ -131,7 +131,7 @@ def guarded_insert_sql(
         )
     where = " AND ".join(f"{c} = 0" for c in checks)
     return (
-        f"INSERT INTO {qualified(db, table)} ({names}) SELECT {names} "
+        f"INSERT INTO {qualified(db, table)} ({names}) SELECT * "
         f"FROM input({quote_literal(structure)}) WHERE {where} FORMAT Arrow"
     )
 

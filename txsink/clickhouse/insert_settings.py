@@ -52,9 +52,10 @@ DEDUP_INSERT_SETTINGS: dict[str, Any] = {
     "insert_distributed_sync": 1,
     "max_partitions_per_insert_block": 0,
     # a block is sent as INSERT ... SELECT FROM input() (its seal and window checked on
-    # the server): 26.x deduplicates those only where this says so, and with
-    # force_enable refuses, rather than skips, deduplication it cannot apply
-    "deduplicate_insert_select": "force_enable",
+    # the server): 26.x's default skips deduplicating an INSERT SELECT it does not find
+    # "stable", and force_enable refuses it (26.2 before ClickHouse PR 99206, whatever
+    # the token); with this value the block's token decides, as for a plain INSERT
+    "deduplicate_insert_select": "enable_even_for_bad_queries",
 }
 OPTIONAL_INSERT_SETTINGS = ("deduplicate_insert", "deduplicate_insert_select")
 # The publish of visibility=batch: its ATTACH PARTITION ALL goes into system.query_log

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from txsink.dedup_state import DISCARDED, open_dedup_batches
-from txsink.errors import ConfigError
+from txsink.errors import ConfigError, UnavailableError
 from txsink.ops.liveness import (
     STALE_CAP,
 )
@@ -22,7 +22,7 @@ from txsink.ops.stores import Stores
 from txsink.protocol.codec import JobMeta
 from txsink.protocol.dedup import OpenBatch
 from txsink.protocol.dedup import xid_key as dedup_xid_key
-from txsink.protocol.ids import staging_prefix
+from txsink.protocol.ids import seal_tag, staging_prefix
 from txsink.protocol.ops import Alarm
 from txsink.protocol.planner import plan_publish
 from txsink.protocol.states import Epoch, Mode
@@ -227,6 +227,18 @@ def discard_dedup(stores: Stores, job: str, xid: str) -> tuple[int, OpenBatch]:
     registry.heartbeat(epoch, {"state": "discarding", "xid": xid})
     registry.sync(job)
     batch = the_batch()  # again, behind the epoch: it may have committed meanwhile
+    # sealed on the server first: a task of it still alive (a zombie executor) cannot
+    # add rows the operator is about to delete or keep (docs/modes.md#attempts-that-
+    # outlive-their-batch); a crash before the mark leaves it sealed, and this command
+    # is run again
+    tag = seal_tag(staging_prefix(job, registry.namespace()), xid)
+    warehouse = stores.warehouse(registry.job_meta(job))
+    warehouse.seal_dedup(tag)
+    if not warehouse.settle([tag]):
+        raise UnavailableError(
+            f"job {job}: an insert of {xid} still runs on ClickHouse after its seal; "
+            "nothing was discarded. Run this command again once it ended"
+        )
     mark = {"by": epoch.owner, "at": time.time(), "rows": batch.rows_at_most, "epoch": epoch.number}
     registry.put_blob(job, f"{dedup_xid_key(xid)}/{DISCARDED}", mark)
     registry.heartbeat(

@@ -175,7 +175,7 @@ def seal_tag(prefix: str, xid: str) -> str:
     COMMITTED: every block insert of the xid checks, on the server, that it is absent
     (:mod:`txsink.clickhouse.dedup_insert`); the text is also how the commit finds an
     insert of the xid still running (``system.processes``)."""
-    return f"txsink-seal:{prefix}:{xid}"
+    return f"txsink-seal:{prefix}:{xid}/"  # "/" ends it: b1's is no part of b10's
 
 
 def dedup_token(job: str, xid: str, partition: int, block: int) -> str:
