@@ -372,7 +372,8 @@ _DECLARED: tuple[Option, ...] = (
     ),
     Option(
         "skip_committed_replays",
-        "executors skip writing a replayed, committed batch",
+        "dedup mode: executors skip writing a replayed, committed batch (attach mode: "
+        "the commit skips it and drops what its tasks staged)",
         "true",
         Kind.BOOL,
     ),

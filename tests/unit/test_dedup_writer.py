@@ -564,4 +564,3 @@ def test_a_seal_refusal_keeper_does_not_back_fails_the_task_instead_of_skipping_
     warehouse.refuse = FencedError("refused by the server: its batch was sealed")
     with pytest.raises(FencedError):
         write_dedup(plan(), _task("b0", 0), rows(3))
-

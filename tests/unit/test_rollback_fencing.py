@@ -239,7 +239,7 @@ def test_a_task_of_a_batch_rolled_back_after_the_jobs_first_commit_writes(
     assert tombstone is not None and tombstone.state is XidState.ABORTED
     monkeypatch.setattr(driver, "borrowed_registry", lambda _c: contextlib.nullcontext(reg))
     options = {"url": "http://h:8123", "keeper": "k:2181", "table": TARGET, "job": JOB}
-    plan = WritePlan(WriterConfig.from_options(options), "attach")
+    plan = WritePlan(WriterConfig.from_options(options), "dedup")
     assert plan.streaming
     task = Task("run-2", batch_xid(1), 1, 0, 0, 1, "q", 0.0)
     assert already_committed(plan, task) is False  # written, not refused

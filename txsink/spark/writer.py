@@ -37,7 +37,10 @@ __all__ = [
 def already_committed(plan: WritePlan, task: Task) -> bool:
     """Is ``task``'s batch a replay of a committed one (:func:`rules.task_replay`)?
     Stores that cannot be read count as no: writing is safe, the commit decides."""
-    if not plan.config.skip_committed_replays:
+    if not plan.config.skip_committed_replays or plan.mode == Mode.ATTACH.value:
+        # attach mode only stages: the commit skips a committed replay and drops what it
+        # staged, so its tasks ask no store (a batch's Keeper requests do not grow with
+        # its tasks)
         return False
     if plan.xid is not None and plan.batch is None:
         # a batch save without txn_version: its xid is fresh random hex drawn by this save's
