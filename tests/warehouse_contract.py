@@ -101,6 +101,15 @@ class WarehouseContract:
         sizes = harness.wh.staging_sizes(_prefix(name))
         assert sizes[name]["rows"] == 8
 
+    def test_the_staged_parts_of_many_tables_are_each_tables_own(self, harness: Harness) -> None:
+        target = harness.target("t")
+        full = staged(harness, target, 1, rows(range(5), JAN), rows(range(5, 8), FEB))
+        empty, missing = harness.staging(2), harness.staging(3)
+        harness.wh.create_staging(target, empty)
+        read = harness.wh.staged_partitions_of([full, empty, missing])
+        assert read == {full: harness.wh.staged_partitions(full), empty: {}, missing: None}
+        assert {pid: n for pid, (n, _) in (read[full] or {}).items()} == {JAN: 5, FEB: 3}
+
     def test_every_staged_part_has_its_own_evidence_id(self, harness: Harness) -> None:
         target = harness.target("t")
         name = staged(harness, target, 1, rows(range(4), JAN), rows(range(4, 10), JAN))

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from txsink.config import WriterConfig
 from txsink.driver import JobHandle, borrowed_job, job_meta, open_job
-from txsink.errors import ConfigError, FencedError, UnavailableError
+from txsink.errors import ConfigError, FencedError, TxSinkError, UnavailableError
 from txsink.protocol import job as rules
 from txsink.protocol.codec import JobMeta
 from txsink.protocol.ids import batch_xid, parse_staging, run_tag
@@ -69,6 +69,8 @@ class Report(Protocol):
     def parts(self) -> tuple[StagedPart, ...]: ...
     @property
     def staging(self) -> tuple[str, ...]: ...
+    @property
+    def inserted(self) -> tuple[tuple[str, int], ...]: ...
     @property
     def skipped(self) -> bool: ...
     @property
@@ -170,17 +172,21 @@ def check_no_new_views(handle: Any, plan: Plan, xid: str) -> None:
         )
 
 
-def check_staging_reachable(handle: Any, plan: Plan, msgs: Sequence[Report], xid: str) -> None:
-    """Before the prepare of a replicated target's batch: every staging table the tasks
-    wrote is on the server the driver reaches. Staging lives on one replica; a URL that
-    leads to several (a load balancer) would let the tasks stage on one and the driver's
-    MOVE run on another, which would find its staging missing after the commit point."""
+def staged_parts(handle: Any, plan: Plan, msgs: Sequence[Report], xid: str) -> list[StagedPart]:
+    """The manifest entries of one write's attach tasks, read from every staging table they
+    report in one statement (per shard), before the prepare: each table must hold exactly
+    the rows its task sent (:attr:`TxCommitMessage.inserted`). A dedup task's message
+    carries its entries. A table missing behind a replicated target means staging went to
+    another replica: a URL that leads to several (a load balancer) would let the tasks
+    stage on one and the driver's MOVE run on another."""
+    sent = {t: n for m in msgs for t, n in m.inserted}
+    parts = [p for m in msgs if not m.inserted for p in m.parts]
+    if not sent:
+        return parts
+    read = handle.warehouse.staged_partitions_of(sent)
+    missing = sorted(t for t, staged in read.items() if staged is None)
     info = plan.target_info
-    if info is None or not info.is_replicated:
-        return
-    names = sorted({t for m in msgs for t in m.staging})
-    missing = [t for t, rows in handle.warehouse.staging_view(names).items() if rows is None]
-    if missing:
+    if missing and info is not None and info.is_replicated:
         raise ConfigError(
             f"job {plan.config.job}: xid {xid}: staging table(s) {', '.join(missing[:3])} "
             f"written by this batch's tasks are not on the replica of {plan.config.table} "
@@ -189,6 +195,18 @@ def check_staging_reachable(handle: Any, plan: Plan, msgs: Sequence[Report], xid
             f"mode=dedup. Tables left on the other replica are dropped by `txsink recover "
             f"--job {plan.config.job}` pointed at it"
         )
+    for table, n in sorted(sent.items()):
+        staged = read.get(table) or {}
+        held = sum(rows for rows, _ in staged.values())
+        if held != n:
+            raise TxSinkError(
+                f"job {plan.config.job}: xid {xid}: staging table "
+                f"{handle.warehouse.staging_db}.{table} holds {held} rows after its task "
+                f"inserted {n}; nothing was committed (the batch is retried; `txsink recover "
+                f"--job {plan.config.job}` drops the staging)"
+            )
+        parts += [StagedPart(table, pid, k, uuids=u) for pid, (k, u) in sorted(staged.items()) if k]
+    return parts
 
 
 # ------------------------------------------------------------------------- commit
@@ -256,16 +274,14 @@ def _commit_writes(
             refusal = rules.tables_refusal(config.job, stored, targets)
             if refusal:
                 raise ConfigError(refusal)
+        parts: list[StagedPart] = []
         for plan, ms in writes:
             if mode is Mode.ATTACH and any(m.staging for m in ms):
                 check_no_new_views(handle, plan, xid)
-                check_staging_reachable(handle, plan, ms, xid)
-        parts = [
-            dataclasses.replace(p, target=plan.config.table)
-            for plan, ms in writes
-            for m in ms
-            for p in m.parts
-        ]
+            parts += [
+                dataclasses.replace(p, target=plan.config.table)
+                for p in staged_parts(handle, plan, ms, xid)
+            ]
         batch_visible = config.visibility == Visibility.BATCH and mode is Mode.ATTACH
         result = handle.transactor.commit_batch(
             epoch, xid, batch, config.table, parts, mode, streaming=streaming,

@@ -532,34 +532,47 @@ def test_a_url_that_reaches_another_replica_is_refused_before_staging_is_created
 
 def test_the_driver_refuses_to_prepare_staging_it_cannot_see_on_a_replicated_target() -> None:
     """Tasks that staged on another replica (a load-balanced URL) are caught before the
-    commit point, not by a MOVE that finds nothing after PREPARED."""
+    commit point, not by a MOVE that finds nothing after PREPARED; a table that holds
+    other than what its task sent is refused too (the read-back the tasks made before)."""
     from types import SimpleNamespace
 
-    from txsink.committer import check_staging_reachable
+    from txsink.committer import staged_parts
     from txsink.config import WriterConfig
-    from txsink.errors import ConfigError
+    from txsink.errors import ConfigError, TxSinkError
     from txsink.spark.messages import TxCommitMessage, WritePlan
 
     class Seen:
-        def __init__(self, present: set[str]) -> None:
-            self.present = present
+        staging_db = "txsink_staging"
 
-        def staging_view(self, names: list[str]) -> dict[str, dict[str, int] | None]:
-            return {n: ({"p": 1} if n in self.present else None) for n in names}
+        def __init__(self, present: set[str], rows: int = 1) -> None:
+            self.present, self.rows = present, rows
+            self.reads = 0
+
+        def staged_partitions_of(
+            self, names: list[str]
+        ) -> dict[str, dict[str, tuple[int, tuple[str, ...]]] | None]:
+            self.reads += 1
+            return {n: ({"p": (self.rows, ("u",))} if n in self.present else None) for n in names}
 
     config = WriterConfig.from_options(
         {"url": "http://lb:8123", "keeper": "k:2181", "table": "db.t", "job": "j"}
     )
     plan = WritePlan(config, "attach", target_info=_replicated("id", "/p", "r1"))
     msgs = [
-        TxCommitMessage("run", "b1", 1, staging=("s1",)),
-        TxCommitMessage("run", "b1", 1, staging=("s2",)),
+        TxCommitMessage("run", "b1", 1, staging=("s1",), inserted=(("s1", 1),)),
+        TxCommitMessage("run", "b1", 1, staging=("s2",), inserted=(("s2", 1),)),
     ]
-    check_staging_reachable(SimpleNamespace(warehouse=Seen({"s1", "s2"})), plan, msgs, "b1")
+    both = Seen({"s1", "s2"})
+    parts = staged_parts(SimpleNamespace(warehouse=both), plan, msgs, "b1")
+    assert [(p.table, p.partition_id, p.rows) for p in parts] == [("s1", "p", 1), ("s2", "p", 1)]
+    assert both.reads == 1  # every task's table in one statement
     with pytest.raises(ConfigError, match=r"s2 .*more than one server"):
-        check_staging_reachable(SimpleNamespace(warehouse=Seen({"s1"})), plan, msgs, "b1")
+        staged_parts(SimpleNamespace(warehouse=Seen({"s1"})), plan, msgs, "b1")
     plain = WritePlan(config, "attach", target_info=TargetInfo("db", "t", "MergeTree"))
-    check_staging_reachable(SimpleNamespace(warehouse=Seen(set())), plain, msgs, "b1")
+    with pytest.raises(TxSinkError, match=r"s2 holds 0 rows after its task inserted 1"):
+        staged_parts(SimpleNamespace(warehouse=Seen({"s1"})), plain, msgs, "b1")
+    with pytest.raises(TxSinkError, match=r"s1 holds 2 rows after its task inserted 1"):
+        staged_parts(SimpleNamespace(warehouse=Seen({"s1", "s2"}, rows=2)), plain, msgs, "b1")
 
 
 @pytest.mark.parametrize(

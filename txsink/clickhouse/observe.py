@@ -125,15 +125,42 @@ class Observer:
         :func:`~txsink.protocol.states.short_uuids`) per partition of one staging table:
         those of the largest parts (what a manifest records), or of ``every_part`` (what
         a resumed publish compares with the target)."""
-        by_pid: dict[str, list[tuple[int, str]]] = {}
-        for pid, n, uuid in self._staged_parts(table):
-            by_pid.setdefault(pid, []).append((n, uuid))
+        return self.staged_partitions_of([table], every_part)[table] or {}
+
+    def staged_partitions_of(
+        self, tables: Iterable[str], every_part: bool = False
+    ) -> dict[str, dict[str, tuple[int, tuple[str, ...]]] | None]:
+        """:meth:`staged_partitions` of many staging tables in one statement (the commit's
+        read of every table a batch's tasks staged); None for a table that is missing."""
+        names = sorted(set(tables))
+        for name in names:
+            self._staging(name, "read")
+        if not names:
+            return {}
+        rows = self.client.query_rows(
+            "SELECT name, '' AS partition_id, toUInt64(0) AS rows, '' AS uuid "
+            "FROM system.tables WHERE database = {db:String} AND name IN {names:Array(String)} "
+            "UNION ALL "
+            "SELECT table, partition_id, rows, toString(uuid) FROM system.parts "
+            "WHERE active AND rows > 0 AND database = {db:String} "
+            "AND table IN {names:Array(String)}",
+            parameters={"db": self.staging_db, "names": names},
+            what=f"read staged parts of {len(names)} table(s) in {self.staging_db}",
+        )
+        found: dict[str, dict[str, list[tuple[int, str]]]] = {}
+        for name, pid, n, uuid in rows:
+            by_pid = found.setdefault(str(name), {})
+            if pid:
+                by_pid.setdefault(str(pid), []).append((int(n), str(uuid)))
+        limit = None if every_part else MAX_PART_UUIDS
         return {
-            pid: (
-                sum(n for n, _ in parts),
-                short_uuids(parts, None if every_part else MAX_PART_UUIDS),
-            )
-            for pid, parts in by_pid.items()
+            name: None
+            if name not in found
+            else {
+                pid: (sum(n for n, _ in parts), short_uuids(parts, limit))
+                for pid, parts in found[name].items()
+            }
+            for name in names
         }
 
     def staged_part_rows(self, table: str) -> dict[str, dict[str, int]]:

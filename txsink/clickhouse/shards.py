@@ -257,6 +257,14 @@ class ShardedWarehouse:
             view.update(self.shards[k].staging_view(names))
         return view
 
+    def staged_partitions_of(
+        self, tables: Iterable[str], every_part: bool = False
+    ) -> dict[str, dict[str, tuple[int, tuple[str, ...]]] | None]:
+        out: dict[str, dict[str, tuple[int, tuple[str, ...]]] | None] = {}
+        for k, names in self._grouped(tables).items():
+            out.update(self.shards[k].staged_partitions_of(names, every_part))
+        return out
+
     def move_partition(self, staging: str, partition_id: str, target: str) -> None:
         self._on(staging).move_partition(staging, partition_id, target)
 

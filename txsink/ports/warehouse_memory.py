@@ -187,6 +187,14 @@ class MemoryWarehouse:
 
         return self._call("staged_partitions", act)
 
+    def staged_partitions_of(
+        self, tables: Iterable[str], every_part: bool = False
+    ) -> dict[str, dict[str, tuple[int, tuple[str, ...]]] | None]:
+        names = sorted(set(tables))
+        present = [t for t in names if t in self.staging]
+        read = {t: self.staged_partitions(t, every_part) for t in present}
+        return {t: read.get(t) for t in names}
+
     def staged_part_rows(self, table: str) -> dict[str, dict[str, int]]:
         def act() -> dict[str, dict[str, int]]:
             out: dict[str, dict[str, int]] = {}

@@ -2,14 +2,15 @@
 
 Executor side, attach mode. The task creates a staging table named after its job, xid,
 run, partition and attempt (:func:`txsink.protocol.ids.staging_name`), inserts its Arrow
-batches in bounded blocks, and reports the rows it staged per target partition, with the
-part UUIDs the publish step later checks. A sharded job cuts every batch by shard and
-stages each shard's rows on that shard. Nothing is visible in the target: the driver's
-committer publishes (:mod:`txsink.committer`).
+batches in bounded blocks, and reports the rows it sent into each table. A sharded job
+cuts every batch by shard and stages each shard's rows on that shard. Nothing is visible
+in the target: the driver's committer reads what every task staged (one statement for
+the batch) and publishes (:mod:`txsink.committer`).
 
-Invariant: a message reports exactly the rows inserted (the staged row count is read back
-and compared); an attempt that fails drops what it created (a hard crash leaves it to
-recovery, which finds it by name).
+Invariant: a message reports exactly the rows inserted (the commit compares them with
+what the tables hold); an attempt that fails drops what it created (a hard crash leaves
+it to recovery, which finds it by name). On its critical path a task sends its inserts
+only: its staging table is made while it waits for its first batch.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from typing import Any
 from txsink.errors import TxSinkError
 from txsink.faults import fault_point
 from txsink.protocol.ids import run_tag, staging_name
-from txsink.protocol.states import StagedPart
 from txsink.spark.messages import TxCommitMessage, WritePlan
 from txsink.spark.task import Task, check_values
 
@@ -148,7 +148,7 @@ def _stage(
     made: list[str] | None = None,
 ) -> TxCommitMessage:
     """Insert ``batches`` into the task's staging (``made``: the table, made already; a
-    sharded job's are made here) and report what it holds."""
+    sharded job's are made here) and report what it sent."""
     cfg = plan.config
     rows = _guarded(plan, batches, cfg.block_rows)
     created: list[str] = list(made or [])
@@ -174,20 +174,11 @@ def _stage(
         with contextlib.suppress(TxSinkError, OSError):
             warehouse.drop_stagings(created)
         raise
-    parts: list[StagedPart] = []
-    for name, inserted in sent.items():
-        staged = warehouse.staged_partitions(name)
-        mine = [
-            StagedPart(name, pid, n, uuids=uuids) for pid, (n, uuids) in sorted(staged.items()) if n
-        ]
-        total = sum(p.rows for p in mine)
-        if total != inserted:
-            raise TxSinkError(
-                f"staging table {cfg.staging_database}.{name} holds {total} rows after "
-                f"inserting {inserted}; refusing to report it (the batch will be retried)"
-            )
-        parts += mine
-    return task.message(plan, parts=tuple(parts), staging=tuple(sent), rows=sum(sent.values()))
+    # what the staging tables hold is read by the commit, for all of the batch's tasks
+    # in one statement (txsink.committer.staged_parts)
+    return task.message(
+        plan, staging=tuple(sent), inserted=tuple(sent.items()), rows=sum(sent.values())
+    )
 
 
 def _stage_sharded(

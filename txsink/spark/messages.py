@@ -59,13 +59,18 @@ class WritePlan:
 @dataclass
 class TxCommitMessage(WriterCommitMessage):
     """One task attempt's report. ``extra`` carries ``query_id`` and the ``mode`` the
-    task wrote in (the committer checks both), and the dedup writer's counters."""
+    task wrote in (the committer checks both), and the dedup writer's counters.
+
+    An attach task reports ``inserted``: the rows it sent into each staging table (the
+    commit reads the staged parts of all of a batch's tables in one statement and checks
+    them against it); a dedup task reports its ``parts``."""
 
     run_id: str
     xid: str
     batch: int | None
     parts: tuple[StagedPart, ...] = ()
     staging: tuple[str, ...] = ()
+    inserted: tuple[tuple[str, int], ...] = ()
     skipped: bool = False
     rows: int = 0
     seconds: float = 0.0
