@@ -31,7 +31,6 @@ import sys
 import time
 import uuid
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 SHAPES = ((4, 1), (200, 1), (20, 50))  # (tasks, partition values), issue 39's
@@ -43,16 +42,13 @@ PUBLISH = ("MOVE", "ATTACH")
 def create_target(bench: Any) -> str:
     """A fresh target partitioned by ``p``, merges stopped (its parts can be counted)."""
     table = f"bench.counts_{uuid.uuid4().hex[:8]}"
-    client = bench.client()
-    try:
-        client.command("CREATE DATABASE IF NOT EXISTS bench")
-        client.command(
-            f"CREATE TABLE {table} (id Int64, p Int32, v Float64) "
-            "ENGINE = MergeTree PARTITION BY p ORDER BY id"
-        )
-        client.command(f"SYSTEM STOP MERGES {table}")
-    finally:
-        client.close()
+    command(bench, "CREATE DATABASE IF NOT EXISTS bench")
+    command(
+        bench,
+        f"CREATE TABLE {table} (id Int64, p Int32, v Float64) "
+        "ENGINE = MergeTree PARTITION BY p ORDER BY id",
+    )
+    command(bench, f"SYSTEM STOP MERGES {table}")
     return table
 
 
@@ -88,12 +84,16 @@ def inputs(tasks: int, values: int, batch: int) -> list[list[Any]]:
     return out
 
 
-def scalar(bench: Any, sql: str) -> int:
+def command(bench: Any, sql: str) -> Any:
     client = bench.client()
     try:
-        return int(client.command(sql))
+        return client.command(sql)
     finally:
         client.close()
+
+
+def scalar(bench: Any, sql: str) -> int:
+    return int(command(bench, sql))
 
 
 def active_parts(bench: Any, table: str) -> int:
@@ -164,7 +164,7 @@ def shape(bench: Any, tasks: int, values: int, batches: int, state: str) -> dict
     written = scalar(bench, f"SELECT count() FROM {table}")
     if written != expected:
         raise RuntimeError(f"{table}: {written:,} rows, expected {expected:,}")
-    scalar(bench, f"DROP TABLE IF EXISTS {table} SYNC")
+    command(bench, f"DROP TABLE IF EXISTS {table} SYNC")
     return {
         "tasks": tasks,
         "values": values,
@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     progress = None if args.json else (lambda m: print(m, file=sys.stderr, flush=True))
     started = time.monotonic()
     with scratch_dir("txsink-counts-") as work, private_stack(work / "stack") as info:
-        bench = Bench(info.url, info.keeper, None, QUICK, Path(work))
+        bench = Bench(info.url, info.keeper, None, QUICK, work)
         out = measure(bench, shapes, args.batches, states, progress)
     out["seconds"] = round(time.monotonic() - started, 1)
     if args.json:
