@@ -96,11 +96,12 @@ def scalar(bench: Any, sql: str) -> int:
     return int(command(bench, sql))
 
 
-def active_parts(bench: Any, table: str) -> int:
+def active_parts(bench: Any, table: str, where: str = "1") -> int:
     db, name = table.split(".")
     return scalar(
         bench,
-        f"SELECT count() FROM system.parts WHERE database = '{db}' AND table = '{name}' AND active",
+        f"SELECT count() FROM system.parts WHERE database = '{db}' AND table = '{name}' "
+        f"AND active AND {where}",
     )
 
 
@@ -159,6 +160,8 @@ def shape(bench: Any, tasks: int, values: int, batches: int, state: str) -> dict
         if b:
             counts = tally(phases)
             counts["parts_added"] = active_parts(bench, table) - before
+            # merged parts (level > 0) make parts_added a net figure: none expected
+            counts["merged_parts"] = active_parts(bench, table, "level > 0")
             per_batch.append({**counts, "seconds": round(seconds, 3), "kinds": kinds(phases)})
     expected = tasks * values * ROWS * (batches + 1)
     written = scalar(bench, f"SELECT count() FROM {table}")
@@ -172,6 +175,7 @@ def shape(bench: Any, tasks: int, values: int, batches: int, state: str) -> dict
         "batches": batches,
         "rows_per_task": ROWS * values,
         **{k: statistics.median(b.get(k, 0) for b in per_batch) for k in COLUMNS},
+        "merged_parts": max(b["merged_parts"] for b in per_batch),
         "seconds": statistics.median(b["seconds"] for b in per_batch),
         "per_batch": per_batch,
     }
@@ -204,11 +208,16 @@ def table(out: dict[str, Any]) -> list[str]:
     ]
     for r in out["shapes"]:
         state = f"{r['state_statements']:g}" if r["state"] == "clickhouse" else "-"
+        # with state=clickhouse, KazooConn.wait is the KeeperMap store's: no Keeper
+        keeper = (
+            f"{r['keeper_requests']:g} ({r['keeper_waits']:g})" if r["state"] == "keeper" else "-"
+        )
+        merged = f" (net; {r['merged_parts']:g} merged parts)" if r.get("merged_parts") else ""
         lines.append(
             f"| {r['tasks']} x {r['values']} | {r['state']} | {r['task_statements']:g} | "
             f"{r['task_inserts']:g} | {r['commit_statements']:g} | {r['commit_publish']:g} | "
-            f"{r['keeper_requests']:g} ({r['keeper_waits']:g}) | {state} | "
-            f"{r['parts_added']:g} |"
+            f"{keeper} | {state} | "
+            f"{r['parts_added']:g}{merged} |"
         )
     return lines
 
@@ -238,7 +247,12 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     with scratch_dir("txsink-counts-") as work, private_stack(work / "stack") as info:
         bench = Bench(info.url, info.keeper, None, QUICK, work)
-        out = measure(bench, shapes, args.batches, states, progress)
+        try:
+            out = measure(bench, shapes, args.batches, states, progress)
+        finally:
+            from txsink.driver import close_pooled
+
+            close_pooled()  # before the stack stops: kazoo would retry its ZooKeeper
     out["seconds"] = round(time.monotonic() - started, 1)
     if args.json:
         print(json.dumps(out, indent=1))
