@@ -142,6 +142,8 @@ def _count_targets(counts: dict[str, Any]) -> list[Target]:
                 continue
             if key == "state_statements" and s["state"] != "clickhouse":
                 continue
+            if key == "parts_added" and (s["state"] != "keeper" or s.get("merged_parts")):
+                continue  # a net figure once the target merged (seen at state=clickhouse)
             rows.append((f"{name} {_count_label(s)}", f"{s[key]:g}", s[key] <= limit(s)))
     return rows
 
