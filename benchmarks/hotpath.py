@@ -23,7 +23,7 @@ import statistics
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pyarrow.dataset as pads
@@ -86,11 +86,16 @@ def batches(bench: Bench, rows: int) -> list[Any]:
     return out
 
 
-def save_plan(bench: Bench, table: str) -> w.WritePlan:
+def save_plan(bench: Bench, table: str, schema: Any = None, **options: str) -> w.WritePlan:
+    """The plan of one attach-mode ``save()`` into ``table``, as the driver validates it;
+    ``schema``: the DataFrame's StructType (default: the narrow dataset's, read by Spark);
+    ``options``: more sink options (``state``...)."""
     from txsink.spark.validate import _validate
 
-    cfg = WriterConfig.from_options(bench.sink_options(table, mode="attach"))
-    checked = _validate(cfg, bench.spark.read.parquet(bench.data["narrow"].path).schema)
+    cfg = WriterConfig.from_options(bench.sink_options(table, mode="attach", **options))
+    if schema is None:
+        schema = bench.spark.read.parquet(bench.data["narrow"].path).schema
+    checked = _validate(cfg, schema)
     xid = adhoc_xid(uuid.uuid4().hex)
     return dataclasses.replace(checked, xid=xid, run_id=f"save-{xid}", batch=None)
 
@@ -118,21 +123,46 @@ def _kind(what: str) -> str:
     return " ".join(words[:4]) or what.split(" ", 1)[0]
 
 
+Trip = tuple[str, str, float]
+STATE_STORE_FILE = "keepermap.py"  # txsink/keeper/keepermap.py: state=clickhouse's store
+
+
+def _store_of_statement() -> str:
+    """``state`` for a statement the KeeperMap state store sends (state=clickhouse),
+    else ``ClickHouse``."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_filename.endswith(STATE_STORE_FILE):
+            return "state"
+        frame = frame.f_back  # type: ignore[assignment]
+    return "ClickHouse"
+
+
 @contextlib.contextmanager
-def traced(trips: list[tuple[str, str, float]]) -> Iterator[None]:
+def traced(trips: list[Trip], sent: bool = False) -> Iterator[None]:
     """Append ``(store, kind, ms)`` of every ClickHouse statement and Keeper request made
-    while inside (instrumentation of the real calls, not a stand-in)."""
+    while inside (instrumentation of the real calls, not a stand-in). A statement of the
+    ``state=clickhouse`` store is ``state``, not ``ClickHouse``. ``sent``: also
+    ``("Keeper sent", request type, 0)`` for each request kazoo puts on the wire (a
+    multi is one; ``ensure_path`` one per level it creates), waited on or not."""
+    from kazoo.client import KazooClient
+
     from txsink.clickhouse.client import Client
     from txsink.keeper.kazoo_conn import KazooConn
 
-    call, wait = Client._call, KazooConn.wait
+    call, wait, queue = Client._call, KazooConn.wait, KazooClient._call
 
     def timed_call(self: Any, fn: Callable[[], Any], **kw: Any) -> Any:
+        store = _store_of_statement()
         t = time.perf_counter()
         try:
             return call(self, fn, **kw)
         finally:
-            trips.append(("ClickHouse", _kind(kw["what"]), (time.perf_counter() - t) * 1000))
+            trips.append((store, _kind(kw["what"]), (time.perf_counter() - t) * 1000))
+
+    def queued(self: Any, request: Any, async_object: Any) -> Any:
+        trips.append(("Keeper sent", type(request).__name__, 0.0))
+        return queue(self, request, async_object)
 
     def timed_wait(self: Any, async_result: Any) -> Any:
         caller = sys._getframe(1).f_code.co_name
@@ -145,11 +175,42 @@ def traced(trips: list[tuple[str, str, float]]) -> Iterator[None]:
 
     Client._call = timed_call  # type: ignore[method-assign]
     KazooConn.wait = timed_wait  # type: ignore[method-assign]
+    if sent:
+        KazooClient._call = queued  # type: ignore[method-assign]
     try:
         yield
     finally:
         Client._call = call  # type: ignore[method-assign]
         KazooConn.wait = wait  # type: ignore[method-assign]
+        KazooClient._call = queue  # type: ignore[method-assign]
+
+
+def stream_plan(first: w.WritePlan, run_id: str, b: int) -> w.WritePlan:
+    """Batch ``b`` of one stream's run ``run_id``, planned as ``first`` was."""
+    return dataclasses.replace(
+        first,
+        config=dataclasses.replace(first.config, micro_batch=True),
+        xid=batch_xid(b),
+        run_id=run_id,
+        batch=b,
+    )
+
+
+def one_batch(
+    plan: w.WritePlan, inputs: Sequence[list[Any]], sent: bool = False
+) -> dict[str, list[Trip]]:
+    """Run one batch in this process: a task per element of ``inputs`` (its Arrow
+    batches; partition ids 0, 1, ...) one after another, then the driver's commit; the
+    trips of each phase (``tasks``, ``commit``), as :func:`traced` records them."""
+    phases: dict[str, list[Trip]] = {"tasks": [], "commit": []}
+    msgs = []
+    with traced(phases["tasks"], sent):
+        for p, rows in enumerate(inputs):
+            with task(p):
+                msgs.append(w.write_partition(plan, iter(rows)))
+    with traced(phases["commit"], sent):
+        committer.commit_batch(plan, msgs, plan.batch)
+    return phases
 
 
 def trips_of_a_batch(bench: Bench, table: str, small: list[Any], reps: int) -> dict[str, Any]:
@@ -163,21 +224,7 @@ def trips_of_a_batch(bench: Bench, table: str, small: list[Any], reps: int) -> d
     first = save_plan(bench, table)
     run_id = f"trips-{uuid.uuid4().hex[:8]}"
     for b in range(reps + 1):  # batches of one stream's run; the first takes the job over
-        plan = dataclasses.replace(
-            first,
-            config=dataclasses.replace(first.config, micro_batch=True),
-            xid=batch_xid(b),
-            run_id=run_id,
-            batch=b,
-        )
-        phases: dict[str, list[tuple[str, str, float]]] = {"tasks": [], "commit": []}
-        msgs = []
-        with traced(phases["tasks"]):
-            for p in range(TRIP_TASKS):
-                with task(p):
-                    msgs.append(w.write_partition(plan, iter(small)))
-        with traced(phases["commit"]):
-            committer.commit_batch(plan, msgs, b)
+        phases = one_batch(stream_plan(first, run_id, b), [small] * TRIP_TASKS)
         if not b:
             continue
         for phase, trips in phases.items():

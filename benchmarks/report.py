@@ -50,6 +50,7 @@ def target_rows(r: dict[str, Any]) -> list[Target]:
             rows.append(
                 (f"state=clickhouse adds <= 15 ms per batch ({label})", f"{d:+.1f} ms", d <= 15)
             )
+    rows += _count_targets(r.get("counts") or {})
     mem = r.get("memory")
     if mem and mem.get("growth"):
         g = mem["growth"]
@@ -114,6 +115,56 @@ def _commit_targets(co: dict[str, Any]) -> list[Target]:
     return rows
 
 
+# issue 39's per-batch counts: (target, the count, its limit at a shape, what it counts)
+COUNT_TARGETS = (
+    (
+        "task statements besides inserts <= 1 per task",
+        "task_statements",
+        lambda s: s["tasks"],
+        "tasks/ClickHouse/",
+    ),
+    ("commit statements <= 4", "commit_statements", lambda s: 4, "commit/ClickHouse/"),
+    ("Keeper requests per batch <= 8", "keeper_requests", lambda s: 8, "/Keeper sent/"),
+    ("state statements per batch <= 8", "state_statements", lambda s: 8, "/state/"),
+    ("parts added per batch <= partition values", "parts_added", lambda s: s["values"], ""),
+)
+
+
+def _count_label(s: dict[str, Any]) -> str:
+    return f"({s['tasks']} tasks x {s['values']} partition values, state={s['state']})"
+
+
+def _count_targets(counts: dict[str, Any]) -> list[Target]:
+    rows: list[Target] = []
+    for s in counts.get("shapes", []):
+        for name, key, limit, _ in COUNT_TARGETS:
+            if key == "keeper_requests" and s["state"] != "keeper":
+                continue
+            if key == "state_statements" and s["state"] != "clickhouse":
+                continue
+            if key == "parts_added" and (s["state"] != "keeper" or s.get("merged_parts")):
+                continue  # a net figure once the target merged (seen at state=clickhouse)
+            rows.append((f"{name} {_count_label(s)}", f"{s[key]:g}", s[key] <= limit(s)))
+    return rows
+
+
+def _count_floor(r: dict[str, Any], target: str) -> str:
+    """The statements or requests a count target still counts, by kind (one batch)."""
+    for s in (r.get("counts") or {}).get("shapes", []):
+        if not target.endswith(_count_label(s)):
+            continue
+        prefix = next(p for name, _, _, p in COUNT_TARGETS if target.startswith(name))
+        if not prefix or not s["per_batch"]:
+            return "one part per task and partition value: each staging table is published as it is"
+        kinds = s["per_batch"][0]["kinds"]
+        seen = sorted(
+            ((n, k) for k, n in kinds.items() if prefix in k and "/INSERT" not in k),
+            key=lambda x: (-x[0], x[1]),
+        )
+        return "; ".join(f"{k.split('/', 1)[0]}: {n} x {k.split('/')[-1]}" for n, k in seen)
+    return ""
+
+
 def section_targets(r: dict[str, Any]) -> list[str]:
     out = [
         "## Targets",
@@ -162,6 +213,8 @@ def floor_of(r: dict[str, Any], target: str) -> str:
             "4 to 5 ms a read, 12 to 18 ms a guarded UPDATE here, so three cost more than "
             "15 ms; docs/cloud.md (Cost) says what would remove more"
         )
+    if target.endswith("state=keeper)") or target.endswith("state=clickhouse)"):
+        return _count_floor(r, target)
     if target.startswith("per-value"):
         return "one Arrow compute pass per rule over every value of its column (5.)"
     if "/baseline" in target:
@@ -629,6 +682,29 @@ def section_state(r: dict[str, Any]) -> list[str]:
     return [*out, ""]
 
 
+def section_counts(r: dict[str, Any]) -> list[str]:
+    co = r.get("counts")
+    if not co:
+        return []
+    from benchmarks.counts import table
+
+    return [
+        "## 2e. Per batch, at more tasks and partition values: statements, requests, parts",
+        "",
+        "Counts that do not depend on the machine (`benchmarks/counts.py`, issue 39): "
+        f"a stream's batches after its first, median of {co['batches']}, in-process "
+        "(the real `write_partition` of each task, then `commit_batch`), attach mode into "
+        "a `MergeTree PARTITION BY p` target whose merges are stopped; each task writes "
+        f"{co['rows_per_value']} rows per partition value over every value. ClickHouse "
+        "statements counted at `Client._call`, Keeper requests as kazoo sends them (a "
+        "multi is one; in brackets those waited on), state statements: the KeeperMap "
+        "store's (`state=clickhouse`), parts: active parts of the target after - before.",
+        "",
+        *table(co),
+        "",
+    ]
+
+
 def render(r: dict[str, Any], plot_name: str = "trigger_sweep.png") -> str:
     lines = [
         "# Benchmarks",
@@ -649,6 +725,7 @@ def render(r: dict[str, Any], plot_name: str = "trigger_sweep.png") -> str:
     lines += section_recovery(r)
     lines += section_shards(r)
     lines += section_state(r)
+    lines += section_counts(r)
     lines += section_sweep(r, plot_name)
     lines += section_memory(r)
     lines += section_values(r)

@@ -52,6 +52,7 @@ MODULES = {
     "profile": "hotpath",
     "values": "value_checks",
     "state": "state_store",
+    "counts": "counts",
 }
 
 
