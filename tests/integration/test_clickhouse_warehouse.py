@@ -209,6 +209,28 @@ def test_staging_view_reports_partitions_and_none_for_missing_tables(
     assert wh.staging_view([a])[a] is None
 
 
+def test_the_commit_read_of_thousands_of_tables_selects_them_by_their_prefix(
+    wh: ClickHouseWarehouse, ch: Any, fresh_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past MAX_LISTED_NAMES the names' common prefix selects them (a request parameter
+    cannot carry thousands); tables outside the asked set but with that prefix are not
+    reported."""
+    from txsink.clickhouse import observe
+
+    target = f"{fresh_db}.tgt"
+    ch.command(f"CREATE TABLE {target} {TARGETS['by_month']}")
+    asked = [stg(11), stg(12), stg(13)]
+    for name in [*asked, stg(14)]:
+        wh.create_staging(target, name)
+    wh.insert_blocks(asked[0], iter([rows_batch(10)]), block_rows=100, block_bytes=1 << 30)
+    listed = wh.staged_partitions_of(asked)
+    monkeypatch.setattr(observe, "MAX_LISTED_NAMES", 1)
+    by_prefix = wh.staged_partitions_of([*asked, stg(15)])
+    assert by_prefix == {**listed, stg(15): None}
+    assert sum(n for n, _ in (listed[asked[0]] or {}).values()) == 10
+    assert listed[asked[1]] == {} and stg(14) not in by_prefix
+
+
 def test_foreign_tables_are_never_touched(wh: ClickHouseWarehouse, ch: Any, fresh_db: str) -> None:
     ch.command(f"CREATE TABLE `{wh.staging_db}`.users (k UInt64) ENGINE = MergeTree ORDER BY k")
     ch.command(f"INSERT INTO `{wh.staging_db}`.users VALUES (1)")

@@ -185,6 +185,10 @@ REPLAY_TABLE = [
     (XidState.PREPARED, "attach", "attach", 5, 4, TaskVerdict.WRITE),
     (XidState.PREPARED, "attach", "dedup", 5, 4, TaskVerdict.REFUSE),
     (XidState.ABORTED, "attach", "attach", 5, 4, TaskVerdict.WRITE),
+    # the tombstone of an attach replay the commit skipped (its record pruned, its
+    # staging rolled back): the ledger decides, as the commit's decide_batch does, so a
+    # dedup task after `txsink mode --set dedup` does not write a committed batch again
+    (XidState.ABORTED, "attach", "dedup", 3, 5, TaskVerdict.SKIP),
     (None, None, "attach", 5, 5, TaskVerdict.SKIP),  # pruned by retention
     (None, None, "attach", 3, 5, TaskVerdict.SKIP),
     (None, None, "attach", 6, 5, TaskVerdict.WRITE),
@@ -241,7 +245,8 @@ C, P, AB = XidState.COMMITTED, XidState.PREPARED, XidState.ABORTED
     ("state", "batch", "last", "is_open"),
     [
         (None, 7, None, True),  # never prepared: stopped half-way (or in flight)
-        (AB, 7, 9, True),  # Spark aborted the save: its blocks stay
+        (AB, 10, 9, True),  # Spark aborted the save: its blocks stay
+        (AB, 7, 9, False),  # a tombstone not newer than the ledger: the commit skips it
         (None, None, 9, True),  # a save without txn_version
         (P, 7, None, False),  # every task finished: a roll-forward commits it
         (C, 7, None, False),  # committed: the records are cleanup leftovers
@@ -260,7 +265,8 @@ def test_which_dedup_records_mean_a_batch_stopped_half_way(
     [
         (None, 7, None, False),  # in flight: its tasks send
         (None, 7, 6, False),
-        (AB, 7, 9, False),  # a tombstone: the rerun sends
+        (AB, 10, 9, False),  # a tombstone: the rerun sends
+        (AB, 7, 9, True),  # a tombstone not newer than the ledger: committed before
         (None, None, 9, False),  # a save without txn_version, not prepared
         (P, 7, None, True),  # every task reported: the content is fixed
         (C, 7, None, True),  # committed: its records are deleted, nothing is sent again

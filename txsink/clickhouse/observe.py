@@ -12,6 +12,7 @@ is reported with its rows).
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -39,6 +40,8 @@ DEFAULT_STAGING_DB = "txsink_staging"
 # backfill task's thousands of partitions would wedge its PREPARED xid. 200 commands stay
 # under 64 KiB at ClickHouse's name length limits.
 MAX_COMMANDS = 200
+# Staging names listed in one read's parameter (beyond: their common prefix selects them)
+MAX_LISTED_NAMES = 200
 TABLE_ALREADY_EXISTS = 57
 REPLICA_ALREADY_EXISTS = 253
 METADATA_MISMATCH = 342  # a leftover at the path, of a table the target has outgrown
@@ -137,17 +140,26 @@ class Observer:
             self._staging(name, "read")
         if not names:
             return {}
+        # thousands of names would not fit a request's parameter: their common prefix
+        # (every staging name of an xid has one) selects them, the rest is filtered here
+        many = len(names) > MAX_LISTED_NAMES
+        prefix = os.path.commonprefix(names) if many else ""  # noqa: RUF071 - names, not paths
+
+        def among(column: str) -> str:
+            if prefix:
+                return f"startsWith({column}, {{p:String}})"
+            return f"{column} IN {{names:Array(String)}}"
+
         rows = self.client.query_rows(
             "SELECT name, '' AS partition_id, toUInt64(0) AS rows, '' AS uuid "
-            "FROM system.tables WHERE database = {db:String} AND name IN {names:Array(String)} "
+            f"FROM system.tables WHERE database = {{db:String}} AND {among('name')} "
             "UNION ALL "
             "SELECT table, partition_id, rows, toString(uuid) FROM system.parts "
-            "WHERE active AND rows > 0 AND database = {db:String} "
-            "AND table IN {names:Array(String)}",
-            parameters={"db": self.staging_db, "names": names},
+            f"WHERE active AND rows > 0 AND database = {{db:String}} AND {among('table')}",
+            parameters={"db": self.staging_db, **({"p": prefix} if prefix else {"names": names})},
             what=f"read staged parts of {len(names)} table(s) in {self.staging_db}",
         )
-        found: dict[str, dict[str, list[tuple[int, str]]]] = {}
+        found: dict[str, dict[str, list[tuple[int, str]]]] = {}  # other tables: left out below
         for name, pid, n, uuid in rows:
             by_pid = found.setdefault(str(name), {})
             if pid:

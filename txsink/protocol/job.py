@@ -339,9 +339,11 @@ def written_mode_refusal(
 
 def is_replay(state: XidState | None, batch: int | None, last_batch: int | None) -> bool:
     """Was this batch committed already? Its xid's record is COMMITTED, or it has no
-    record (``state`` None) and is not newer than the ledger's last committed batch
-    ``last_batch`` (batch ids are monotonic: retention pruned its record)."""
-    if state is not None:
+    record (``state`` None) or only the tombstone of a rolled-back attempt (ABORTED, as
+    :func:`~txsink.protocol.plans.decide_batch` reads it) and is not newer than the
+    ledger's last committed batch ``last_batch`` (batch ids are monotonic: retention
+    pruned its record)."""
+    if state is not None and state is not XidState.ABORTED:
         return state is XidState.COMMITTED
     return batch is not None and last_batch is not None and batch <= last_batch
 
@@ -409,7 +411,8 @@ def is_sealed(state: XidState | None, batch: int | None, last_batch: int | None)
 def is_open_dedup(state: XidState | None, batch: int | None, last_batch: int | None) -> bool:
     """Do an xid's dedup records mean a batch stopped half-way? Not once it is PREPARED
     (every task finished; a roll-forward commits it) or committed (:func:`is_replay`:
-    the records are leftovers of the cleanup); yes with no record or an ABORTED one."""
+    the records are leftovers of the cleanup); yes with no record or an ABORTED one newer
+    than the ledger's last batch."""
     if state is XidState.PREPARED:
         return False
     return not is_replay(state, batch, last_batch)
