@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from txsink.embedded.http_errors import SYNTAX_ERROR, HttpError
-from txsink.embedded.sqlscan import scan_input_insert
+from txsink.embedded.sqlscan import InsertHeader, scan_input_insert, scan_insert
 
 SEALED = (
     "INSERT INTO `db`.`t` (`id`, `s`) SELECT `id`, `s` FROM input('`id` Int64, `s` String') "
@@ -92,3 +92,32 @@ def test_other_shapes_of_input_are_a_syntax_error_naming_the_shape(sql: str, nam
         scan_input_insert(sql)
     assert info.value.code == SYNTAX_ERROR
     assert "FROM input('<col Type, ...>')" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("buf", "want"),
+    [
+        (b"INSERT INTO t FORMAT Arrow\nDATA", ("INSERT INTO t ", "Arrow", 27)),
+        (b"INSERT INTO t FORMAT Arrow\r\nDATA", ("INSERT INTO t ", "Arrow", 28)),
+        (
+            b"/* c */ INSERT INTO `t` -- x\n FORMAT CSV 1,2",
+            ("/* c */ INSERT INTO `t` -- x\n ", "CSV", 42),
+        ),
+        (b"insert into 'format' FORMAT Native", False),  # the name may go on
+        (b"INSERT INTO t FORMAT", False),
+        (b"INSERT INTO t /* open", False),
+        (b"INSERT INTO t -- open", False),
+        (b"INSERT INTO 'open", False),
+        (b"INSERT INTO t VALUES (1)", None),
+        (b"INSERT INTO t SELECT 1", None),
+        (b"SELECT 1 FORMAT CSV", None),
+        (b"", False),
+    ],
+)
+def test_scan_insert_finds_the_format_clause_of_a_streamed_insert(buf: bytes, want: object) -> None:
+    got = scan_insert(buf)
+    if isinstance(want, tuple):
+        assert isinstance(got, InsertHeader)
+        assert (got.sql, got.fmt, got.data_offset) == want
+    else:
+        assert got is want

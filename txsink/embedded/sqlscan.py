@@ -15,6 +15,7 @@ engine as settings.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from txsink.embedded.http_errors import SYNTAX_ERROR, HttpError
@@ -102,31 +103,13 @@ def scan_insert(buf: bytes) -> InsertHeader | bool | None:
     Returns the header, ``None`` when the statement is not an INSERT with a FORMAT clause
     (run it as a plain query), or ``False`` when ``buf`` ends before that is decided.
     """
-    pos, n = 0, len(buf)
+    n = len(buf)
     first = True
-    while pos < n:
-        c = buf[pos]
-        if c in _WS:
-            pos += 1
-        elif buf.startswith(b"--", pos) or c == 0x23:
-            end = buf.find(b"\n", pos)
-            if end < 0:
-                return False
-            pos = end + 1
-        elif buf.startswith(b"/*", pos):
-            end = buf.find(b"*/", pos + 2)
-            if end < 0:
-                return False
-            pos = end + 2
-        elif c in (0x27, 0x22, 0x60):
-            pos = _skip_quoted(buf, pos)
-            if pos < 0:
-                return False
-        else:
-            m = _WORD.match(buf, pos)
-            if m is None:
-                pos += 1
-                continue
+    try:
+        for start, end in _lexemes(buf, complete=False):
+            m = _WORD.match(buf, start, end)
+            if m is None or m.end() != end:
+                continue  # a quoted literal or another character
             word = m.group().upper()
             if first:
                 if word != b"INSERT":
@@ -135,7 +118,7 @@ def scan_insert(buf: bytes) -> InsertHeader | bool | None:
             elif word in (b"VALUES", b"SELECT", b"WITH"):
                 return None
             elif word == b"FORMAT":
-                fpos = m.end()
+                fpos = end
                 while fpos < n and buf[fpos] in _WS:
                     fpos += 1
                 fm = _WORD.match(buf, fpos)
@@ -149,11 +132,12 @@ def scan_insert(buf: bytes) -> InsertHeader | bool | None:
                 elif data < n and buf[data] == 0x0A:
                     data += 1
                 try:
-                    sql = buf[: m.start()].decode()
+                    sql = buf[:start].decode()
                 except UnicodeDecodeError:
                     return None
                 return InsertHeader(sql, fm.group().decode(), data)
-            pos = m.end()
+    except _Unclosed:
+        return False
     return False
 
 
@@ -179,10 +163,15 @@ _INPUT_SHAPE = (
 )
 
 
-def _token_spans(buf: bytes) -> list[tuple[int, int]] | None:
+class _Unclosed(Exception):
+    """A quote or comment of the buffer is not closed (yet)."""
+
+
+def _lexemes(buf: bytes, *, complete: bool) -> Iterator[tuple[int, int]]:
     """(start, end) of each word, quoted literal and other character of ``buf``, skipping
-    whitespace and comments; ``None`` when a quote or comment is not closed."""
-    spans: list[tuple[int, int]] = []
+    whitespace and comments; :class:`_Unclosed` when a quote or block comment is not
+    closed, or (``complete`` false: more of the statement may follow) a line comment has
+    no end of line yet."""
     pos, n = 0, len(buf)
     while pos < n:
         c = buf[pos]
@@ -190,24 +179,33 @@ def _token_spans(buf: bytes) -> list[tuple[int, int]] | None:
             pos += 1
         elif buf.startswith(b"--", pos) or c == 0x23:
             end = buf.find(b"\n", pos)
+            if end < 0 and not complete:
+                raise _Unclosed
             pos = n if end < 0 else end + 1
         elif buf.startswith(b"/*", pos):
             end = buf.find(b"*/", pos + 2)
             if end < 0:
-                return None
+                raise _Unclosed
             pos = end + 2
-        elif c in (0x27, 0x22, 0x60):
-            end = _skip_quoted(buf, pos)
-            if end < 0:
-                return None
-            spans.append((pos, end))
-            pos = end
         else:
-            m = _WORD.match(buf, pos)
-            end = m.end() if m is not None else pos + 1
-            spans.append((pos, end))
+            if c in (0x27, 0x22, 0x60):
+                end = _skip_quoted(buf, pos)
+                if end < 0:
+                    raise _Unclosed
+            else:
+                m = _WORD.match(buf, pos)
+                end = m.end() if m is not None else pos + 1
+            yield pos, end
             pos = end
-    return spans
+
+
+def _token_spans(buf: bytes) -> list[tuple[int, int]] | None:
+    """Every lexeme of a whole statement (:func:`_lexemes`); ``None`` when a quote or
+    comment is not closed."""
+    try:
+        return list(_lexemes(buf, complete=True))
+    except _Unclosed:
+        return None
 
 
 def scan_input_insert(sql: str) -> InputInsert | None:
