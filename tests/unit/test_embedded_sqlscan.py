@@ -101,7 +101,7 @@ def test_other_shapes_of_input_are_a_syntax_error_naming_the_shape(sql: str, nam
         (b"INSERT INTO t FORMAT Arrow\r\nDATA", ("INSERT INTO t ", "Arrow", 28)),
         (
             b"/* c */ INSERT INTO `t` -- x\n FORMAT CSV 1,2",
-            ("/* c */ INSERT INTO `t` -- x\n ", "CSV", 42),
+            ("/* c */ INSERT INTO `t` -- x\n ", "CSV", 41),
         ),
         (b"insert into 'format' FORMAT Native", False),  # the name may go on
         (b"INSERT INTO t FORMAT", False),
