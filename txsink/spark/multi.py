@@ -160,7 +160,7 @@ class Transaction:
     def write(self, df: Any, table: str, **options: Any) -> int:
         """Stage ``df`` for ``table`` (executors write staging; nothing is visible).
         ``options`` override the transaction's options for this table. Returns the rows
-        staged (0 for a replay of a committed batch: the executors skip writing)."""
+        staged (a replay of a committed batch is staged too, and skipped by the commit)."""
         if self.closed:
             raise ConfigError(f"transaction {self.xid} is finished; write inside its `with` block")
         if self.writes:
