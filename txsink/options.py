@@ -126,8 +126,10 @@ def _bool(opt: Option, raw: str) -> bool:
 def _choice(opt: Option, raw: str) -> str:
     low = raw.lower()
     if low not in opt.choices:
+        match = closest(low, opt.choices)
+        hint = f" (did you mean {match}?)" if match else ""
         raise ConfigError(
-            f"option {opt.name!r} must be one of {', '.join(opt.choices)}, got {low!r}"
+            f"option {opt.name!r} must be one of {', '.join(opt.choices)}, got {low!r}{hint}"
         )
     return low
 

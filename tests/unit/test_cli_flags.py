@@ -54,6 +54,17 @@ def test_a_bad_numeric_flag_is_a_usage_error_naming_the_option(
     assert parse(["--keeper-retry-s", "0"]).keeper_retry_s == 0.0
 
 
+def test_a_misspelt_choice_flag_is_a_usage_error_with_its_likely_meaning(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`--state clickhuose` used to be accepted, wait 5.6 s for Keeper and fail there."""
+    with pytest.raises(SystemExit) as info:
+        parse(["--state", "clickhuose"])
+    assert info.value.code == 2
+    assert "did you mean clickhouse?" in capsys.readouterr().err
+    assert parse(["--state", "ClickHouse"]).state == "clickhouse"
+
+
 def test_keeper_auth_may_be_given_inline_and_must_be_user_password() -> None:
     assert common.resolve_credentials(parse(["--keeper-auth", "u:pw"])).keeper_auth == "u:pw"
     with pytest.raises(SystemExit):

@@ -131,8 +131,8 @@ def add_common(parser: argparse.ArgumentParser, *, job: bool = True) -> None:
                 opt.flag, action=argparse.BooleanOptionalAction, default=default, help=opt.doc
             )
         else:
-            if opt.kind in (Kind.INT, Kind.SECONDS):
-                kwargs["type"] = _typed(opt)
+            if opt.kind in (Kind.INT, Kind.SECONDS, Kind.CHOICE):
+                kwargs["type"] = _typed(opt)  # a wrong value is a usage error at once
             if name == "ca_cert":
                 kwargs["metavar"] = "PATH"
             parser.add_argument(opt.flag, **kwargs)
