@@ -135,13 +135,38 @@ class Observer:
     ) -> dict[str, dict[str, tuple[int, tuple[str, ...]]] | None]:
         """:meth:`staged_partitions` of many staging tables in one statement (the commit's
         read of every table a batch's tasks staged); None for a table that is missing."""
+        limit = None if every_part else MAX_PART_UUIDS
+        return {
+            name: None
+            if by_pid is None
+            else {
+                pid: (sum(n for n, _ in parts), short_uuids(parts, limit))
+                for pid, parts in by_pid.items()
+            }
+            for name, by_pid in self._staged_parts_of(tables).items()
+        }
+
+    def staged_part_rows(self, table: str) -> dict[str, dict[str, int]]:
+        """Every active part of one staging table: partition id -> {evidence id: rows}."""
+        out: dict[str, dict[str, int]] = {}
+        for pid, parts in (self._staged_parts_of([table])[table] or {}).items():
+            for n, uuid in parts:
+                for short in short_uuids([(n, uuid)], None):
+                    out.setdefault(pid, {})[short] = n
+        return out
+
+    def _staged_parts_of(
+        self, tables: Iterable[str]
+    ) -> dict[str, dict[str, list[tuple[int, str]]] | None]:
+        """(rows, UUID) of every active part per partition of each staging table, in one
+        statement; None for a table that is missing."""
         names = sorted(set(tables))
         for name in names:
             self._staging(name, "read")
         if not names:
             return {}
         # thousands of names would not fit a request's parameter: their common prefix
-        # (every staging name of an xid has one) selects them, the rest is filtered here
+        # (every staging name of an xid has one) selects them, the rest is left out below
         many = len(names) > MAX_LISTED_NAMES
         prefix = os.path.commonprefix(names) if many else ""  # noqa: RUF071 - names, not paths
 
@@ -159,40 +184,12 @@ class Observer:
             parameters={"db": self.staging_db, **({"p": prefix} if prefix else {"names": names})},
             what=f"read staged parts of {len(names)} table(s) in {self.staging_db}",
         )
-        found: dict[str, dict[str, list[tuple[int, str]]]] = {}  # other tables: left out below
+        found: dict[str, dict[str, list[tuple[int, str]]]] = {}
         for name, pid, n, uuid in rows:
             by_pid = found.setdefault(str(name), {})
             if pid:
                 by_pid.setdefault(str(pid), []).append((int(n), str(uuid)))
-        limit = None if every_part else MAX_PART_UUIDS
-        return {
-            name: None
-            if name not in found
-            else {
-                pid: (sum(n for n, _ in parts), short_uuids(parts, limit))
-                for pid, parts in found[name].items()
-            }
-            for name in names
-        }
-
-    def staged_part_rows(self, table: str) -> dict[str, dict[str, int]]:
-        """Every active part of one staging table: partition id -> {evidence id: rows}."""
-        out: dict[str, dict[str, int]] = {}
-        for pid, n, uuid in self._staged_parts(table):
-            for short in short_uuids([(n, uuid)], None):
-                out.setdefault(pid, {})[short] = n
-        return out
-
-    def _staged_parts(self, table: str) -> list[tuple[str, int, str]]:
-        """(partition id, rows, UUID) of every active part of one staging table."""
-        self._staging(table, "read")
-        rows = self.client.query_rows(
-            "SELECT partition_id, rows, toString(uuid) FROM system.parts "
-            "WHERE active AND rows > 0 AND database = {db:String} AND table = {t:String}",
-            parameters={"db": self.staging_db, "t": table},
-            what=f"read staged parts of {self.staging_db}.{table}",
-        )
-        return [(str(pid), int(n), str(uuid)) for pid, n, uuid in rows]
+        return {name: found.get(name) for name in names}
 
     def published_uuids(self, target: str, uuids: Iterable[str]) -> frozenset[str]:
         """Which evidence ids (short part UUIDs) the target's parts still show, active or

@@ -102,21 +102,26 @@ class ClickHouseWarehouse(Publisher):
         repeated row is harmless (the guard counts rows). A seal table dropped since
         validation is made again (the inserts of the xid fail without it: none lands)."""
 
-        def write() -> None:
-            self.client.command(
+        self._with_seal_table(
+            lambda: self.client.command(
                 seal_row_sql(self.staging_db),
                 parameters={"tag": tag},
                 table=f"{self.staging_db}.{SEAL_TABLE}",
                 what=f"seal {tag}",
             )
+        )
 
+    def _with_seal_table(self, statement: Callable[[], Any]) -> None:
+        """Run ``statement``; if the seal table (or the staging database) is missing, make
+        it and run it once more: the refusal came before anything was written."""
         try:
-            write()
+            statement()
         except ConfigError as exc:
-            if exc.code not in (UNKNOWN_TABLE, UNKNOWN_DATABASE):
+            missing = exc.code in (UNKNOWN_TABLE, UNKNOWN_DATABASE)
+            if not missing or self.staging_db not in str(exc):
                 raise
             self.ensure_seal_table()
-            write()
+            statement()
 
     # ------------------------------------------------------------------ inserts
 
@@ -127,28 +132,23 @@ class ClickHouseWarehouse(Publisher):
         block: Any,
         guard: InsertGuard,
         settings: Mapping[str, Any],
+        idempotent: bool,
         resend_ok: Callable[[], bool] | None,
     ) -> None:
-        """One dedup block, guarded (:func:`~.dedup_insert.guarded_insert_sql`). A seal
+        """One dedup block, guarded (:func:`~.dedup_insert.guarded_insert_sql`); a seal
         table missing (a plan validated by an older txsink, staging dropped by hand) is
-        made and the block sent again: the refusal came before anything was written."""
+        made first (:meth:`_with_seal_table`)."""
         sql = guarded_insert_sql(db, name, block.schema.names, guard, self.staging_db)
-        for last in (False, True):
-            try:
-                self.client.insert_arrow_sql(
-                    sql,
-                    block,
-                    settings=settings or None,
-                    idempotent=bool(settings.get("insert_deduplication_token")),
-                    resend_ok=resend_ok,
-                    table=f"{db}.{name}",
-                )
-                return
-            except ConfigError as exc:
-                missing = exc.code in (UNKNOWN_TABLE, UNKNOWN_DATABASE)
-                if last or not missing or self.staging_db not in str(exc):
-                    raise
-                self.ensure_seal_table()
+        self._with_seal_table(
+            lambda: self.client.insert_arrow_sql(
+                sql,
+                block,
+                settings=settings or None,
+                idempotent=idempotent,
+                resend_ok=resend_ok,
+                table=f"{db}.{name}",
+            )
+        )
 
     def insert_blocks(
         self,
@@ -196,7 +196,7 @@ class ClickHouseWarehouse(Publisher):
             block_settings = self.client.known({**(extra or {}), **base}, OPTIONAL_INSERT_SETTINGS)
             idempotent = bool(block_settings.get("insert_deduplication_token"))
             if guard is not None:
-                self._insert_guarded(db, name, block, guard, block_settings, resend_ok)
+                self._insert_guarded(db, name, block, guard, block_settings, idempotent, resend_ok)
             else:
                 self.client.insert_arrow(
                     db,
