@@ -37,6 +37,7 @@ from txsink.protocol import job as rules
 from txsink.protocol.codec import JobMeta
 from txsink.protocol.ids import batch_xid, parse_staging, run_tag
 from txsink.protocol.states import Epoch, Mode, StagedPart, Visibility
+from txsink.protocol.visibility import compaction
 
 log = logging.getLogger(__name__)
 
@@ -172,18 +173,23 @@ def check_no_new_views(handle: Any, plan: Plan, xid: str) -> None:
         )
 
 
-def staged_parts(handle: Any, plan: Plan, msgs: Sequence[Report], xid: str) -> list[StagedPart]:
+def staged_parts(
+    handle: Any, plan: Plan, msgs: Sequence[Report], xid: str, sizes: dict[str, int] | None = None
+) -> list[StagedPart]:
     """The manifest entries of one write's attach tasks, read from every staging table they
     report in one statement (per shard), before the prepare: each table must hold exactly
     the rows its task sent (:attr:`TxCommitMessage.inserted`). A dedup task's message
     carries its entries. A table missing behind a replicated target means staging went to
     another replica: a URL that leads to several (a load balancer) would let the tasks
-    stage on one and the driver's MOVE run on another."""
+    stage on one and the driver's MOVE run on another. ``sizes`` gets the bytes staged
+    per partition id (the same statement)."""
     sent = {t: n for m in msgs for t, n in m.inserted}
     parts = [p for m in msgs if not m.inserted for p in m.parts]
     if not sent:
         return parts
-    read = handle.warehouse.staged_partitions_of(sent)
+    read, sized = handle.warehouse.staged_partitions_sized(sent)
+    if sizes is not None:
+        sizes.update(sized)
     missing = sorted(t for t, staged in read.items() if staged is None)
     info = plan.target_info
     if missing and info is not None and info.is_replicated:
@@ -275,19 +281,25 @@ def _commit_writes(
             if refusal:
                 raise ConfigError(refusal)
         parts: list[StagedPart] = []
+        compact: set[str] = set()
         for plan, ms in writes:
             if mode is Mode.ATTACH and any(m.staging for m in ms):
                 check_no_new_views(handle, plan, xid)
+            sizes: dict[str, int] = {}
             parts += [
                 dataclasses.replace(p, target=plan.config.table)
-                for p in staged_parts(handle, plan, ms, xid)
+                for p in staged_parts(handle, plan, ms, xid, sizes)
             ]
+            engine = plan.target_info.engine if plan.target_info is not None else ""
+            if compaction(engine, sizes, plan.config.compact_bytes):
+                compact.add(plan.config.table)
         batch_visible = config.visibility == Visibility.BATCH and mode is Mode.ATTACH
         result = handle.transactor.commit_batch(
             epoch, xid, batch, config.table, parts, mode, streaming=streaming,
             tables=sorted(targets) if targets else (),
             visibility=Visibility.BATCH if batch_visible else Visibility.PARTITION,
             own_batches=streaming, first_batch=config.first_batch,
+            compact=frozenset(compact),
         )  # fmt: skip
     except FencedError:
         count(config, fencing_events=1)

@@ -73,6 +73,7 @@ class WriterConfig:
     micro_batch: bool = False
     first_batch: int | None = None  # streaming: the job's own micro-batches start here
     visibility: str = "partition"
+    compact_bytes: int = 1 << 30
     shards: tuple[str, ...] = ()  # shard URLs (no userinfo); () = one server, `url`
     shard_by: str = ""
     shard_http_port: int | None = None

@@ -289,6 +289,14 @@ _DECLARED: tuple[Option, ...] = (
         choices=VISIBILITIES,
     ),
     Option(
+        "compact_bytes",
+        "visibility=batch on plain MergeTree: a batch whose largest partition stages at most "
+        "this many bytes is merged into one part per partition before it is published (0: "
+        "never)",
+        "1073741824",
+        Kind.INT,
+    ),
+    Option(
         "staging_database",
         "database that holds staging tables (attach mode)",
         default="txsink_staging",

@@ -152,6 +152,10 @@ class StepRunner:
             wh.drop_stagings(step.tables)
         elif isinstance(step, ops.Consolidate):
             wh.consolidate(step.staging, step.partition_id, step.batch_staging)
+        elif isinstance(step, ops.CopyIntoBatch):
+            wh.copy_into_batch(step.batch_staging, step.sources)
+        elif isinstance(step, ops.CompactBatch):
+            wh.compact_batch(step.batch_staging)
         elif isinstance(step, ops.CreateBatchStaging):
             wh.create_batch_staging(step.table, step.like, step.target)
         elif isinstance(step, ops.ClaimBatch):
@@ -189,8 +193,7 @@ class StepRunner:
         if isinstance(step, steps.ObservePartRows):
             return wh.staged_part_rows(step.table)
         if isinstance(step, steps.ObserveBatchParts):
-            parts = wh.staged_partitions(step.table, every_part=True).values()
-            return tuple(u for _, uuids in parts for u in uuids)
+            return {p: u for p, (_, u) in wh.staged_partitions(step.table, every_part=True).items()}
         if isinstance(step, steps.ObservePublished):
             return wh.published_uuids(step.target, step.uuids)
         if isinstance(step, steps.ObserveAttachLog):

@@ -213,6 +213,7 @@ class Transactor:
         visibility: Visibility = Visibility.PARTITION,
         own_batches: bool = False,
         first_batch: int | None = None,
+        compact: frozenset[str] = frozenset(),
     ) -> CommitResult:
         """Prepare and publish one batch whose tasks all succeeded.
 
@@ -223,7 +224,9 @@ class Transactor:
 
         Several tables in one xid: ``target`` is the job's own table and each part names
         its table in ``StagedPart.target`` (normalised to ``""`` when it is ``target``, so
-        the manifest stays small); ``tables`` lists every table written."""
+        the manifest stays small); ``tables`` lists every table written. ``compact``: the
+        tables whose batch staging a fresh ``visibility=batch`` publish merges into one
+        part per partition (:func:`txsink.protocol.visibility.compaction`)."""
         started = self.clock()
         parts = [replace(p, target="") if p.target == target else p for p in parts]
         incoming = XidRecord(
@@ -297,7 +300,10 @@ class Transactor:
             assert existing is not None
             log.warning("job %s: %s", self.job, decision.reason)
             record = existing
-        done = self.publish(epoch, record, resumed=decision.action is not plans.BatchAction.PREPARE)
+        fresh = decision.action is plans.BatchAction.PREPARE
+        done = self.publish(
+            epoch, record, resumed=not fresh, compact=compact if fresh else frozenset()
+        )
         action = "committed" if decision.action is plans.BatchAction.PREPARE else "rolled_forward"
         finished = self.clock()
         self._after_commit(epoch, done, streaming=streaming)
@@ -310,7 +316,14 @@ class Transactor:
             timings={"prepare": prepared_at - started, "publish": finished - prepared_at},
         )
 
-    def publish(self, epoch: Epoch, record: XidRecord, *, resumed: bool = True) -> XidRecord:
+    def publish(
+        self,
+        epoch: Epoch,
+        record: XidRecord,
+        *,
+        resumed: bool = True,
+        compact: frozenset[str] = frozenset(),
+    ) -> XidRecord:
         """Finish ``record`` (:func:`sequence.finish`), re-observed after ClickHouse
         failures whose outcome is unknown.
 
@@ -333,8 +346,9 @@ class Transactor:
         def attempt() -> XidRecord:
             nonlocal failure, resumed
             steps = sequence.publish_attempt(
-                record, self.prefix, bounds, resumed=resumed, after_failure=failure is not None
-            )
+                record, self.prefix, bounds, resumed=resumed, after_failure=failure is not None,
+                compact=compact,
+            )  # fmt: skip
             try:
                 return self.runner.run(
                     epoch, steps, deadline=deadline, failure=failure, xid=record.xid

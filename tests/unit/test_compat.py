@@ -554,6 +554,11 @@ def test_the_driver_refuses_to_prepare_staging_it_cannot_see_on_a_replicated_tar
             self.reads += 1
             return {n: ({"p": (self.rows, ("u",))} if n in self.present else None) for n in names}
 
+        def staged_partitions_sized(
+            self, names: list[str]
+        ) -> tuple[dict[str, dict[str, tuple[int, tuple[str, ...]]] | None], dict[str, int]]:
+            return self.staged_partitions_of(names), {}
+
     config = WriterConfig.from_options(
         {"url": "http://lb:8123", "keeper": "k:2181", "table": "db.t", "job": "j"}
     )

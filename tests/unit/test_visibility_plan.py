@@ -29,16 +29,63 @@ def test_batch_staging_names_parse_back_as_the_jobs_staging_of_the_xid() -> None
     assert name is not None and name.batch and name.xid == "b1" and name.table == B
 
 
-def test_fresh_batch_is_consolidated_first_then_replanned() -> None:
+def test_fresh_batch_is_copied_in_one_statement_then_replanned() -> None:
     view = {S1: {"0": 5}, S2: {"1": 7}, B: None}
     staged = {(S1, "0"): ("aa",), (S2, "1"): ("bb",)}
     ops = planner.plan_batch_publish(record(), TABLES, view, staged, {}, {})
     assert isinstance(ops[0], plan_ops.CreateBatchStaging)
-    assert [type(o) for o in ops[1:]] == [
-        plan_ops.Consolidate,
-        plan_ops.Consolidate,
-        plan_ops.Reobserve,
+    assert ops[1:] == [
+        plan_ops.CopyIntoBatch("b1", B, ((S1, "0"), (S2, "1")), 12),
+        plan_ops.Reobserve(),
     ]
+    view[B] = {}  # created, nothing copied yet: copied, not created again
+    ops = planner.plan_batch_publish(record(), TABLES, view, staged, {}, {})
+    assert [type(o) for o in ops] == [plan_ops.CopyIntoBatch, plan_ops.Reobserve]
+
+
+WHOLE = {S1: {"0": 5}, S2: {"1": 7}}
+STAGED = {(S1, "0"): ("aa",), (S2, "1"): ("bb",)}
+
+
+def copied(parts: dict[str, tuple[str, ...]], **kw: object) -> list[plan_ops.Operation]:
+    rows = {"0": 5, "1": 7}
+    bview = {p: rows[p] * len(u) for p, u in parts.items()}
+    uuids = tuple(dict.fromkeys(u for ids in parts.values() for u in ids))
+    return planner.plan_batch_publish(
+        record(), TABLES, {**WHOLE, B: bview}, STAGED, {B: uuids}, {"db.t": set()},
+        batch_parts={B: parts}, **kw,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def test_an_exact_copy_is_claimed_then_attached_and_a_wrong_one_built_again() -> None:
+    """Copies leave task staging whole, so a batch staging that is not exactly its parts
+    (a copy cut short, or doubled by a late one) was never attached (an ATTACH runs only
+    on exact content) and is built again: dropped at once while it has the name no
+    finisher attaches from, claimed first otherwise."""
+    exact = {"0": ("aa",), "1": ("bb",)}
+    assert [type(o) for o in copied(exact)] == [plan_ops.ClaimBatch, plan_ops.Reobserve]
+    ops = copied(exact, claimed={"db.t"})
+    assert isinstance(ops[0], plan_ops.AttachAll) and isinstance(ops[1], RecordCommitted)
+    compacted = {"0": ("m0",), "1": ("m1",)}  # merged by OPTIMIZE FINAL once found exact
+    assert isinstance(copied(compacted, claimed={"db.t"})[0], plan_ops.AttachAll)
+    for wrong in ({"0": ("aa", "aa"), "1": ("bb",)}, {"0": ("aa",)}, {"0": ("aa", "zz")}):
+        assert [type(o) for o in copied(wrong)] == [plan_ops.DropStaging, plan_ops.Reobserve]
+        ops = copied(wrong, claimed={"db.t"})
+        assert [type(o) for o in ops] == [plan_ops.DropStaging, plan_ops.Reobserve], wrong
+    # attached already (its parts in the target): finished, whatever else
+    ops = planner.plan_batch_publish(
+        record(), TABLES, {**WHOLE, B: {"0": 5, "1": 7}}, STAGED, {B: ("aa", "bb")},
+        {"db.t": {"aa", "bb"}}, batch_parts={B: exact},
+    )  # fmt: skip
+    assert isinstance(ops[0], Evidence) and ops[0].kind == "uuid"
+
+
+def test_only_a_plain_merge_tree_batch_below_the_limit_is_compacted() -> None:
+    assert v.compaction("MergeTree", {"0": 10, "1": 100}, 100)
+    assert not v.compaction("MergeTree", {"0": 10, "1": 101}, 100)
+    assert not v.compaction("MergeTree", {"0": 10}, 0)
+    assert not v.compaction("ReplacingMergeTree", {"0": 10}, 100)
+    assert not v.compaction("SummingMergeTree", {"0": 10}, 100)
 
 
 def test_consolidated_batch_is_claimed_then_attached_once_then_committed() -> None:
@@ -117,18 +164,18 @@ def test_a_batch_staging_seen_missing_is_published_only_with_the_query_logs_proo
     assert any(isinstance(o, RecordCommitted) for o in ops)
 
 
-def test_a_consolidating_move_cut_between_parts_is_repaired_into_the_batch_staging() -> None:
-    """A server crash cut the MOVE of a task partition into the batch staging: the parts
-    already there are recorded and dropped from the task staging, the rest consolidated
-    (before, an alarm on every restart)."""
+def test_a_consolidation_cut_between_parts_is_built_again_from_whole_task_staging() -> None:
+    """A server crash cut a copy (or an older txsink's MOVE) of a task partition into the
+    batch staging between parts: the task staging still holds every part, so the batch
+    staging is dropped and built again (before copies: recorded, dropped, moved)."""
     view = {S1: {"0": 5}, S2: {"1": 7}, B: {"0": 2}}
     staged = {(S1, "0"): ("aa", "cc"), (S2, "1"): ("bb",)}
     ops = planner.plan_batch_publish(
-        record(), TABLES, view, staged, {B: ("cc",)}, {}, part_rows={"aa": 3, "cc": 2, "bb": 7}
-    )
-    kinds = [type(o).__name__ for o in ops]
-    assert kinds == ["RecordCut", "DropParts", "Consolidate", "Consolidate", "Reobserve"]
-    assert ops[2] == plan_ops.Consolidate("b1", S1, "0", B, 3)
+        record(), TABLES, view, staged, {B: ("cc",)}, {}, part_rows={"aa": 3, "cc": 2, "bb": 7},
+        batch_parts={B: {"0": ("cc",)}},
+    )  # fmt: skip
+    assert ops == [plan_ops.DropStaging(B, "not exactly the staging of xid b1: built again"),
+                   plan_ops.Reobserve()]  # fmt: skip
 
 
 def test_partly_consolidated_batch_moves_only_what_is_left() -> None:

@@ -135,31 +135,45 @@ class Observer:
     ) -> dict[str, dict[str, tuple[int, tuple[str, ...]]] | None]:
         """:meth:`staged_partitions` of many staging tables in one statement (the commit's
         read of every table a batch's tasks staged); None for a table that is missing."""
-        limit = None if every_part else MAX_PART_UUIDS
-        return {
-            name: None
-            if by_pid is None
-            else {
-                pid: (sum(n for n, _ in parts), short_uuids(parts, limit))
-                for pid, parts in by_pid.items()
-            }
-            for name, by_pid in self._staged_parts_of(tables).items()
-        }
+        return self._summed(tables, None if every_part else MAX_PART_UUIDS)[0]
+
+    def staged_partitions_sized(
+        self, tables: Iterable[str]
+    ) -> tuple[dict[str, dict[str, tuple[int, tuple[str, ...]]] | None], dict[str, int]]:
+        """:meth:`staged_partitions_of` and, from the same statement, the bytes on disk of
+        each partition id summed over every table (what decides a batch's compaction)."""
+        return self._summed(tables, MAX_PART_UUIDS)
+
+    def _summed(
+        self, tables: Iterable[str], limit: int | None
+    ) -> tuple[dict[str, dict[str, tuple[int, tuple[str, ...]]] | None], dict[str, int]]:
+        read: dict[str, dict[str, tuple[int, tuple[str, ...]]] | None] = {}
+        sizes: dict[str, int] = {}
+        for name, by_pid in self._staged_parts_of(tables).items():
+            if by_pid is None:
+                read[name] = None
+                continue
+            mine = read[name] = {}
+            for pid, found in by_pid.items():
+                pairs = [(n, u) for n, u, _ in found]
+                mine[pid] = (sum(n for n, _ in pairs), short_uuids(pairs, limit))
+                sizes[pid] = sizes.get(pid, 0) + sum(b for _, _, b in found)
+        return read, sizes
 
     def staged_part_rows(self, table: str) -> dict[str, dict[str, int]]:
         """Every active part of one staging table: partition id -> {evidence id: rows}."""
         out: dict[str, dict[str, int]] = {}
         for pid, parts in (self._staged_parts_of([table])[table] or {}).items():
-            for n, uuid in parts:
+            for n, uuid, _ in parts:
                 for short in short_uuids([(n, uuid)], None):
                     out.setdefault(pid, {})[short] = n
         return out
 
     def _staged_parts_of(
         self, tables: Iterable[str]
-    ) -> dict[str, dict[str, list[tuple[int, str]]] | None]:
-        """(rows, UUID) of every active part per partition of each staging table, in one
-        statement; None for a table that is missing."""
+    ) -> dict[str, dict[str, list[tuple[int, str, int]]] | None]:
+        """(rows, UUID, bytes on disk) of every active part per partition of each staging
+        table, in one statement; None for a table that is missing."""
         names = sorted(set(tables))
         for name in names:
             self._staging(name, "read")
@@ -176,19 +190,20 @@ class Observer:
             return f"{column} IN {{names:Array(String)}}"
 
         rows = self.client.query_rows(
-            "SELECT name, '' AS partition_id, toUInt64(0) AS rows, '' AS uuid "
+            "SELECT name, '' AS partition_id, toUInt64(0) AS rows, '' AS uuid, "
+            "toUInt64(0) AS bytes "
             f"FROM system.tables WHERE database = {{db:String}} AND {among('name')} "
             "UNION ALL "
-            "SELECT table, partition_id, rows, toString(uuid) FROM system.parts "
+            "SELECT table, partition_id, rows, toString(uuid), bytes_on_disk FROM system.parts "
             f"WHERE active AND rows > 0 AND database = {{db:String}} AND {among('table')}",
             parameters={"db": self.staging_db, **({"p": prefix} if prefix else {"names": names})},
             what=f"read staged parts of {len(names)} table(s) in {self.staging_db}",
         )
-        found: dict[str, dict[str, list[tuple[int, str]]]] = {}
-        for name, pid, n, uuid in rows:
+        found: dict[str, dict[str, list[tuple[int, str, int]]]] = {}
+        for name, pid, n, uuid, size in rows:
             by_pid = found.setdefault(str(name), {})
             if pid:
-                by_pid.setdefault(str(pid), []).append((int(n), str(uuid)))
+                by_pid.setdefault(str(pid), []).append((int(n), str(uuid), int(size)))
         return {name: found.get(name) for name in names}
 
     def published_uuids(self, target: str, uuids: Iterable[str]) -> frozenset[str]:

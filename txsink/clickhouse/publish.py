@@ -15,6 +15,7 @@ Owned by the ClickHouse adapter (:class:`Publisher`, a base of
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Sequence
 
@@ -64,6 +65,58 @@ class Publisher(Stager):
         target see neither). Idempotent like :meth:`move_partition`."""
         self._staging(batch_staging, "move partitions into")
         self.move_partition(staging, partition_id, f"{self.staging_db}.{batch_staging}")
+
+    def copy_into_batch(self, batch_staging: str, sources: Sequence[tuple[str, str]]) -> None:
+        """Copy every ``(task staging, partition id)`` of ``sources`` into the batch
+        staging: ``ALTER TABLE batch ATTACH PARTITION ID 'p' FROM s, ...``, one statement
+        per ``MAX_COMMANDS`` commands (hard links; part UUIDs kept). Each command is
+        atomic, the statement is not, and a repeat copies twice: never retried here. A
+        task staging table older than an ``ADD COLUMN`` on the target gets the batch
+        staging's new columns first, and the failure is raised (the publish re-observes,
+        and builds a batch staging the copy did not finish again)."""
+        fq = self._staging(batch_staging, "copy into")
+        for table, pid in sources:
+            self._staging(table, "copy from")
+            if not PARTITION_ID_RE.match(pid):
+                raise ConfigError(
+                    f"partition id {pid!r} of staging {table} is not a ClickHouse partition "
+                    "id; the manifest is corrupt: run `txsink verify`"
+                )
+        for at in range(0, len(sources), MAX_COMMANDS):
+            chunk = sources[at : at + MAX_COMMANDS]
+            commands = ", ".join(
+                f"ATTACH PARTITION ID {quote_literal(pid)} FROM {qualified(self.staging_db, table)}"
+                for table, pid in chunk
+            )
+            try:
+                self.client.command(
+                    f"ALTER TABLE {fq} {commands}",
+                    idempotent=False,
+                    table=f"{self.staging_db}.{batch_staging}",
+                    what=f"copy {len(chunk)} task staging partition(s) into {fq}",
+                )
+            except TxSinkError as exc:
+                if exc.code not in (36, 122):  # not a structure refusal
+                    raise
+                for table in sorted({t for t, _ in chunk}):
+                    with contextlib.suppress(ConfigError):  # alike: not the one refused
+                        self._catch_up_columns(table, f"{self.staging_db}.{batch_staging}", exc)
+                raise RetryableConflict(
+                    f"copying into {fq}: a task staging table was older than the target "
+                    f"({exc}); its columns were caught up, re-observing"
+                ) from exc
+
+    def compact_batch(self, batch_staging: str) -> None:
+        """``OPTIMIZE TABLE batch FINAL``: one part per partition (FINAL merges although
+        staging's settings stop background merges). Not repeated blindly either: a
+        repeat would only merge again."""
+        fq = self._staging(batch_staging, "compact")
+        self.client.command(
+            f"OPTIMIZE TABLE {fq} FINAL",
+            idempotent=True,
+            table=f"{self.staging_db}.{batch_staging}",
+            what=f"compact batch staging {fq}",
+        )
 
     def attach_all(self, staging: str, target: str, tag: str = "") -> None:
         """``ATTACH PARTITION ALL FROM`` the batch staging: every part in one commit.

@@ -265,6 +265,18 @@ class ShardedWarehouse:
             out.update(self.shards[k].staged_partitions_of(names, every_part))
         return out
 
+    def staged_partitions_sized(
+        self, tables: Iterable[str]
+    ) -> tuple[dict[str, dict[str, tuple[int, tuple[str, ...]]] | None], dict[str, int]]:
+        out: dict[str, dict[str, tuple[int, tuple[str, ...]]] | None] = {}
+        sizes: dict[str, int] = {}
+        for k, names in self._grouped(tables).items():
+            read, sized = self.shards[k].staged_partitions_sized(names)
+            out.update(read)
+            for pid, n in sized.items():
+                sizes[pid] = sizes.get(pid, 0) + n
+        return out, sizes
+
     def move_partition(self, staging: str, partition_id: str, target: str) -> None:
         self._on(staging).move_partition(staging, partition_id, target)
 
@@ -416,6 +428,12 @@ class ShardedWarehouse:
 
     def consolidate(self, staging: str, partition_id: str, batch_staging: str) -> None:
         raise self._no_batch(f"consolidating {staging} into batch staging {batch_staging}")
+
+    def copy_into_batch(self, batch_staging: str, sources: Sequence[tuple[str, str]]) -> None:
+        raise self._no_batch(f"copying into batch staging {batch_staging}")
+
+    def compact_batch(self, batch_staging: str) -> None:
+        raise self._no_batch(f"compacting batch staging {batch_staging}")
 
     # -- cluster definitions: a sharded job names its shards ------------------------------
 

@@ -195,6 +195,17 @@ class MemoryWarehouse:
         read = {t: self.staged_partitions(t, every_part) for t in present}
         return {t: read.get(t) for t in names}
 
+    def staged_partitions_sized(
+        self, tables: Iterable[str]
+    ) -> tuple[dict[str, dict[str, tuple[int, tuple[str, ...]]] | None], dict[str, int]]:
+        """The twin's bytes: ``_ROW_BYTES`` per row."""
+        read = self.staged_partitions_of(tables)
+        sizes: dict[str, int] = {}
+        for by_pid in read.values():
+            for pid, (n, _) in (by_pid or {}).items():
+                sizes[pid] = sizes.get(pid, 0) + n * _ROW_BYTES
+        return read, sizes
+
     def staged_part_rows(self, table: str) -> dict[str, dict[str, int]]:
         def act() -> dict[str, dict[str, int]]:
             out: dict[str, dict[str, int]] = {}
@@ -428,6 +439,31 @@ class MemoryWarehouse:
         self._need_batch(f"consolidating {staging}")
         self._staged(batch_staging)
         self.move_partition(staging, partition_id, f"{self.staging_db}.{batch_staging}")
+
+    def copy_into_batch(self, batch_staging: str, sources: Sequence[tuple[str, str]]) -> None:
+        self._need_batch(f"copying into {batch_staging}")
+
+        def act(cut: int | None = None) -> None:
+            dest = self._staged(batch_staging)
+            for n, (table, pid) in enumerate(sources):
+                if cut is not None and n >= cut:  # a statement cut between its commands
+                    return
+                dest.parts.extend(p for p in self._staged(table).parts if p.partition_id == pid)
+
+        self._call("copy_into_batch", act, cuttable=True)
+
+    def compact_batch(self, batch_staging: str) -> None:
+        self._need_batch(f"compacting {batch_staging}")
+
+        def act() -> None:
+            t = self._staged(batch_staging)
+            for pid in sorted({p.partition_id for p in t.parts}):
+                old = [p for p in t.parts if p.partition_id == pid]
+                if len(old) > 1:
+                    t.parts = [p for p in t.parts if p.partition_id != pid]
+                    t.parts.append(self._part(pid, tuple(r for p in old for r in p.rows)))
+
+        self._call("compact_batch", act)
 
     def claim_staging(self, staging: str, claimed: str) -> None:
         self._need_batch(f"claiming {staging}")

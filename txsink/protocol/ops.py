@@ -109,6 +109,31 @@ class Consolidate:
 
 
 @dataclass(frozen=True)
+class CopyIntoBatch:
+    """``ALTER TABLE batch_staging ATTACH PARTITION ID 'p' FROM s1, ...``: every task
+    staging partition of one target copied (hard links, invisible to readers) into its
+    batch staging in one statement, whatever the number of tasks. It copies, so it is
+    never repeated into the same table: a batch staging that does not hold exactly the
+    task staging's parts is dropped and built again (it was never attached from: an
+    ATTACH runs only on exact content, and content never changes after)."""
+
+    xid: str
+    batch_staging: str
+    sources: tuple[tuple[str, str], ...]  # (task staging table, partition id)
+    rows: int
+
+
+@dataclass(frozen=True)
+class CompactBatch:
+    """``OPTIMIZE TABLE batch_staging FINAL``: one part per partition before the ATTACH
+    (only where the target's merges keep every row, below ``compact_bytes``:
+    :func:`txsink.protocol.visibility.compaction`)."""
+
+    xid: str
+    batch_staging: str
+
+
+@dataclass(frozen=True)
 class AttachAll:
     """``ALTER TABLE target ATTACH PARTITION ALL FROM batch_staging``: the publish."""
 
@@ -158,6 +183,8 @@ Operation = (
     | DropParts
     | CreateBatchStaging
     | Consolidate
+    | CopyIntoBatch
+    | CompactBatch
     | ClaimBatch
     | AttachAll
     | Reobserve

@@ -23,14 +23,17 @@ published or proven, and staging is dropped only after it.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 
+from txsink.protocol.ids import parse_staging
 from txsink.protocol.ops import (
     Alarm,
     AttachAll,
     ClaimBatch,
     Consolidate,
+    CopyIntoBatch,
     CreateBatchStaging,
     DropParts,
     DropStaging,
@@ -363,6 +366,7 @@ def plan_batch_publish(
     claimed: AbstractSet[str] = frozenset(),
     logged: AbstractSet[str] = frozenset(),
     part_rows: Mapping[str, int] | None = None,
+    batch_parts: Mapping[str, Mapping[str, tuple[str, ...]]] | None = None,
 ) -> list[Operation]:
     """Operations that finish a ``visibility=batch`` record given what staging shows now:
     the checks of :func:`plan_publish` with the batch staging as the sink, then claim,
@@ -371,12 +375,21 @@ def plan_batch_publish(
     ``batch_tables``: target -> its batch staging table name. ``view``: rows per partition
     of every task staging table *and* batch staging table (None: missing). ``staged``:
     every part UUID per (staging table, partition) of task staging partitions that still
-    hold rows. ``batch_uuids``: every part UUID of each existing batch staging table.
+    hold rows. ``batch_uuids``: every part UUID of each existing batch staging table;
+    ``batch_parts``: the same per partition id, one per part (what tells a batch staging
+    built exactly from one that a copy cut short or a late copy doubled).
     ``published``: per target, which of the looked-up UUIDs its parts show.
     ``claimed``: targets whose batch staging (as named in ``batch_tables``) this finisher
     renamed to its own name and found quiet since; ``logged``: targets whose ATTACH of
     this xid the server's ``system.query_log`` shows finished (read while claimed: the
     evidence that outlives the target's merges).
+
+    A table whose task staging is whole (every manifest partition holds its rows) was
+    built, or is to be built, by copying (:class:`CopyIntoBatch`): its task staging is
+    left as it is until COMMITTED, so a batch staging that is not exact is dropped (once
+    claimed, or while it still has the name no finisher attaches from) and built again.
+    One whose task partitions were emptied was consolidated by MOVE (a record an older
+    txsink prepared): nothing can be built again, every difference is an Alarm.
     """
     if record.state is XidState.COMMITTED:
         return _drop_committed(record, view, [*record.staging_tables, *batch_tables.values()])
@@ -387,6 +400,20 @@ def plan_batch_publish(
         bst = batch_tables[target]
         bview = view.get(bst)
         in_batch = set(batch_uuids.get(bst, ()))
+        if _copied(record, parts, view):
+            copy = _plan_copy(
+                record, target, parts, bst, view, staged, (batch_parts or {}).get(bst),
+                in_batch, published.get(target, frozenset()), target in claimed,
+                target in logged,
+            )  # fmt: skip
+            if isinstance(copy, Alarm):
+                return [copy]
+            first, then = copy
+            ops += first
+            attach += then
+            if then:
+                done.append(DropStaging(bst, f"attached by xid {record.xid}"))
+            continue
         moves: list[Operation] = []
         emptied = 0
         for part in parts:
@@ -423,21 +450,13 @@ def plan_batch_publish(
         if got != wanted:
             return [_batch_alarm(record, f"batch staging {bst} holds {got} rows per partition, "
                                  f"the manifest says {wanted} for {target}")]  # fmt: skip
-        there = in_batch & set(published.get(target, ()))
-        total = sum(wanted.values())
-        if there and there == in_batch:
-            attach.append(Evidence(record.xid, bst, "all", "uuid", total))
-        elif target in logged:  # also when the target merged some attached parts away
-            attach.append(Evidence(record.xid, bst, "all", "logged", total))
-        elif target not in claimed:
+        proof = _attach_proof(record, bst, target, in_batch, published, claimed, logged, wanted)
+        if isinstance(proof, Alarm):
+            return [proof]
+        if proof is None:
             ops.append(ClaimBatch(record.xid, bst, target))
             continue
-        elif there:
-            split = f"{len(there)} of the {len(in_batch)} parts of batch staging {bst}"
-            why = f"{split} are in {target} already: an ATTACH cut between parts"
-            return [_batch_alarm(record, why)]
-        else:
-            attach.append(AttachAll(record.xid, bst, target, total))
+        attach.append(proof)
         done.append(DropStaging(bst, f"attached by xid {record.xid}"))
     unlisted = _unlisted(record, view)
     if unlisted is not None:
@@ -450,6 +469,130 @@ def plan_batch_publish(
         *(DropStaging(t, f"published by xid {record.xid}") for t in record.staging_tables),
         *done,  # after COMMITTED: a PREPARED xid keeps its batch staging
     ]
+
+
+def _attach_proof(
+    record: XidRecord,
+    bst: str,
+    target: str,
+    in_batch: AbstractSet[str],
+    published: Mapping[str, AbstractSet[str]],
+    claimed: AbstractSet[str],
+    logged: AbstractSet[str],
+    wanted: Mapping[str, int],
+) -> Operation | None:
+    """What finishes an exact batch staging: Evidence that it was attached already, the
+    AttachAll (claimed by this finisher and no evidence), an Alarm (an ATTACH cut between
+    parts), or None (claim it first)."""
+    there = set(in_batch) & set(published.get(target, ()))
+    total = sum(wanted.values())
+    if there and there == set(in_batch):
+        return Evidence(record.xid, bst, "all", "uuid", total)
+    if target in logged:  # also when the target merged some attached parts away
+        return Evidence(record.xid, bst, "all", "logged", total)
+    if target not in claimed:
+        return None
+    if there:
+        split = f"{len(there)} of the {len(in_batch)} parts of batch staging {bst}"
+        return _batch_alarm(record, f"{split} are in {target} already: an ATTACH cut between parts")
+    return AttachAll(record.xid, bst, target, total)
+
+
+def _copied(record: XidRecord, parts: Sequence[StagedPart], view: StagingView) -> bool:
+    """Whether a table's batch is built by copying: every task staging partition of it
+    still holds rows (none was moved out by an older txsink's consolidation) and none
+    has a cut MOVE recorded."""
+    return all(
+        (view.get(p.table) or {}).get(p.partition_id) and not record.cut(p.table, p.partition_id)
+        for p in parts
+    )
+
+
+def _plan_copy(
+    record: XidRecord,
+    target: str,
+    parts: Sequence[StagedPart],
+    bst: str,
+    view: StagingView,
+    staged: StagedUuids,
+    bparts: Mapping[str, tuple[str, ...]] | None,
+    in_batch: AbstractSet[str],
+    published: AbstractSet[str],
+    claimed: bool,
+    logged: bool,
+) -> tuple[list[Operation], list[Operation]] | Alarm:
+    """One table of a copied batch: (operations before a fresh look, operations that
+    finish it), or an Alarm."""
+    for part in parts:
+        rows = (view.get(part.table) or {}).get(part.partition_id, 0)
+        if rows != part.rows:
+            where = f"partition {part.partition_id}"
+            return _batch_alarm(record, f"staging table {part.table} holds {rows} rows of "
+                                f"{where}, the manifest says {part.rows}")  # fmt: skip
+    total = sum(p.rows for p in parts)
+    if view.get(bst) is None:
+        sources = tuple((p.table, p.partition_id) for p in parts)
+        return [
+            CreateBatchStaging(bst, target, parts[0].table),
+            CopyIntoBatch(record.xid, bst, sources, total),
+        ], []
+    if not any((view.get(bst) or {}).values()) and not in_batch and not _is_claim_name(bst):
+        # created, nothing copied yet (the resumed publish waited out any copy in flight)
+        return [CopyIntoBatch(record.xid, bst, tuple((p.table, p.partition_id) for p in parts),
+                              total)], []  # fmt: skip
+    wanted = record.partition_rows(target)
+    exact = _exact(parts, staged, bparts or {}, view.get(bst) or {}, wanted)
+    if exact or claimed or logged:
+        proof = _attach_proof(
+            record, bst, target, in_batch, {target: published}, {target} if claimed else set(),
+            {target} if logged else set(), wanted,
+        )  # fmt: skip
+        if isinstance(proof, Alarm):
+            return proof
+        if proof is None:
+            return [ClaimBatch(record.xid, bst, target)], []
+        if not isinstance(proof, AttachAll):
+            return [], [proof]
+        if exact:
+            return [], [proof]
+    # not exact and not attached (an ATTACH runs only on exact content): a copy cut
+    # short or doubled by a late one; built again from the task staging, which is whole
+    if claimed or not _is_claim_name(bst):
+        return [DropStaging(bst, f"not exactly the staging of xid {record.xid}: built again")], []
+    return [ClaimBatch(record.xid, bst, target)], []
+
+
+def _exact(
+    parts: Sequence[StagedPart],
+    staged: StagedUuids,
+    bparts: Mapping[str, tuple[str, ...]],
+    bview: Mapping[str, int],
+    wanted: Mapping[str, int],
+) -> bool:
+    """Whether a batch staging holds exactly the task staging's parts: per partition the
+    same parts (one each), or one part of the same rows that none of them is (a
+    compaction, which runs only once the copy was found exact)."""
+    if {p: n for p, n in bview.items() if n} != dict(wanted):
+        return False
+    expected: dict[str, Counter[str]] = {}
+    for part in parts:
+        current = staged.get((part.table, part.partition_id), ())
+        if not current:
+            return False
+        expected.setdefault(part.partition_id, Counter()).update(current)
+    for pid, want in expected.items():
+        have = Counter(bparts.get(pid, ()))
+        if have == want:
+            continue
+        if len(have) == 1 and sum(have.values()) == 1 and not (set(have) & set(want)):
+            continue  # compacted
+        return False
+    return set(bparts) <= set(expected)
+
+
+def _is_claim_name(table: str) -> bool:
+    name = parse_staging(table)
+    return name is not None and bool(name.claim)
 
 
 def _batch_alarm(record: XidRecord, what: str) -> Alarm:

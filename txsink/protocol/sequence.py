@@ -35,7 +35,10 @@ from txsink.protocol.ops import (
     Alarm,
     AttachAll,
     ClaimBatch,
+    CompactBatch,
     Consolidate,
+    CopyIntoBatch,
+    CreateBatchStaging,
     DropStaging,
     Operation,
     Publish,
@@ -110,6 +113,7 @@ def publish_attempt(
     *,
     resumed: bool,
     after_failure: bool,
+    compact: frozenset[str] = frozenset(),
 ) -> Run:
     """One attempt of a publish. ``resumed`` (the record existed before: an earlier
     attempt, a crashed or superseded writer may have a statement in flight): first wait
@@ -128,16 +132,23 @@ def publish_attempt(
     if after_failure:
         yield CheckFence()  # a writer that lost the job must not go on
         record = (yield ReadRecord(record.xid)) or record
-    return (yield from finish(record, prefix, bounds, resumed=resumed))
+    return (yield from finish(record, prefix, bounds, resumed=resumed, compact=compact))
 
 
-def finish(record: XidRecord, prefix: str, bounds: PublishBounds, *, resumed: bool = True) -> Run:
+def finish(
+    record: XidRecord,
+    prefix: str,
+    bounds: PublishBounds,
+    *,
+    resumed: bool = True,
+    compact: frozenset[str] = frozenset(),
+) -> Run:
     """Run the publish plan of a PREPARED (or COMMITTED) record to its end.
 
     ``resumed``: the record existed before this attempt (a MOVE may have run), so the
     target is searched for the part UUIDs of fully staged partitions too."""
     if is_batch(record):
-        return (yield from finish_batch(record, prefix, bounds, resumed=resumed))
+        return (yield from finish_batch(record, prefix, bounds, resumed=resumed, compact=compact))
     view: StagingView = (yield ObserveStaging(record.staging_tables)) if record.manifest else {}
     part_rows: dict[str, int] = {}
     staged = (yield from staged_uuids(record, view, part_rows)) if resumed else {}
@@ -165,14 +176,22 @@ def guard_late(record: XidRecord, ops: list[Operation]) -> Generator[Step, Any, 
 
 
 def finish_batch(
-    record: XidRecord, prefix: str, bounds: PublishBounds, *, resumed: bool = True
+    record: XidRecord,
+    prefix: str,
+    bounds: PublishBounds,
+    *,
+    resumed: bool = True,
+    compact: frozenset[str] = frozenset(),
 ) -> Run:
     """:func:`finish` of a ``visibility=batch`` record: consolidate every task's staging
     of each table into its batch staging, claim it, then one ATTACH PARTITION ALL per
     table (:func:`~txsink.protocol.planner.plan_batch_publish`, re-planned from a fresh
     look after each round that ends in Reobserve, up to ``bounds.batch_rounds``).
     ``resumed``: an earlier finisher may have attached; an ATTACH is then planned only
-    while its absence is provable (:func:`guard_late`)."""
+    while its absence is provable (:func:`guard_late`). A fresh publish goes straight
+    through (:func:`fresh_batch`)."""
+    if not resumed and record.state is XidState.PREPARED and record.manifest:
+        return (yield from fresh_batch(record, prefix, compact))
     ops: list[Operation] = []
     missing: set[str] = set()
     logged: set[str] = set()
@@ -181,10 +200,14 @@ def finish_batch(
         view: StagingView = yield ObserveStaging((*record.staging_tables, *tables.values()))
         part_rows: dict[str, int] = {}
         staged = yield from staged_uuids(record, view, part_rows)
-        batch_uuids: dict[str, tuple[str, ...]] = {}
+        batch_parts: dict[str, dict[str, tuple[str, ...]]] = {}
         for table in tables.values():
             if view.get(table) is not None and record.state is XidState.PREPARED:
-                batch_uuids[table] = yield ObserveBatchParts(table)
+                batch_parts[table] = yield ObserveBatchParts(table)
+        batch_uuids = {
+            t: tuple(dict.fromkeys(u for ids in by_pid.values() for u in ids))
+            for t, by_pid in batch_parts.items()
+        }
         published: dict[str, frozenset[str]] = {}
         for target, uuids in batch_evidence_wanted(record, tables, batch_uuids).items():
             published[target] = yield ObservePublished(target, uuids)
@@ -207,8 +230,9 @@ def finish_batch(
             if (yield ObserveAttachLog(target, tag, record.created_at)):
                 logged.add(target)
         ops = plan_batch_publish(
-            record, tables, view, staged, batch_uuids, published, claimed, logged, part_rows
-        )
+            record, tables, view, staged, batch_uuids, published, claimed, logged, part_rows,
+            batch_parts,
+        )  # fmt: skip
         if resumed and any(isinstance(op, AttachAll) for op in ops):
             ops = yield from guard_late(record, ops)
         record = yield from carry_out(record, prefix, bounds, ops, BATCH_HINT)
@@ -230,6 +254,44 @@ def finish_batch(
     raise AssertionError("the runner never resumes a sequence after Stop")
 
 
+def fresh_batch(record: XidRecord, prefix: str, compact: frozenset[str] = frozenset()) -> Run:
+    """The publish of a record this very attempt prepared, with no observation: its task
+    staging holds exactly the manifest's rows (read in the one statement before the
+    prepare), and no other finisher knows the xid unless one took the job over since.
+    Per target: create the batch staging like a task's staging, copy every task
+    partition into it in one statement, compact it (targets in ``compact``), check the
+    fence, claim it (RENAME), ATTACH it; then COMMITTED and one DROP. The statements are
+    the same whatever the number of tasks and partitions.
+
+    Why no look is needed: a finisher that took the job over before the fence check
+    makes it fail (nothing of this attempt is attached); one that took it over after
+    the check finds this batch staging (it existed before the check), claims it away
+    and waits out an ATTACH already sent, before it looks for evidence. Any failure
+    sends the publish to the resumed path, which observes everything."""
+    claimed: list[str] = []
+    for target, parts in by_target(record).items():
+        base = batch_staging_name(prefix, record.xid, target)
+        yield CreateBatchStaging(base, "", parts[0].table)
+        yield FaultPoint("driver.after_batch_create")
+        sources = tuple((p.table, p.partition_id) for p in parts)
+        yield CopyIntoBatch(record.xid, base, sources, sum(p.rows for p in parts))
+        yield FaultPoint("driver.after_copy")
+        if target in compact:
+            yield CompactBatch(record.xid, base)
+            yield FaultPoint("driver.after_compact")
+        yield CheckFence()
+        name: str = yield ClaimBatch(record.xid, base, target)
+        yield FaultPoint("driver.before_attach")
+        yield Attach(record.xid, name, target, attach_tag(prefix, record, target))
+        yield FaultPoint("driver.after_attach")
+        claimed.append(name)
+    yield FaultPoint("driver.after_commit")
+    record = yield Write(record, RecordCommitted(record.xid))
+    yield FaultPoint("driver.after_record")
+    yield DropTables((*record.staging_tables, *claimed))
+    return record
+
+
 def batch_tables(record: XidRecord, prefix: str) -> Generator[Step, Any, dict[str, str]]:
     """Target -> batch staging table of a ``visibility=batch`` record, under the name a
     finisher claimed it with if one did (:class:`~txsink.protocol.ops.ClaimBatch`)."""
@@ -240,10 +302,13 @@ def batch_tables(record: XidRecord, prefix: str) -> Generator[Step, Any, dict[st
         names = [t for t in listed if t == base or t.startswith(f"{base}_c")]
         if len(names) > 1:
             # a finisher's late CREATE IF NOT EXISTS after another claimed the full one
-            # makes an empty twin (nothing can be moved into it: every task partition
-            # is consolidated before a claim); it is dropped with the xid's staging
+            # makes a twin: empty (consolidated by MOVE), or a copy of the same task
+            # staging. A claimed one is what may have been attached; an unclaimed
+            # twin never was, and is dropped with the xid's staging
             sizes: StagingView = yield ObserveStaging(tuple(names))
             full = [n for n in names if any((sizes.get(n) or {}).values())]
+            if len(full) > 1:
+                full = [n for n in full if n != base] or full
             if len(full) > 1:
                 yield Stop(
                     Failure.ALARM,
@@ -346,7 +411,7 @@ def carry_out(
                 )
         else:
             yield op
-            if isinstance(op, (MovePartitions, Consolidate)) and not moved:
+            if isinstance(op, (MovePartitions, Consolidate, CopyIntoBatch)) and not moved:
                 moved = True
                 yield FaultPoint("driver.mid_commit")
     return record

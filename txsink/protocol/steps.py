@@ -71,7 +71,8 @@ class ObservePartRows:
 
 @dataclass(frozen=True)
 class ObserveBatchParts:
-    """-> ``tuple[str, ...]``: evidence ids of every part of batch staging ``table``."""
+    """-> ``dict[str, tuple[str, ...]]``: evidence ids of every part of batch staging
+    ``table`` per partition id (one per part: a part copied twice shows twice)."""
 
     table: str
 

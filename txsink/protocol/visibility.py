@@ -43,10 +43,13 @@ replaced ones before the roll-forward looks.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from txsink.protocol.states import Mode, XidRecord
 
 __all__ = [
     "batch_refusal",
+    "compaction",
     "is_batch",
 ]
 
@@ -74,3 +77,14 @@ def batch_refusal(table: str, engine: str, mode: str) -> str:
 
 def is_batch(record: XidRecord) -> bool:
     return record.mode is Mode.ATTACH and record.batch_visible
+
+
+def compaction(engine: str, sizes: Mapping[str, int], limit: int) -> bool:
+    """Whether a batch staging is merged into one part per partition (``OPTIMIZE ...
+    FINAL``) before its ATTACH: only on a plain ``MergeTree`` target, whose merges keep
+    every row as it is (the Replacing, Summing, Aggregating, Collapsing families' merges
+    change rows: they keep their parts, and the target merges them as it always does),
+    and only while every partition of the batch stages at most ``limit`` bytes (``sizes``:
+    bytes on disk per partition id; ``limit`` 0: never), so that the merge stays a small
+    part of the commit."""
+    return limit > 0 and engine == "MergeTree" and bool(sizes) and max(sizes.values()) <= limit
