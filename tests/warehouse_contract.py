@@ -251,6 +251,37 @@ class WarehouseContract:
             assert harness.wh.attach_logged(target, "txsink contract b1", since)
             assert not harness.wh.attach_logged(target, "txsink contract b2", since)
 
+    def test_a_copy_into_batch_staging_keeps_every_task_part_and_a_compaction_merges_them(
+        self, harness: Harness
+    ) -> None:
+        """One statement copies every (task staging, partition) into the batch staging:
+        task staging keeps its rows, the copies keep their UUIDs (a copy made twice shows
+        each twice); a compaction leaves one part per partition, rows unchanged; the
+        sizes read with the staged parts are per partition id."""
+        need(harness, "batch_visibility")
+        target = harness.target("t")
+        one = staged(harness, target, 1, rows(range(3), JAN), rows(range(3, 5), FEB))
+        two = staged(harness, target, 2, rows(range(5, 9), JAN))
+        read, sizes = harness.wh.staged_partitions_sized([one, two])
+        assert read == harness.wh.staged_partitions_of([one, two])
+        assert set(sizes) == {JAN, FEB} and all(n > 0 for n in sizes.values())
+        batch = batch_staging_name(_prefix(one), "b1", target)
+        harness.wh.create_batch_staging(batch, one)
+        harness.wh.copy_into_batch(batch, [(one, JAN), (one, FEB), (two, JAN)])
+        view = harness.wh.staging_view([one, two, batch])
+        assert view == {one: {JAN: 3, FEB: 2}, two: {JAN: 4}, batch: {JAN: 7, FEB: 2}}
+        copied = harness.wh.staged_partitions(batch, every_part=True)
+        mine = {
+            **{u: 1 for u in evidence(harness, one)[JAN]},
+            **{u: 1 for u in evidence(harness, two)[JAN]},
+        }
+        assert sorted(copied[JAN][1]) == sorted(mine)
+        harness.wh.copy_into_batch(batch, [(two, JAN)])  # copies again: never repeated blindly
+        assert harness.wh.staging_view([batch])[batch] == {JAN: 11, FEB: 2}
+        harness.wh.compact_batch(batch)
+        merged = harness.wh.staged_partitions(batch, every_part=True)
+        assert {p: (n, len(u)) for p, (n, u) in merged.items()} == {JAN: (11, 1), FEB: (2, 1)}
+
     # ------------------------------------------------------------------ other capabilities
 
     def test_direct_inserts_with_a_token_are_deduplicated_by_the_target(

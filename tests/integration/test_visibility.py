@@ -27,7 +27,10 @@ FULL = PARTITIONS * TASKS * ROWS
 FAULTS = (
     "driver.before_prepare",
     "driver.after_prepare",
-    "driver.mid_commit",
+    "driver.after_batch_create",
+    "driver.after_copy",
+    "driver.after_compact",
+    "driver.before_attach",
     "driver.after_attach",
     "driver.after_commit",
     "driver.after_record",
@@ -92,9 +95,9 @@ def batches(ch: Any, table: str) -> dict[int, int]:
     }
 
 
-# `make test` crashes the batch at the points around the ATTACH (claimed, attached, recorded);
-# `make test-slow` at every point of the publish.
-KEY_FAULTS = ("driver.after_prepare", "driver.after_attach", "driver.after_commit")
+# `make test` crashes the batch at the points around the copy and the ATTACH (copied,
+# attached, recorded); `make test-slow` after every statement of the publish.
+KEY_FAULTS = ("driver.after_copy", "driver.after_attach", "driver.after_commit")
 
 
 @pytest.mark.parametrize(

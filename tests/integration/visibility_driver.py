@@ -50,8 +50,9 @@ def main(argv: list[str]) -> None:
         shown = Visibility.BATCH if visibility == "batch" else Visibility.PARTITION
         t0 = time.perf_counter()
         tx.commit_batch(
-            epoch, batch_xid(b), b, table, parts, Mode.ATTACH, streaming=True, visibility=shown
-        )
+            epoch, batch_xid(b), b, table, parts, Mode.ATTACH, streaming=True, visibility=shown,
+            compact=frozenset({table}),  # a small batch of a plain MergeTree target
+        )  # fmt: skip
         latencies.append(time.perf_counter() - t0)
     handle.close()
     print(json.dumps({"latencies": latencies}))

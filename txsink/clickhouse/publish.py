@@ -72,8 +72,9 @@ class Publisher(Stager):
         per ``MAX_COMMANDS`` commands (hard links; part UUIDs kept). Each command is
         atomic, the statement is not, and a repeat copies twice: never retried here. A
         task staging table older than an ``ADD COLUMN`` on the target gets the batch
-        staging's new columns first, and the failure is raised (the publish re-observes,
-        and builds a batch staging the copy did not finish again)."""
+        staging's new columns first, and the failure is raised as a conflict: the publish
+        re-observes, and builds a batch staging the copy did not finish again (from the
+        target, when a task staged after an ``ADD COLUMN`` is newer than it)."""
         fq = self._staging(batch_staging, "copy into")
         for table, pid in sources:
             self._staging(table, "copy from")
@@ -99,7 +100,10 @@ class Publisher(Stager):
                 if exc.code not in (36, 122):  # not a structure refusal
                     raise
                 for table in sorted({t for t, _ in chunk}):
-                    with contextlib.suppress(ConfigError):  # alike: not the one refused
+                    # one older than the batch staging gains its columns; one alike, or
+                    # newer (the batch staging was made like an older task's staging:
+                    # the publish makes it again from the target), is left as it is
+                    with contextlib.suppress(TxSinkError):
                         self._catch_up_columns(table, f"{self.staging_db}.{batch_staging}", exc)
                 raise RetryableConflict(
                     f"copying into {fq}: a task staging table was older than the target "
