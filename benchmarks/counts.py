@@ -147,12 +147,14 @@ COLUMNS = (
 )
 
 
-def shape(bench: Any, tasks: int, values: int, batches: int, state: str) -> dict[str, Any]:
+def shape(
+    bench: Any, tasks: int, values: int, batches: int, state: str, visibility: str = "partition"
+) -> dict[str, Any]:
     """``batches`` steady-state batches of one stream at one shape; medians per batch."""
     from benchmarks.hotpath import one_batch, save_plan, stream_plan
 
     table = create_target(bench)
-    first = save_plan(bench, table, schema(), state=state)
+    first = save_plan(bench, table, schema(), state=state, visibility=visibility)
     run_id = f"counts-{uuid.uuid4().hex[:8]}"
     per_batch: list[dict[str, Any]] = []
     for b in range(batches + 1):  # the first batch takes the job over: not counted
@@ -176,6 +178,7 @@ def shape(bench: Any, tasks: int, values: int, batches: int, state: str) -> dict
         "tasks": tasks,
         "values": values,
         "state": state,
+        "visibility": visibility,
         "batches": batches,
         "rows_per_task": ROWS * values,
         **{k: statistics.median(b.get(k, 0) for b in per_batch) for k in COLUMNS},
@@ -191,24 +194,29 @@ def measure(
     batches: int = BATCHES,
     states: tuple[str, ...] = ("keeper",),
     progress: Any = None,
+    visibilities: tuple[str, ...] = ("partition",),
 ) -> dict[str, Any]:
     out = []
-    for state in states:
-        for tasks, values in shapes:
-            r = shape(bench, tasks, values, batches, state)
-            if progress:
-                progress(f"  {tasks} x {values} (state={state}): {r['seconds']:.1f} s a batch")
-            out.append(r)
+    for visibility in visibilities:
+        for state in states:
+            for tasks, values in shapes:
+                r = shape(bench, tasks, values, batches, state, visibility)
+                if progress:
+                    progress(
+                        f"  {tasks} x {values} (state={state}, visibility={visibility}): "
+                        f"{r['seconds']:.1f} s a batch"
+                    )
+                out.append(r)
     return {"rows_per_value": ROWS, "batches": batches, "shapes": out}
 
 
 def table(out: dict[str, Any]) -> list[str]:
     """The markdown table of :func:`measure`'s result."""
     lines = [
-        "| tasks x partition values | state | task statements besides inserts | inserts "
-        "| commit statements | of them MOVE/ATTACH | Keeper requests (waited) "
+        "| tasks x partition values | visibility | state | task statements besides inserts "
+        "| inserts | commit statements | of them MOVE/ATTACH | Keeper requests (waited) "
         "| state statements | parts added |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in out["shapes"]:
         state = f"{r['state_statements']:g}" if r["state"] == "clickhouse" else "-"
@@ -218,7 +226,8 @@ def table(out: dict[str, Any]) -> list[str]:
         )
         merged = f" (net; {r['merged_parts']:g} merged parts)" if r.get("merged_parts") else ""
         lines.append(
-            f"| {r['tasks']} x {r['values']} | {r['state']} | {r['task_statements']:g} | "
+            f"| {r['tasks']} x {r['values']} | {r.get('visibility', 'partition')} | "
+            f"{r['state']} | {r['task_statements']:g} | "
             f"{r['task_inserts']:g} | {r['commit_statements']:g} | {r['commit_publish']:g} | "
             f"{keeper} | {state} | "
             f"{r['parts_added']:g}{merged} |"
@@ -242,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
         "--state", default="keeper", help="comma-separated: keeper, clickhouse (default keeper)"
     )
     parser.add_argument("--shapes", default=",".join(f"{t}x{p}" for t, p in SHAPES))
+    parser.add_argument(
+        "--visibility", default="partition", help="comma-separated: partition, batch"
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
     import logging
@@ -256,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     with scratch_dir("txsink-counts-") as work, private_stack(work / "stack") as info:
         bench = Bench(info.url, info.keeper, None, QUICK, work)
         try:
-            out = measure(bench, shapes, args.batches, states, progress)
+            vis = tuple(v.strip() for v in args.visibility.split(",") if v.strip())
+            out = measure(bench, shapes, args.batches, states, progress, vis)
         finally:
             from txsink.driver import close_pooled
 

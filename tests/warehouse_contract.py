@@ -267,7 +267,7 @@ class WarehouseContract:
         assert set(sizes) == {JAN, FEB} and all(n > 0 for n in sizes.values())
         batch = batch_staging_name(_prefix(one), "b1", target)
         harness.wh.create_batch_staging(batch, one)
-        harness.wh.copy_into_batch(batch, [(one, JAN), (one, FEB), (two, JAN)])
+        harness.wh.copy_into_batch(batch, [(one, ""), (two, JAN)])  # "": every partition
         view = harness.wh.staging_view([one, two, batch])
         assert view == {one: {JAN: 3, FEB: 2}, two: {JAN: 4}, batch: {JAN: 7, FEB: 2}}
         copied = harness.wh.staged_partitions(batch, every_part=True)

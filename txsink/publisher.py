@@ -38,7 +38,7 @@ from txsink.ports.record_rules import superseded
 from txsink.ports.registry import Registry
 from txsink.ports.warehouse import Warehouse
 from txsink.protocol import ops, steps
-from txsink.protocol.ids import batch_claim_name
+from txsink.protocol.ids import batch_claim_name, parse_staging
 from txsink.protocol.states import Cut, Epoch, XidRecord, XidState
 
 log = logging.getLogger(__name__)
@@ -118,6 +118,13 @@ class StepRunner:
         with contextlib.suppress(TxSinkError):  # a missed beat is only late
             self.registry.heartbeat(epoch, self.bounds.promise("publishing", xid=xid))
 
+    @staticmethod
+    def _xid_of(batch_staging: str) -> str:
+        name = parse_staging(batch_staging)
+        if name is None:
+            raise ValueError(f"{batch_staging} is not a staging table name")
+        return name.xid
+
     def drive(self, sequence: Generator[steps.Step, Any, Any]) -> Any:
         """Drive a sequence of observations only (no epoch, no waits); its return value."""
         reply: Any = None
@@ -157,7 +164,12 @@ class StepRunner:
         elif isinstance(step, ops.CompactBatch):
             wh.compact_batch(step.batch_staging)
         elif isinstance(step, ops.CreateBatchStaging):
-            wh.create_batch_staging(step.table, step.like, step.target)
+            name = step.table
+            if step.claimed:  # created held: no other finisher attaches from this name
+                name = batch_claim_name(step.table, uuid.uuid4().hex)
+                self.claims[(self._xid_of(step.table), step.claimed)] = name
+            wh.create_batch_staging(name, step.like, step.target)
+            return name
         elif isinstance(step, ops.ClaimBatch):
             claimed = batch_claim_name(step.batch_staging, uuid.uuid4().hex)
             wh.claim_staging(step.batch_staging, claimed)

@@ -107,6 +107,6 @@ def test_a_count_not_met_names_what_it_counts():
 def test_the_counts_table_has_a_row_per_shape_and_state():
     lines = table(_counts())
     assert len(lines) == 2 + 3
-    assert lines[2].startswith("| 4 x 1 | keeper | 12 | 4 | 4 | 4 | 8 (21) | - | 1 |")
-    assert lines[4] == "| 20 x 50 | clickhouse | 60 | 20 | 24 | 20 | - | 20 | 1000 |"
+    assert lines[2].startswith("| 4 x 1 | partition | keeper | 12 | 4 | 4 | 4 | 8 (21) | - | 1 |")
+    assert lines[4] == "| 20 x 50 | partition | clickhouse | 60 | 20 | 24 | 20 | - | 20 | 1000 |"
     assert "## 2e." in section_counts({"counts": _counts()})[0]

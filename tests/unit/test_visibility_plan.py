@@ -35,7 +35,7 @@ def test_fresh_batch_is_copied_in_one_statement_then_replanned() -> None:
     ops = planner.plan_batch_publish(record(), TABLES, view, staged, {}, {})
     assert isinstance(ops[0], plan_ops.CreateBatchStaging)
     assert ops[1:] == [
-        plan_ops.CopyIntoBatch("b1", B, ((S1, "0"), (S2, "1")), 12),
+        plan_ops.CopyIntoBatch("b1", B, ((S1, plan_ops.ALL_PARTITIONS), (S2, "")), 12),
         plan_ops.Reobserve(),
     ]
     view[B] = {}  # created, nothing copied yet: copied, not created again

@@ -27,6 +27,8 @@ from txsink.errors import ConfigError, RecoveryAlarm, RetryableConflict, TxSinkE
 from txsink.names import qualified, quote_ident, quote_literal, split_table
 
 log = logging.getLogger(__name__)
+# copy commands per statement: ~120 bytes each, far below max_query_size (256 KiB)
+MAX_COPIES = 1000
 
 
 class Publisher(Stager):
@@ -68,8 +70,9 @@ class Publisher(Stager):
 
     def copy_into_batch(self, batch_staging: str, sources: Sequence[tuple[str, str]]) -> None:
         """Copy every ``(task staging, partition id)`` of ``sources`` into the batch
-        staging: ``ALTER TABLE batch ATTACH PARTITION ID 'p' FROM s, ...``, one statement
-        per ``MAX_COMMANDS`` commands (hard links; part UUIDs kept). Each command is
+        staging: ``ALTER TABLE batch ATTACH PARTITION ID 'p' FROM s, ...`` (partition id
+        ``""``: ``ATTACH PARTITION ALL FROM s``), one statement per ``MAX_COPIES``
+        commands (hard links; part UUIDs kept). Each command is
         atomic, the statement is not, and a repeat copies twice: never retried here. A
         task staging table older than an ``ADD COLUMN`` on the target gets the batch
         staging's new columns first, and the failure is raised as a conflict: the publish
@@ -78,15 +81,16 @@ class Publisher(Stager):
         fq = self._staging(batch_staging, "copy into")
         for table, pid in sources:
             self._staging(table, "copy from")
-            if not PARTITION_ID_RE.match(pid):
+            if pid and not PARTITION_ID_RE.match(pid):
                 raise ConfigError(
                     f"partition id {pid!r} of staging {table} is not a ClickHouse partition "
                     "id; the manifest is corrupt: run `txsink verify`"
                 )
-        for at in range(0, len(sources), MAX_COMMANDS):
-            chunk = sources[at : at + MAX_COMMANDS]
+        for at in range(0, len(sources), MAX_COPIES):
+            chunk = sources[at : at + MAX_COPIES]
             commands = ", ".join(
-                f"ATTACH PARTITION ID {quote_literal(pid)} FROM {qualified(self.staging_db, table)}"
+                f"ATTACH PARTITION {f'ID {quote_literal(pid)}' if pid else 'ALL'} "
+                f"FROM {qualified(self.staging_db, table)}"
                 for table, pid in chunk
             )
             try:

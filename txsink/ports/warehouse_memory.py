@@ -448,7 +448,9 @@ class MemoryWarehouse:
             for n, (table, pid) in enumerate(sources):
                 if cut is not None and n >= cut:  # a statement cut between its commands
                     return
-                dest.parts.extend(p for p in self._staged(table).parts if p.partition_id == pid)
+                dest.parts.extend(
+                    p for p in self._staged(table).parts if pid in ("", p.partition_id)
+                )
 
         self._call("copy_into_batch", act, cuttable=True)
 

@@ -92,9 +92,15 @@ class DropParts:
 
 @dataclass(frozen=True)
 class CreateBatchStaging:
+    """Create the batch staging ``table`` like the ``target`` (or, with no target, like
+    the task staging table ``like``). ``claimed``: under a name of this finisher's own
+    (what :class:`ClaimBatch` would rename it to; the runner answers with the name), so
+    that a fresh publish holds it from the start without a RENAME."""
+
     table: str
     target: str
     like: str  # a task staging table of the same target to copy the structure from
+    claimed: str = ""  # the target whose claim this is ("": the table's own name)
 
 
 @dataclass(frozen=True)
@@ -108,6 +114,9 @@ class Consolidate:
     rows: int
 
 
+ALL_PARTITIONS = ""  # a CopyIntoBatch source's partition id: every partition of the table
+
+
 @dataclass(frozen=True)
 class CopyIntoBatch:
     """``ALTER TABLE batch_staging ATTACH PARTITION ID 'p' FROM s1, ...``: every task
@@ -119,7 +128,8 @@ class CopyIntoBatch:
 
     xid: str
     batch_staging: str
-    sources: tuple[tuple[str, str], ...]  # (task staging table, partition id)
+    # (task staging table, partition id), or (table, ALL_PARTITIONS): every partition
+    sources: tuple[tuple[str, str], ...]
     rows: int
 
 

@@ -29,6 +29,7 @@ from collections.abc import Set as AbstractSet
 
 from txsink.protocol.ids import parse_staging
 from txsink.protocol.ops import (
+    ALL_PARTITIONS,
     Alarm,
     AttachAll,
     ClaimBatch,
@@ -530,16 +531,17 @@ def _plan_copy(
             return _batch_alarm(record, f"staging table {part.table} holds {rows} rows of "
                                 f"{where}, the manifest says {part.rows}")  # fmt: skip
     total = sum(p.rows for p in parts)
+    # every partition of each table (a plan with rows the manifest does not list is an
+    # Alarm as a whole: _unlisted)
+    sources = tuple((t, ALL_PARTITIONS) for t in dict.fromkeys(p.table for p in parts))
     if view.get(bst) is None:
-        sources = tuple((p.table, p.partition_id) for p in parts)
         return [
             CreateBatchStaging(bst, target, parts[0].table),
             CopyIntoBatch(record.xid, bst, sources, total),
         ], []
     if not any((view.get(bst) or {}).values()) and not in_batch and not _is_claim_name(bst):
         # created, nothing copied yet (the resumed publish waited out any copy in flight)
-        return [CopyIntoBatch(record.xid, bst, tuple((p.table, p.partition_id) for p in parts),
-                              total)], []  # fmt: skip
+        return [CopyIntoBatch(record.xid, bst, sources, total)], []
     wanted = record.partition_rows(target)
     exact = _exact(parts, staged, bparts or {}, view.get(bst) or {}, wanted)
     if exact or claimed or logged:

@@ -32,6 +32,7 @@ from typing import Any
 from txsink.protocol.evidence_life import EvidenceLife, guard_late_publish, moving_targets
 from txsink.protocol.ids import batch_staging_name, seal_tag
 from txsink.protocol.ops import (
+    ALL_PARTITIONS,
     Alarm,
     AttachAll,
     ClaimBatch,
@@ -258,29 +259,29 @@ def fresh_batch(record: XidRecord, prefix: str, compact: frozenset[str] = frozen
     """The publish of a record this very attempt prepared, with no observation: its task
     staging holds exactly the manifest's rows (read in the one statement before the
     prepare), and no other finisher knows the xid unless one took the job over since.
-    Per target: create the batch staging like a task's staging, copy every task
-    partition into it in one statement, compact it (targets in ``compact``), check the
-    fence, claim it (RENAME), ATTACH it; then COMMITTED and one DROP. The statements are
-    the same whatever the number of tasks and partitions.
+    Per target: create the batch staging under a name of this finisher's own (claimed
+    from the start), copy every task staging table into it in one statement, compact it
+    (targets in ``compact``), check the fence, ATTACH it; then COMMITTED and one DROP.
+    The statements are the same whatever the number of tasks and partitions.
 
     Why no look is needed: a finisher that took the job over before the fence check
     makes it fail (nothing of this attempt is attached); one that took it over after
     the check finds this batch staging (it existed before the check), claims it away
-    and waits out an ATTACH already sent, before it looks for evidence. Any failure
+    and waits out an ATTACH already sent before it looks for evidence. Any failure
     sends the publish to the resumed path, which observes everything."""
     claimed: list[str] = []
     for target, parts in by_target(record).items():
         base = batch_staging_name(prefix, record.xid, target)
-        yield CreateBatchStaging(base, "", parts[0].table)
+        name: str = yield CreateBatchStaging(base, "", parts[0].table, claimed=target)
         yield FaultPoint("driver.after_batch_create")
-        sources = tuple((p.table, p.partition_id) for p in parts)
-        yield CopyIntoBatch(record.xid, base, sources, sum(p.rows for p in parts))
+        tables = tuple(dict.fromkeys(p.table for p in parts))  # each one's every partition
+        sources = tuple((t, ALL_PARTITIONS) for t in tables)
+        yield CopyIntoBatch(record.xid, name, sources, sum(p.rows for p in parts))
         yield FaultPoint("driver.after_copy")
         if target in compact:
-            yield CompactBatch(record.xid, base)
+            yield CompactBatch(record.xid, name)
             yield FaultPoint("driver.after_compact")
         yield CheckFence()
-        name: str = yield ClaimBatch(record.xid, base, target)
         yield FaultPoint("driver.before_attach")
         yield Attach(record.xid, name, target, attach_tag(prefix, record, target))
         yield FaultPoint("driver.after_attach")
