@@ -293,7 +293,10 @@ def _commit_writes(
             engine = plan.target_info.engine if plan.target_info is not None else ""
             if compaction(engine, sizes, plan.config.compact_bytes):
                 compact.add(plan.config.table)
-        batch_visible = config.visibility == Visibility.BATCH and mode is Mode.ATTACH
+        # one xid is published one way: batch only if every table's validation chose it
+        batch_visible = mode is Mode.ATTACH and all(
+            plan.config.visibility == Visibility.BATCH for plan, _ in writes
+        )
         result = handle.transactor.commit_batch(
             epoch, xid, batch, config.table, parts, mode, streaming=streaming,
             tables=sorted(targets) if targets else (),

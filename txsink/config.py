@@ -72,7 +72,7 @@ class WriterConfig:
     run_id: str
     micro_batch: bool = False
     first_batch: int | None = None  # streaming: the job's own micro-batches start here
-    visibility: str = "partition"
+    visibility: str = "auto"  # validation resolves it to partition or batch
     compact_bytes: int = 1 << 30
     shards: tuple[str, ...] = ()  # shard URLs (no userinfo); () = one server, `url`
     shard_by: str = ""

@@ -225,7 +225,7 @@ def _root(raw: str) -> str:
 
 
 MODES = ("auto", "attach", "dedup")
-VISIBILITIES = ("partition", "batch")
+VISIBILITIES = ("auto", "partition", "batch")
 COMPRESSIONS = ("lz4", "zstd", "gzip", "none")
 STATES = ("keeper", "clickhouse")
 CREATE_TABLE = ("never", "if_missing")
@@ -282,9 +282,11 @@ _DECLARED: tuple[Option, ...] = (
     Option("mode", "how a batch is written", default="auto", kind=Kind.CHOICE, choices=MODES),
     Option(
         "visibility",
-        "with batch, readers of a table see each batch whole or not at all (one ATTACH "
-        "PARTITION ALL per table; attach mode, non-replicated MergeTree)",
-        default="partition",
+        "with batch, readers of a table see each batch whole or not at all, and a batch "
+        "costs the same statements whatever the number of tasks (one ATTACH PARTITION ALL "
+        "per table; attach mode, one non-replicated MergeTree server, a readable query "
+        "log); auto: batch where it can be honoured, else partition",
+        default="auto",
         kind=Kind.CHOICE,
         choices=VISIBILITIES,
     ),

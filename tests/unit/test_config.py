@@ -96,7 +96,7 @@ def test_defaults_are_unchanged() -> None:
     """Option names and defaults are a contract (renames are another issue's)."""
     assert {n: o.default for n, o in OPTIONS.items()} == {
         "url": None, "user": "default", "password": "", "table": None, "keeper": None,
-        "job": None, "mode": "auto", "visibility": "partition", "compact_bytes": "1073741824",
+        "job": None, "mode": "auto", "visibility": "auto", "compact_bytes": "1073741824",
         "staging_database": "txsink_staging", "keeper_root": "/txsink", "keeper_auth": "",
         "state": "keeper", "state_database": "txsink_state",
         "keeper_timeout": "15", "keeper_retry_s": "30", "block_rows": "1000000",

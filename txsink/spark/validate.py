@@ -245,13 +245,9 @@ def _validate(
             views = view_tables(warehouse, info)
         mode = choose_mode(config, info, views, pinned, why_not_shards)
         check_insert_settings(config, warehouse, mode)
-        refusal = batch_refusal(config.table, info.engine, mode)
-        if config.visibility == "batch" and refusal:
-            raise ConfigError(f"job {config.job}: {refusal}. Nothing was written")
-        if config.visibility == "batch":
-            # the evidence of an ATTACH that outlives the target's merges (docs/modes.md):
-            # refused here, before anything is staged, not found missing after PREPARED
-            warehouse.attach_logged(config.table, f"txsink probe {config.job}", time.time())
+        config = dataclasses.replace(
+            config, visibility=chosen_visibility(config, info, mode, warehouse)
+        )
         if mode == "attach":
             warehouse.ensure_staging_db()
         else:  # every dedup block insert checks its batch's seal row there
@@ -397,6 +393,28 @@ def over_cluster(
         config.job, config.table, target.cluster, target.local_table, ", ".join(urls),
     )  # fmt: skip
     return plan
+
+
+def chosen_visibility(config: WriterConfig, info: TargetInfo, mode: str, warehouse: Any) -> str:
+    """``partition`` or ``batch``: the option as given, or with ``auto`` the one the
+    target can honour (batch: attach mode, one non-replicated MergeTree server, and a
+    readable query log, the evidence of an ATTACH that outlives the target's merges).
+    An explicit ``batch`` it cannot honour is refused here, before anything is staged,
+    not found missing after PREPARED."""
+    refusal = batch_refusal(config.table, info.engine, mode)
+    if config.shards:  # an explicit batch was refused by check_sharded
+        refusal = refusal or "visibility=batch cannot span shards"
+    if config.visibility == "partition" or (config.visibility == "auto" and refusal):
+        return "partition"
+    if refusal:
+        raise ConfigError(f"job {config.job}: {refusal}. Nothing was written")
+    try:
+        warehouse.attach_logged(config.table, f"txsink probe {config.job}", time.time())
+    except ConfigError:
+        if config.visibility == "batch":
+            raise
+        return "partition"
+    return "batch"
 
 
 INTEGER_TYPES = ("tinyint", "smallint", "int", "bigint")
