@@ -118,6 +118,17 @@ class StepRunner:
         with contextlib.suppress(TxSinkError):  # a missed beat is only late
             self.registry.heartbeat(epoch, self.bounds.promise("publishing", xid=xid))
 
+    def _own_or_unclaimed(self, batch_staging: str, action: str) -> None:
+        """A batch staging is built only under the name no finisher attaches from, or
+        under one this runner holds: never under another finisher's name (its holder
+        may be about to ATTACH from it)."""
+        name = parse_staging(batch_staging)
+        if name is not None and name.claim and batch_staging not in self.claims.values():
+            raise RetryableConflict(
+                f"job {self.job}: not going to {action} batch staging {batch_staging}: "
+                f"another finisher's name; re-observing"
+            )
+
     @staticmethod
     def _xid_of(batch_staging: str) -> str:
         name = parse_staging(batch_staging)
@@ -160,6 +171,7 @@ class StepRunner:
         elif isinstance(step, ops.Consolidate):
             wh.consolidate(step.staging, step.partition_id, step.batch_staging)
         elif isinstance(step, ops.CopyIntoBatch):
+            self._own_or_unclaimed(step.batch_staging, "copy into")
             wh.copy_into_batch(step.batch_staging, step.sources)
         elif isinstance(step, ops.CompactBatch):
             wh.compact_batch(step.batch_staging)
@@ -168,6 +180,8 @@ class StepRunner:
             if step.claimed:  # created held: no other finisher attaches from this name
                 name = batch_claim_name(step.table, uuid.uuid4().hex)
                 self.claims[(self._xid_of(step.table), step.claimed)] = name
+            else:
+                self._own_or_unclaimed(name, "create")
             wh.create_batch_staging(name, step.like, step.target)
             return name
         elif isinstance(step, ops.ClaimBatch):

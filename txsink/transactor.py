@@ -411,7 +411,7 @@ class Transactor:
     def batch_tables(self, record: XidRecord) -> dict[str, str]:
         """Target -> batch staging table of a ``visibility=batch`` record, under the name
         a finisher claimed it with if one did (:func:`sequence.batch_tables`)."""
-        tables: dict[str, str] = self.runner.drive(sequence.batch_tables(record, self.prefix))
+        tables: dict[str, str] = self.runner.drive(sequence.batch_tables(record, self.prefix))[0]
         return tables
 
     def _refuse_dedup_leftovers(self, xid: str) -> None:

@@ -349,3 +349,63 @@ def test_both_visibilities_make_the_same_checks_on_the_same_manifest(case: str) 
     # task staging is whole: the batch variant copies it (again, if a copy or a cut MOVE
     # left part of it in the batch staging) and attaches from a fresh look
     assert batch[-2] in ("CopyIntoBatch", "DropStaging") and batch[-1] == "Reobserve"
+
+
+# -- copies of one batch: review findings of the copy-built batch staging ----------------
+
+
+def batch_copy(world: World, token: str) -> str:
+    """A full copy of the task staging under a finisher's name (a finisher's build)."""
+    base = sequence.batch_staging_name(PREFIX, "b1", TARGET)
+    name = batch_claim_name(base, token)
+    merged: dict[str, dict[str, int]] = {}
+    for t in (S1, S2):
+        for p, v in world.tables[t].items():
+            merged.setdefault(p, {}).update(v)
+    world.tables[name] = merged
+    return name
+
+
+def test_twin_copies_of_a_batch_are_retired_and_the_batch_published_once() -> None:
+    """A fresh commit's build raced a takeover's: two full copies under finishers' names.
+    Before, every later recovery stopped on an alarm; now the twin is dropped after the
+    fence check and the server waited quiet, and one copy is attached."""
+    world = World.fresh("batch")
+    batch_copy(world, "aaaaaaaa")
+    batch_copy(world, "bbbbbbbb")
+    record, seen = drive(attempt(world, resumed=True), Executor(world))
+    assert record is not None
+    assert_published_once(world)
+    assert sum(isinstance(s, steps.Attach) for s in seen) == 1
+
+
+def test_a_twin_already_attached_proves_the_batch_and_nothing_is_attached_again() -> None:
+    world = World.fresh("batch")
+    first = batch_copy(world, "aaaaaaaa")
+    batch_copy(world, "bbbbbbbb")
+    for pid, parts in world.tables[first].items():  # one copy landed, then its finisher died
+        world.tables.setdefault(TARGET, {}).setdefault(pid, {}).update(parts)
+    record, seen = drive(attempt(world, resumed=True), Executor(world))
+    assert record is not None and record.state is XidState.COMMITTED
+    assert not any(isinstance(s, steps.Attach) for s in seen)
+    assert_published_once(world)
+
+
+def test_a_batch_staging_renamed_away_is_never_created_again_under_its_holders_name() -> None:
+    """Listed under a finisher's name, then renamed away before it was read: looked at
+    again, never re-created under that name (its holder may ATTACH from it); the runner
+    refuses a copy into a name it does not hold."""
+    base = sequence.batch_staging_name(PREFIX, "b1", TARGET)
+    held = batch_claim_name(base, "cccccccc")
+    record = make_record("batch")
+    staged = {(t, p): tuple(v) for t, pids in STAGED.items() for p, v in pids.items()}
+    view = {S1: {"0": 5, "1": 4}, S2: {"0": 1}, held: None}
+    ops_ = plan_batch_publish(record, {TARGET: held}, view, staged, {}, {})
+    assert ops_ == [ops.Reobserve(), ops.Reobserve()]
+
+
+def test_a_copy_with_no_part_uuids_to_check_it_by_is_an_alarm_not_a_loop() -> None:
+    record = make_record("batch")
+    view = {S1: {"0": 5, "1": 4}, S2: {"0": 1}, "batch_staging": None}
+    plan = plan_batch_publish(record, {TARGET: "batch_staging"}, view, {}, {}, {})
+    assert [type(o) for o in plan] == [ops.Alarm]

@@ -116,12 +116,12 @@ class Publisher(Stager):
 
     def compact_batch(self, batch_staging: str) -> None:
         """``OPTIMIZE TABLE batch FINAL``: one part per partition (FINAL merges although
-        staging's settings stop background merges). Not repeated blindly either: a
-        repeat would only merge again."""
+        staging's settings stop background merges). Not resent blindly: the publish
+        must not go on to its ATTACH while a first merge may still run."""
         fq = self._staging(batch_staging, "compact")
         self.client.command(
             f"OPTIMIZE TABLE {fq} FINAL",
-            idempotent=True,
+            idempotent=False,
             table=f"{self.staging_db}.{batch_staging}",
             what=f"compact batch staging {fq}",
         )

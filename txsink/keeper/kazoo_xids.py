@@ -203,7 +203,8 @@ class KazooXids(KazooBase):
             except ValueError:
                 self._fence_now(epoch)  # a stale writer hears FencedError first
                 raise
-            self._conn.ensure(path.rsplit("/", 1)[0])
+            # The parent (``xids``) is made only when the create finds it missing (the
+            # job's first prepare): one request fewer per batch.
             # The xid node decides: created here, or compare-and-set over an ABORTED
             # tombstone (never adopting a table the tombstone rolled back).
             incoming = record

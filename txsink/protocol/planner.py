@@ -526,6 +526,10 @@ def _plan_copy(
     finish it), or an Alarm."""
     for part in parts:
         rows = (view.get(part.table) or {}).get(part.partition_id, 0)
+        if not staged.get((part.table, part.partition_id)):
+            where = f"partition {part.partition_id} of staging table {part.table}"
+            return _batch_alarm(record, f"the parts of {where} carry no UUIDs: a batch "
+                                "staging copied from it could not be checked")  # fmt: skip
         if rows != part.rows:
             where = f"partition {part.partition_id}"
             return _batch_alarm(record, f"staging table {part.table} holds {rows} rows of "
@@ -535,6 +539,10 @@ def _plan_copy(
     # Alarm as a whole: _unlisted)
     sources = tuple((t, ALL_PARTITIONS) for t in dict.fromkeys(p.table for p in parts))
     if view.get(bst) is None:
+        if _is_claim_name(bst):  # renamed away since it was listed: look again
+            return [Reobserve()], []
+        # only ever built under the name no finisher attaches from (never re-created
+        # under a finisher's own name: its holder may be about to ATTACH from it)
         return [
             CreateBatchStaging(bst, target, parts[0].table),
             CopyIntoBatch(record.xid, bst, sources, total),

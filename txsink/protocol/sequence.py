@@ -197,7 +197,12 @@ def finish_batch(
     missing: set[str] = set()
     logged: set[str] = set()
     for _ in range(bounds.batch_rounds):
-        tables = yield from batch_tables(record, prefix)
+        tables, twins = yield from batch_tables(record, prefix)
+        landed: set[str] = set()
+        if twins and record.state is XidState.PREPARED:
+            landed = yield from retire_twins(record, prefix, bounds, twins)
+        elif twins:  # COMMITTED: leftovers
+            yield DropTables(tuple(n for names in twins.values() for n in names))
         view: StagingView = yield ObserveStaging((*record.staging_tables, *tables.values()))
         part_rows: dict[str, int] = {}
         staged = yield from staged_uuids(record, view, part_rows)
@@ -223,8 +228,8 @@ def finish_batch(
             if view.get(tables[t]) is None
             and not any((view.get(p.table) or {}).get(p.partition_id) for p in parts)
         }
-        logged = set()
-        for target in sorted(claimed | missing):
+        logged = set(landed)  # a twin's parts in the target prove it as the log does
+        for target in sorted((claimed | missing) - landed):
             if record.state is not XidState.PREPARED:
                 continue
             tag = attach_tag(prefix, record, target)
@@ -293,34 +298,76 @@ def fresh_batch(record: XidRecord, prefix: str, compact: frozenset[str] = frozen
     return record
 
 
-def batch_tables(record: XidRecord, prefix: str) -> Generator[Step, Any, dict[str, str]]:
+def batch_tables(
+    record: XidRecord, prefix: str
+) -> Generator[Step, Any, tuple[dict[str, str], dict[str, tuple[str, ...]]]]:
     """Target -> batch staging table of a ``visibility=batch`` record, under the name a
-    finisher claimed it with if one did (:class:`~txsink.protocol.ops.ClaimBatch`)."""
+    finisher holds it by if one does (:class:`~txsink.protocol.ops.ClaimBatch`), and
+    target -> its *twins*: other batch staging tables with rows.
+
+    Twins are copies of the same whole task staging: a finisher's late build after
+    another claimed its own, or a fresh commit's build racing a takeover's. The one kept
+    is this finisher's own, else one held by another finisher, else the unclaimed one;
+    the others are retired (:func:`retire_twins`). A twin of an xid consolidated by MOVE
+    is empty (nothing is left to move into it) and is dropped with the xid's staging."""
     listed: list[str] = yield ListStaging(f"{prefix}__{record.xid}")
+    held: dict[str, str] = yield HeldClaims(record.xid)
     out: dict[str, str] = {}
+    twins: dict[str, tuple[str, ...]] = {}
     for target in by_target(record):
         base = batch_staging_name(prefix, record.xid, target)
         names = [t for t in listed if t == base or t.startswith(f"{base}_c")]
         if len(names) > 1:
-            # a finisher's late CREATE IF NOT EXISTS after another claimed the full one
-            # makes a twin: empty (consolidated by MOVE), or a copy of the same task
-            # staging. A claimed one is what may have been attached; an unclaimed
-            # twin never was, and is dropped with the xid's staging
             sizes: StagingView = yield ObserveStaging(tuple(names))
             full = [n for n in names if any((sizes.get(n) or {}).values())]
+            full.sort(key=lambda n: (n != held.get(target), n == base, n))
             if len(full) > 1:
-                full = [n for n in full if n != base] or full
-            if len(full) > 1:
-                yield Stop(
-                    Failure.ALARM,
-                    f"xid {record.xid} (visibility=batch) has several batch staging "
-                    f"tables with rows for {target}: {full}; nothing was attached. Inspect "
-                    f"them (docs/modes.md#visibility), then `txsink recover --job "
-                    f"{record.job}`",
-                )
+                twins[target] = tuple(full[1:])
             names = full or names
         out[target] = names[0] if names else base
-    return out
+    return out, twins
+
+
+def retire_twins(
+    record: XidRecord, prefix: str, bounds: PublishBounds, twins: dict[str, tuple[str, ...]]
+) -> Generator[Step, Any, set[str]]:
+    """Drop the twins of each target's batch staging (:func:`batch_tables`) and return
+    the targets into which one of them is proven attached already.
+
+    A twin may be the table another finisher holds and is about to ATTACH from, so it is
+    dropped only after this finisher's fence check, and its parts are looked for in the
+    target only once the server is quiet: a later ATTACH from it finds no table, one
+    already running is waited out. Every part UUID of a twin in the target: that copy of
+    the batch landed; some only: an ATTACH cut between parts, an alarm."""
+    seen: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
+    for target, names in twins.items():
+        for name in names:
+            parts: dict[str, tuple[str, ...]] = yield ObserveBatchParts(name)
+            ids = tuple(dict.fromkeys(u for found in parts.values() for u in found))
+            seen.setdefault(target, []).append((name, ids))
+    yield CheckFence()
+    yield DropTables(tuple(n for names in twins.values() for n in names))
+    quiet = yield Settle(record.xid, settle_needles(prefix, record), fresh=True)
+    if not quiet:
+        yield Stop(
+            Failure.UNAVAILABLE,
+            f"xid {record.xid}: statements on its staging still run after "
+            f"{bounds.retry_s:g}s; nothing was attached",
+        )
+    landed: set[str] = set()
+    for target, copies in seen.items():
+        for name, ids in copies:
+            found = (yield ObservePublished(target, ids)) if ids else frozenset()
+            if found and set(found) == set(ids):
+                landed.add(target)
+            elif found:
+                yield Stop(
+                    Failure.ALARM,
+                    f"xid {record.xid} (visibility=batch): {len(found)} of the {len(ids)} "
+                    f"parts of batch staging {name} are in {target}: an ATTACH cut between "
+                    f"parts; nothing was attached. {BATCH_HINT}",
+                )
+    return landed
 
 
 def staged_uuids(
