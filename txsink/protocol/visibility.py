@@ -1,44 +1,43 @@
 """Pure decisions of ``visibility=batch``: a reader sees a batch of a table whole or not at all.
 
-Mechanism (per target table of an xid): every task's staged partitions are first moved
-(``MOVE PARTITION``, invisible to readers) into one *batch staging* table of the xid
-(:func:`txsink.protocol.ids.batch_staging_name`), then published by one
-``ALTER TABLE target ATTACH PARTITION ALL FROM batch_staging``: on non-replicated MergeTree
-ClickHouse commits every cloned part under one lock, so a reader sees all of them or none
-(measured by ``tests/integration/test_visibility.py``). ATTACH copies (hard links), so it is
-not idempotent and leaves the batch staging full; it is dropped right after.
+Mechanism (per target table of an xid): every task's staging table is copied (``ATTACH
+PARTITION ALL FROM``, hard links, invisible to readers) into one *batch staging* table of
+the xid in one statement (:func:`txsink.protocol.ids.batch_staging_name`), merged to one
+part per partition where :func:`compaction` says so, then published by one ``ALTER TABLE
+target ATTACH PARTITION ALL FROM batch_staging``: on non-replicated MergeTree ClickHouse
+commits every cloned part under one lock, so a reader sees all of them or none (measured
+by ``tests/integration/test_visibility.py``). The statements are the same whatever the
+number of tasks. ATTACH copies, so it is not idempotent; the task staging stays whole
+until COMMITTED, and everything is dropped then.
 
-Every step is decided from observations only by the one publish planner
-(:func:`txsink.protocol.planner.plan_batch_publish`: the per-partition checks of
-:func:`~txsink.protocol.planner.plan_publish`, with the batch staging as the sink), with
-part UUIDs (kept by MOVE and ATTACH) as the
-evidence of what already happened:
+A fresh commit runs straight through (:func:`txsink.protocol.sequence.fresh_batch`:
+the batch staging is created under the committing finisher's own name, the epoch checked
+before the ATTACH). Every other finisher decides every step from observations only, by
+the one publish planner (:func:`txsink.protocol.planner.plan_batch_publish`), with part
+UUIDs (kept by copies, MOVE and ATTACH) as the evidence of what already happened:
 
-- consolidation (PREPARED, batch staging missing or partly filled): a manifest partition
-  still in its task staging with its full count is moved into the batch staging, unless
-  every one of its parts is there already (a server crash inside MOVE left the source); a
-  partition with no rows left must show one of its recorded UUIDs in the batch staging;
-  the plan then stops (``Reobserve``): the attach is planned from a fresh look;
-- claim (every manifest partition of the table is in the batch staging, counts equal,
-  none of its part UUIDs in the target): ``RENAME`` the batch staging to this finisher's
-  own name (:class:`ClaimBatch`), wait until no statement on the xid's staging runs,
-  re-observe;
+- build (PREPARED, task staging whole): a batch staging that is not exactly the task
+  staging's parts (a copy cut short, or doubled by a late one) was never attached and is
+  built again, only ever under the name no finisher attaches from;
+- claim: ``RENAME`` the batch staging to this finisher's own name (:class:`ClaimBatch`),
+  wait until no statement on the xid's staging runs, re-observe; other copies with rows
+  (*twins*) are dropped after the fence check, their parts then looked for in the target;
 - attach (claimed): none of the batch staging's part UUIDs in the target and no finished
   ATTACH of this xid into it in ``system.query_log``: attach, then drop the batch
   staging; all of them, or the log entry: an earlier ATTACH landed (drop only); some of
   the UUIDs: an Alarm;
-- batch staging missing under every name and every task staging partition empty with
-  UUIDs: counted as published only with the query log's proof (the batch staging is
-  dropped after COMMITTED; a missing one is a rename seen half-way: look again).
+- a record consolidated by MOVE (an older txsink: task partitions emptied) keeps its
+  rules: a missing batch staging is published only with the query log's proof.
 
 Two finishers of one xid (a takeover and ``txsink recover --force``, two recoverers, a
-superseded driver) can never both ATTACH: each attaches only from the name it renamed the
-table to, after it saw the server quiet and found no evidence (part UUIDs, which a merge
-in the target removes, or the ATTACH's ``log_comment`` in ``system.query_log``, which it
-does not). The window that remains (docs/modes.md#visibility): the *server* crashing
-within its log flush interval after an ATTACH committed, the driver dying before it
-recorded COMMITTED, and the target merging the attached parts and cleaning up the
-replaced ones before the roll-forward looks.
+superseded driver) can never both ATTACH: each attaches only from a name it holds, after
+its fence check, and a finisher that took over later renames that table away and waits
+out an ATTACH already sent before it looks for evidence (part UUIDs, which a merge in the
+target removes, or the ATTACH's ``log_comment`` in ``system.query_log``, which it does
+not). The window that remains (docs/modes.md#visibility): the *server* crashing within
+its log flush interval after an ATTACH committed, the driver dying before it recorded
+COMMITTED, and the target merging the attached parts and cleaning up the replaced ones
+before the roll-forward looks; or a hand dropping the attached batch staging then.
 """
 
 from __future__ import annotations
