@@ -67,6 +67,7 @@ class Arena:
     db: str
     job: str
     state: str = "keeper"  # or "clickhouse": the state in KeeperMap, through ch_proxy
+    visibility: str = ""  # the job's visibility option ("": its default)
     produced: int = 0
     amount: int = 0
     files: int = 0
@@ -118,6 +119,8 @@ class Arena:
         extra += ["--option", "block_rows=500"]
         if self.state == "clickhouse":
             extra += ["--option", "state=clickhouse"]
+        if self.visibility:
+            extra += ["--option", f"visibility={self.visibility}"]
         return job_args(
             self.work / "src",
             self.work / "ckpt",
@@ -147,7 +150,9 @@ def _shift_ids(src: Path, first: int, dest: Path) -> None:
     src.unlink()
 
 
-def open_arena(services: Services, work: Path, mode: str, state: str = "keeper") -> Arena:
+def open_arena(
+    services: Services, work: Path, mode: str, state: str = "keeper", visibility: str = ""
+) -> Arena:
     ch_port = int(services.info.url.rsplit(":", 1)[-1])
     zk_port = int(services.info.keeper.rsplit(":", 1)[-1])
     ch_proxy = fp.FaultProxy(("127.0.0.1", ch_port), name="clickhouse").start()
@@ -161,6 +166,7 @@ def open_arena(services: Services, work: Path, mode: str, state: str = "keeper")
         db=f"nemesis_{uuid.uuid4().hex[:8]}",
         job=f"nemesis-{mode}-{uuid.uuid4().hex[:6]}",
         state=state,
+        visibility=visibility,
     )
     client = arena.client()
     try:
@@ -386,6 +392,14 @@ FAULTS: dict[str, Any] = {
     ),
     "lost-reply-insert": _drop(CH, fp.http_request(r"INSERT\s+INTO"), "INSERT block"),
     "lost-reply-move": _drop(CH, fp.http_request(r"MOVE\s+PARTITION"), "MOVE PARTITION"),
+    # visibility=batch: the copy of every task's staging into the batch staging (the
+    # statement names the batch staging, then ATTACH), and the ATTACH into the target
+    "lost-reply-copy": _drop(
+        CH, fp.http_request(r"__all_[0-9a-f]+_c[0-9a-f]+`?\s+ATTACH\s+PARTITION"), "copy"
+    ),
+    "lost-reply-attach": _drop(
+        CH, fp.http_request(r"ATTACH\s+PARTITION\s+ALL\s+FROM\s+\S*__all_"), "ATTACH"
+    ),
     "lost-reply-drop-staging": _drop(
         CH, fp.http_request(_staging(r"DROP\s+TABLE")), "DROP staging"
     ),
@@ -417,6 +431,8 @@ FAULTS: dict[str, Any] = {
 ATTACH_ONLY = {
     "lost-reply-create-staging",
     "lost-reply-move",
+    "lost-reply-copy",
+    "lost-reply-attach",
     "lost-reply-drop-staging",
     "clickhouse-crash-inside-move",
 }

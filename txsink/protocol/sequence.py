@@ -290,6 +290,7 @@ def fresh_batch(record: XidRecord, prefix: str, compact: frozenset[str] = frozen
         yield FaultPoint("driver.before_attach")
         yield Attach(record.xid, name, target, attach_tag(prefix, record, target))
         yield FaultPoint("driver.after_attach")
+        yield FaultPoint("driver.mid_commit")  # a table published, maybe more to go
         claimed.append(name)
     yield FaultPoint("driver.after_commit")
     record = yield Write(record, RecordCommitted(record.xid))

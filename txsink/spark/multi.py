@@ -134,6 +134,7 @@ class Transaction:
         self.run_id = self.run_id or f"txn-{uuid.uuid4().hex}"
         self.writes: list[tuple[WritePlan, list[TxCommitMessage]]] = []
         self.tried: list[WritePlan] = []
+        self.asked: list[WriterConfig] = []  # each write's options as given (visibility)
         self.result: dict[str, Any] | None = None
         self.closed = False
 
@@ -175,8 +176,8 @@ class Transaction:
         )
         if config.mode == Mode.DEDUP.value:
             raise ConfigError(refusal)
-        if self.tried and config.visibility != self.tried[0].config.visibility:
-            first = self.tried[0].config
+        if self.asked and config.visibility != self.asked[0].visibility:
+            first = self.asked[0]
             raise ConfigError(
                 f"table {config.table} is written with visibility={config.visibility} and "
                 f"{first.table} with visibility={first.visibility}: one transaction is one "
@@ -199,6 +200,7 @@ class Transaction:
             )
         plan = dataclasses.replace(plan, xid=self.xid, run_id=self.run_id, batch=self.batch)
         self.tried.append(plan)
+        self.asked.append(config)
         messages = stage(plan, df)
         committer.batch_mode(plan, messages, self.xid)
         self.writes.append((plan, messages))

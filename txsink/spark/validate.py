@@ -244,10 +244,10 @@ def _validate(
         if info.dependent_views and (pinned or config.mode) != "attach":
             views = view_tables(warehouse, info)
         mode = choose_mode(config, info, views, pinned, why_not_shards)
-        check_insert_settings(config, warehouse, mode)
         config = dataclasses.replace(
             config, visibility=chosen_visibility(config, info, mode, warehouse)
         )
+        check_insert_settings(config, warehouse, mode)
         if mode == "attach":
             warehouse.ensure_staging_db()
         else:  # every dedup block insert checks its batch's seal row there
@@ -397,8 +397,9 @@ def over_cluster(
 
 def chosen_visibility(config: WriterConfig, info: TargetInfo, mode: str, warehouse: Any) -> str:
     """``partition`` or ``batch``: the option as given, or with ``auto`` the one the
-    target can honour (batch: attach mode, one non-replicated MergeTree server, and a
-    readable query log, the evidence of an ATTACH that outlives the target's merges).
+    target can honour (batch: attach mode, one non-replicated MergeTree server, a
+    readable query log, the evidence of an ATTACH that outlives the target's merges, and
+    a profile that lets the ATTACH send its log settings).
     An explicit ``batch`` it cannot honour is refused here, before anything is staged,
     not found missing after PREPARED."""
     refusal = batch_refusal(config.table, info.engine, mode)
@@ -410,6 +411,8 @@ def chosen_visibility(config: WriterConfig, info: TargetInfo, mode: str, warehou
         raise ConfigError(f"job {config.job}: {refusal}. Nothing was written")
     try:
         warehouse.attach_logged(config.table, f"txsink probe {config.job}", time.time())
+        if config.visibility == "auto":  # and the settings its ATTACH sends are allowed
+            check_insert_settings(dataclasses.replace(config, visibility="batch"), warehouse, mode)
     except ConfigError:
         if config.visibility == "batch":
             raise

@@ -26,6 +26,8 @@ ATTACH = [
     "lost-reply-keeper-prepare",
     "lost-reply-keeper-commit",
     "lost-reply-drop-staging",
+    "lost-reply-copy",
+    "lost-reply-attach",
     "zookeeper-kill",
     "executor-worker-kill",
     "clickhouse-connection-reset",
@@ -45,9 +47,11 @@ DEDUP = [
 
 # state=clickhouse: the transaction state in KeeperMap, reached through the ClickHouse
 # proxy like the rows: lost replies of its prepare and commit statements, and ClickHouse
-# killed (the state store with it). The faults of the MOVE (a lost reply, a server crash
-# between two parts of one partition) run here, with ClickHouse's own state at stake,
-# not in the Keeper run above: the publish path is the same for both stores.
+# killed (the state store with it). This run publishes with visibility=partition (what
+# replicated targets and shards use), so the faults of the MOVE (a lost reply, a server
+# crash between two parts of one partition) run here; the run above has the default
+# publish (visibility=batch: the copy and the ATTACH). The path is the same for both
+# stores.
 STATE_IN_CLICKHOUSE = [
     "lost-reply-state-prepare",
     "lost-reply-state-commit",
@@ -58,17 +62,17 @@ STATE_IN_CLICKHOUSE = [
 
 
 @pytest.mark.parametrize(
-    ("mode", "faults", "state"),
+    ("mode", "faults", "state", "visibility"),
     [
-        ("attach", ATTACH, "keeper"),
-        pytest.param("dedup", DEDUP, "keeper", marks=pytest.mark.slow),
-        ("attach", STATE_IN_CLICKHOUSE, "clickhouse"),
+        ("attach", ATTACH, "keeper", ""),
+        pytest.param("dedup", DEDUP, "keeper", "", marks=pytest.mark.slow),
+        ("attach", STATE_IN_CLICKHOUSE, "clickhouse", "partition"),
     ],
 )
 def test_a_stream_under_the_nemesis_ends_exact_and_every_fault_happened(
-    nemesis: Services, tmp_path: Path, mode: str, faults: list[str], state: str
+    nemesis: Services, tmp_path: Path, mode: str, faults: list[str], state: str, visibility: str
 ) -> None:
-    arena = chaos.open_arena(nemesis, tmp_path, mode, state)
+    arena = chaos.open_arena(nemesis, tmp_path, mode, state, visibility)
     try:
         verdict = chaos.play(
             arena,
