@@ -9,7 +9,7 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
 .DEFAULT_GOAL := help
-.PHONY: help setup zookeeper test test-slow test-matrix test-unit test-integration test-realserver lint typecheck docs demo bench bench-counts chaos clean embedded-up embedded-down
+.PHONY: help setup zookeeper test test-slow test-matrix test-unit test-integration test-realserver lint typecheck docs demo bench bench-counts bench-shapes chaos clean embedded-up embedded-down
 
 help: ## List the targets with what they do
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-18s %s\n", $$1, $$2}'
@@ -75,6 +75,10 @@ bench: setup ## Run benchmarks/ and write docs/benchmarks.md + benchmarks/result
 BENCH_COUNTS_ARGS ?=
 bench-counts: setup ## Per micro-batch statements, Keeper requests and parts added at 4x1, 200x1, 20x50 tasks x partition values (issue 39; BENCH_COUNTS_ARGS, e.g. --json)
 	$(PY) -m benchmarks.counts $(BENCH_COUNTS_ARGS)
+
+BENCH_SHAPES_ARGS ?=
+bench-shapes: setup ## Batch save() wall time, baseline vs attach, and parts added at 200x1 and 20x50 tasks x partition values (issue 39; BENCH_SHAPES_ARGS, e.g. --reps 1 --json)
+	$(PY) -m benchmarks.shapes $(BENCH_SHAPES_ARGS)
 
 embedded-up: setup ## Start the embedded ClickHouse + ZooKeeper stack in .txsink/embedded
 	$(VENV)/bin/txsink embedded up

@@ -53,6 +53,7 @@ MODULES = {
     "values": "value_checks",
     "state": "state_store",
     "counts": "counts",
+    "shapes": "shapes",
 }
 
 
