@@ -224,7 +224,14 @@ def table(out: dict[str, Any]) -> list[str]:
         keeper = (
             f"{r['keeper_requests']:g} ({r['keeper_waits']:g})" if r["state"] == "keeper" else "-"
         )
-        merged = f" (net; {r['merged_parts']:g} merged parts)" if r.get("merged_parts") else ""
+        # batch visibility merges the batch staging before it is attached: level > 0 by
+        # design; elsewhere merged parts mean the target merged, and the figure is net
+        batch = r.get("visibility") == "batch"
+        merged = (
+            f" (net; {r['merged_parts']:g} merged parts)"
+            if r.get("merged_parts") and not batch
+            else ""
+        )
         lines.append(
             f"| {r['tasks']} x {r['values']} | {r.get('visibility', 'partition')} | "
             f"{r['state']} | {r['task_statements']:g} | "
