@@ -409,3 +409,26 @@ def test_a_copy_with_no_part_uuids_to_check_it_by_is_an_alarm_not_a_loop() -> No
     view = {S1: {"0": 5, "1": 4}, S2: {"0": 1}, "batch_staging": None}
     plan = plan_batch_publish(record, {TARGET: "batch_staging"}, view, {}, {}, {})
     assert [type(o) for o in plan] == [ops.Alarm]
+
+
+def test_the_runner_never_builds_under_a_name_another_finisher_holds() -> None:
+    """The runner's backstop of the rule above: a copy into, or a plain CREATE of, a
+    batch staging under a finisher's name it does not hold is refused before any
+    statement; under its own name (created held) it goes ahead."""
+    from txsink.errors import RetryableConflict
+    from txsink.ports.registry_memory import MemoryRegistry
+    from txsink.ports.warehouse_memory import MemoryWarehouse
+    from txsink.transactor import Transactor
+
+    wh = MemoryWarehouse()
+    tx = Transactor(MemoryRegistry(), wh, "j")
+    base = sequence.batch_staging_name(tx.prefix, "b1", TARGET)
+    foreign = batch_claim_name(base, "dddddddd")
+    epoch = tx.begin("run-1")
+    for step in (
+        ops.CopyIntoBatch("b1", foreign, ((S1, ""),), 1),
+        ops.CreateBatchStaging(foreign, "", S1),
+    ):
+        with pytest.raises(RetryableConflict, match="another finisher's name"):
+            tx.runner.act(epoch, step, deadline=0.0, failure=None)
+    assert foreign not in wh.staging
