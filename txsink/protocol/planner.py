@@ -451,7 +451,10 @@ def plan_batch_publish(
         if got != wanted:
             return [_batch_alarm(record, f"batch staging {bst} holds {got} rows per partition, "
                                  f"the manifest says {wanted} for {target}")]  # fmt: skip
-        proof = _attach_proof(record, bst, target, in_batch, published, claimed, logged, wanted)
+        proof = _attach_proof(
+            record, bst, target, in_batch, published.get(target, frozenset()),
+            target in claimed, target in logged, wanted,
+        )  # fmt: skip
         if isinstance(proof, Alarm):
             return [proof]
         if proof is None:
@@ -477,21 +480,22 @@ def _attach_proof(
     bst: str,
     target: str,
     in_batch: AbstractSet[str],
-    published: Mapping[str, AbstractSet[str]],
-    claimed: AbstractSet[str],
-    logged: AbstractSet[str],
+    published: AbstractSet[str],
+    claimed: bool,
+    logged: bool,
     wanted: Mapping[str, int],
 ) -> Operation | None:
     """What finishes an exact batch staging: Evidence that it was attached already, the
     AttachAll (claimed by this finisher and no evidence), an Alarm (an ATTACH cut between
-    parts), or None (claim it first)."""
-    there = set(in_batch) & set(published.get(target, ()))
+    parts), or None (claim it first). ``published``: which UUIDs the target shows;
+    ``claimed`` / ``logged``: this finisher holds it / the query log shows its ATTACH."""
+    there = set(in_batch) & set(published)
     total = sum(wanted.values())
     if there and there == set(in_batch):
         return Evidence(record.xid, bst, "all", "uuid", total)
-    if target in logged:  # also when the target merged some attached parts away
+    if logged:  # also when the target merged some attached parts away
         return Evidence(record.xid, bst, "all", "logged", total)
-    if target not in claimed:
+    if not claimed:
         return None
     if there:
         split = f"{len(there)} of the {len(in_batch)} parts of batch staging {bst}"
@@ -553,10 +557,7 @@ def _plan_copy(
     wanted = record.partition_rows(target)
     exact = _exact(parts, staged, bparts or {}, view.get(bst) or {}, wanted)
     if exact or claimed or logged:
-        proof = _attach_proof(
-            record, bst, target, in_batch, {target: published}, {target} if claimed else set(),
-            {target} if logged else set(), wanted,
-        )  # fmt: skip
+        proof = _attach_proof(record, bst, target, in_batch, published, claimed, logged, wanted)
         if isinstance(proof, Alarm):
             return proof
         if proof is None:

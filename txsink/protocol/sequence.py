@@ -210,10 +210,7 @@ def finish_batch(
         for table in tables.values():
             if view.get(table) is not None and record.state is XidState.PREPARED:
                 batch_parts[table] = yield ObserveBatchParts(table)
-        batch_uuids = {
-            t: tuple(dict.fromkeys(u for ids in by_pid.values() for u in ids))
-            for t, by_pid in batch_parts.items()
-        }
+        batch_uuids = {t: every_uuid(by_pid) for t, by_pid in batch_parts.items()}
         published: dict[str, frozenset[str]] = {}
         for target, uuids in batch_evidence_wanted(record, tables, batch_uuids).items():
             published[target] = yield ObservePublished(target, uuids)
@@ -344,17 +341,10 @@ def retire_twins(
     for target, names in twins.items():
         for name in names:
             parts: dict[str, tuple[str, ...]] = yield ObserveBatchParts(name)
-            ids = tuple(dict.fromkeys(u for found in parts.values() for u in found))
-            seen.setdefault(target, []).append((name, ids))
+            seen.setdefault(target, []).append((name, every_uuid(parts)))
     yield CheckFence()
     yield DropTables(tuple(n for names in twins.values() for n in names))
-    quiet = yield Settle(record.xid, settle_needles(prefix, record), fresh=True)
-    if not quiet:
-        yield Stop(
-            Failure.UNAVAILABLE,
-            f"xid {record.xid}: statements on its staging still run after "
-            f"{bounds.retry_s:g}s; nothing was attached",
-        )
+    yield from settle_before_looking(record, prefix, bounds)
     landed: set[str] = set()
     for target, copies in seen.items():
         for name, ids in copies:
@@ -369,6 +359,26 @@ def retire_twins(
                     f"parts; nothing was attached. {BATCH_HINT}",
                 )
     return landed
+
+
+def every_uuid(by_pid: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
+    """The evidence ids of every part of a batch staging (each once), from its parts per
+    partition id (:class:`~txsink.protocol.steps.ObserveBatchParts`)."""
+    return tuple(dict.fromkeys(u for ids in by_pid.values() for u in ids))
+
+
+def settle_before_looking(record: XidRecord, prefix: str, bounds: PublishBounds) -> Run:
+    """Wait until no statement on the xid's staging runs (an ATTACH another finisher sent
+    before this one claimed or dropped its table), or stop: nothing is looked at, nor
+    attached, while one may still land."""
+    quiet = yield Settle(record.xid, settle_needles(prefix, record), fresh=True)
+    if not quiet:
+        yield Stop(
+            Failure.UNAVAILABLE,
+            f"xid {record.xid}: statements on its staging still run after "
+            f"{bounds.retry_s:g}s; nothing was attached",
+        )
+    return record
 
 
 def staged_uuids(
@@ -428,13 +438,7 @@ def carry_out(
         elif isinstance(op, ClaimBatch):
             yield CheckFence()
             yield op  # the runner renames the table to a name of its own and holds it
-            quiet = yield Settle(record.xid, settle_needles(prefix, record), fresh=True)
-            if not quiet:
-                yield Stop(
-                    Failure.UNAVAILABLE,
-                    f"xid {record.xid}: statements on its staging still run after "
-                    f"{bounds.retry_s:g}s; nothing was attached",
-                )
+            yield from settle_before_looking(record, prefix, bounds)
         elif isinstance(op, AttachAll):
             yield FaultPoint("driver.before_attach")
             yield Attach(op.xid, op.batch_staging, op.target, attach_tag(prefix, record, op.target))
