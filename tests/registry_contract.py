@@ -24,7 +24,7 @@ import pytest
 from txsink.errors import FencedError, KeeperRequestTooLarge, RetryableConflict
 from txsink.ports.ledger import EMPTY_LEDGER
 from txsink.ports.manifest_codec import KEEPER_MAX_REQUEST, unpack_record
-from txsink.ports.registry import CREATE, BlobConflict, Registry, XidExists
+from txsink.ports.registry import CREATE, BlobConflict, BlobPresent, Registry, XidExists
 from txsink.protocol.codec import JobMeta, Ledger, encode_record
 from txsink.protocol.ids import staging_name
 from txsink.protocol.states import Cut, Epoch, Mode, StagedPart, XidRecord, XidState
@@ -241,6 +241,64 @@ class RegistryContract:
             registry.commit(epoch, done, committed_at=2001.0)  # COMMITTED -> COMMITTED
         assert registry.get(JOB, "x-1") == done
         assert registry.ledger(JOB).seq == 1
+
+    def test_a_commit_writes_the_owners_resting_facts_in_the_same_transaction(
+        self, registry: Registry
+    ) -> None:
+        epoch = registry.take_epoch(JOB, "driver-a")
+        registry.heartbeat(epoch, {"state": "running"})
+        one = prepared(registry, epoch, "x-1", batch=1)
+        registry.commit(epoch, one, committed_at=2.0, beat={"state": "idle", "last_xid": "x-1"})
+        owner = registry.owner(JOB)
+        assert owner is not None and (owner.state, owner.details["last_xid"]) == ("idle", "x-1")
+        # a job that never beat (no owner node yet) gets one from its commit
+        other = registry.take_epoch("other-job", "driver-c")
+        two = prepared(registry, other, "x-2", batch=2)
+        registry.commit(other, two, committed_at=3.0, beat={"state": "finished"})
+        owner = registry.owner("other-job")
+        assert owner is not None and (owner.owner, owner.state) == ("driver-c", "finished")
+
+    def test_a_commit_whose_ledger_moved_since_it_was_read_counts_once(
+        self, registry: Registry, open_registry: OpenRegistry
+    ) -> None:
+        """The committer reads the ledger (its decisive read), another committer of the
+        job moves it, then the first commits: the totals hold both, each once."""
+        epoch = registry.take_epoch(JOB, "driver-a")
+        one = prepared(registry, epoch, "x-1", batch=1, parts={"p": 1})
+        two = prepared(registry, epoch, "x-2", batch=2, parts={"p": 2})
+        assert registry.ledger(JOB).committed == 0  # read (and remembered) here
+        registry.get(JOB, "x-1")
+        open_registry().commit(epoch, two, committed_at=1.0)
+        done = registry.commit(epoch, one, committed_at=2.0)
+        ledger = registry.ledger(JOB)
+        assert (ledger.committed, ledger.rows, done.seq) == (2, 3, 2), ledger
+
+    def test_fence_passes_for_the_current_epoch_and_fails_a_superseded_one(
+        self, registry: Registry, open_registry: OpenRegistry
+    ) -> None:
+        old = registry.take_epoch(JOB, "driver-a")
+        registry.fence(old)
+        new = open_registry().take_epoch(JOB, "driver-b")  # another session takes over
+        with pytest.raises(FencedError, match="superseded by epoch 2"):
+            registry.fence(old)
+        registry.fence(new)
+
+    def test_a_prepare_unless_a_blob_proves_it_absent_in_the_same_transaction(
+        self, registry: Registry
+    ) -> None:
+        epoch = registry.take_epoch(JOB, "driver-a")
+        # no blob, and not even its parent yet: prepared
+        first = registry.prepare(epoch, make_record("x-1"), unless_blob="dedup/x-1")
+        assert registry.get(JOB, "x-1") == first
+        assert registry.get_blob(JOB, "dedup/x-1") is None  # the proof left nothing behind
+        registry.put_blob(JOB, "dedup/x-2/p0", {"state": "BEFORE"})
+        with pytest.raises(BlobPresent) as caught:
+            registry.prepare(epoch, make_record("x-2"), unless_blob="dedup/x-2")
+        assert caught.value.key == "dedup/x-2"
+        assert registry.get(JOB, "x-2") is None  # nothing prepared
+        assert registry.blob_children(JOB, "dedup/x-2") == ["p0"]
+        # a blob of another xid is no obstacle
+        assert registry.prepare(epoch, make_record("x-3"), unless_blob="dedup/x-3").version == 0
 
     def test_stale_epoch_cannot_commit_even_a_prepared_xid(self, registry: Registry) -> None:
         old = registry.take_epoch(JOB, "driver-a")

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 from txsink.config import WriterConfig
 from txsink.driver import JobHandle, borrowed_job, job_meta, open_job
 from txsink.errors import ConfigError, FencedError, TxSinkError, UnavailableError
+from txsink.ports.registry import BatchView
 from txsink.protocol import job as rules
 from txsink.protocol.codec import JobMeta
 from txsink.protocol.ids import batch_xid, parse_staging, run_tag
@@ -57,6 +58,8 @@ class Plan(Protocol):
     def xid(self) -> str | None: ...
     @property
     def batch(self) -> int | None: ...
+    @property
+    def namespace(self) -> str: ...
     @property
     def streaming(self) -> bool: ...
 
@@ -109,17 +112,19 @@ def epoch_for_run(
     keep: Iterable[str] = (),
     query_id: str = "",
     targets: dict[str, str] | None = None,
+    view: BatchView | None = None,
 ) -> Epoch:
     """The epoch of ``run_id``: the current one if the run owns the job, else a takeover.
 
     ``keep`` lists staging tables of the batch being committed: the takeover's recovery
-    must not roll them back.
+    must not roll them back. ``view``: the job's state read (synced) by the caller.
     """
     registry, job = handle.registry, handle.config.job
-    # Synced: a new Python worker's session may sit on a server that has not seen this
-    # run take the job yet, and would make the run take it over again from itself.
-    registry.sync(job)
-    current = registry.current_epoch(job)
+    if view is None:
+        # Synced: a new Python worker's session may sit on a server that has not seen
+        # this run take the job yet, and would make the run take it over again from itself.
+        registry.sync(job)
+    current = registry.current_epoch(job) if view is None else view.epoch
     if current is not None and current.owner == run_id:
         return current
     if registry.get_blob(job, f"runs/{run_id}") is not None:
@@ -269,11 +274,21 @@ def _commit_writes(
     incoming = {t for m in msgs for t in m.staging}
     query_id = next((m.extra.get("query_id", "") for m in msgs if m.extra), "")
     handle.transactor.last_recovery = None
+    if writes[0][0].namespace:  # the store's id the tasks named their staging with
+        handle.transactor.namespace = writes[0][0].namespace
     try:
+        # Synced: a new Python worker's session may sit on a server that has not seen
+        # this run take the job yet (it would take it over again from itself), and the
+        # batch's decisive reads must not show a record as it was before another runner
+        # moved it. One round trip reads all three.
+        handle.registry.sync(config.job)
+        view: BatchView | None = handle.registry.batch_view(config.job, xid)
         epoch = epoch_for_run(
-            handle, run_id, mode.value, keep=incoming, query_id=query_id, targets=targets
-        )
+            handle, run_id, mode.value, keep=incoming, query_id=query_id, targets=targets,
+            view=view,
+        )  # fmt: skip
         if handle.transactor.last_recovery is not None:  # this commit took the job over
+            view = None  # its recovery moved records and the ledger: read them again
             count(config, recoveries=1, **rolled_forward_at_takeover(handle))
         if targets:  # a run checks the job's identity at takeover only: tables per batch
             stored = rules.JobFacts.of(handle.registry.job_meta(config.job))
@@ -302,7 +317,8 @@ def _commit_writes(
             tables=sorted(targets) if targets else (),
             visibility=Visibility.BATCH if batch_visible else Visibility.PARTITION,
             own_batches=streaming, first_batch=config.first_batch,
-            compact=frozenset(compact),
+            compact=frozenset(compact), synced=True,
+            seen=None if view is None else (view.record, view.ledger),
         )  # fmt: skip
     except FencedError:
         count(config, fencing_events=1)

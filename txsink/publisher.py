@@ -22,7 +22,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Mapping
 from typing import Any, assert_never
 
 import tenacity
@@ -34,7 +34,6 @@ from txsink.errors import (
     TxSinkError,
     UnavailableError,
 )
-from txsink.ports.record_rules import superseded
 from txsink.ports.registry import Registry
 from txsink.ports.warehouse import Warehouse
 from txsink.protocol import ops, steps
@@ -77,6 +76,10 @@ class StepRunner:
         # (xid, target) -> the name this runner renamed that batch staging table to
         self.claims: dict[tuple[str, str], str] = {}
         self._beat_at = float("-inf")  # when (clock) a publish last beat
+        # the owner's facts once the running publish is recorded COMMITTED (written by
+        # the same Keeper transaction), and whether that write went out
+        self._rest: Mapping[str, Any] | None = None
+        self.rested = False
 
     def run(
         self,
@@ -86,12 +89,15 @@ class StepRunner:
         deadline: float,
         failure: TxSinkError | None = None,
         xid: str = "",
+        rest: Mapping[str, Any] | None = None,
     ) -> XidRecord:
         """Drive ``sequence`` to its end; its return value. ``deadline`` (monotonic) bounds
         the waits for a quiet server; ``failure``: the error that made the caller look
         again (raised instead when the server is not seen quiet); ``xid``: the one it
-        publishes (named in the beats of a long publish)."""
+        publishes (named in the beats of a long publish); ``rest``: the owner's facts
+        once the record is COMMITTED, written with it (:attr:`rested` says whether)."""
         reply: Any = None
+        self._rest, self.rested = rest, False
         self._beat_at = self.clock()  # the xid's PREPARE (or the last beat) is as fresh
         try:
             while True:
@@ -110,8 +116,8 @@ class StepRunner:
         since the last: a long publish (many MOVEs, each up to ``statement_s``) never
         goes longer than one statement plus a beat without one. A commit that takes less
         than ``heartbeat_s`` writes none (its PREPARE shows it alive)."""
-        if isinstance(step, (steps.Stop, steps.FaultPoint, steps.Settle)):
-            return
+        if isinstance(step, (steps.Stop, steps.FaultPoint, steps.Settle)) or self.rested:
+            return  # (rested: the owner's facts after COMMITTED are written; they stand)
         if self.clock() - self._beat_at <= self.bounds.heartbeat_s:
             return
         self._beat_at = self.clock()
@@ -256,7 +262,9 @@ class StepRunner:
 
     def record_committed(self, epoch: Epoch, record: XidRecord) -> XidRecord:
         try:
-            return self.registry.commit(epoch, record, self.clock())
+            done = self.registry.commit(epoch, record, self.clock(), self._rest)
+            self.rested = self._rest is not None
+            return done
         except RetryableConflict:
             now = self.registry.get(self.job, record.xid)
             if now is not None and now.state is XidState.COMMITTED:
@@ -269,13 +277,10 @@ class StepRunner:
             ) from exc
 
     def check_fence(self, epoch: Epoch) -> None:
-        """FencedError unless ``epoch`` still holds the job. Synced: a server that lags
-        the leader would show a superseded writer its own epoch, and the check guards
-        ClickHouse statements (MOVEs) that no Keeper write fences."""
-        self.registry.sync(self.job)
-        current = self.registry.current_epoch(self.job)
-        if current is None or current.token != epoch.token:
-            raise superseded(epoch, current)
+        """FencedError unless ``epoch`` still holds the job: it guards ClickHouse
+        statements (MOVE, ATTACH) that no Keeper write fences, so it is answered by the
+        leader (:meth:`Registry.fence`), never by a server that lags it."""
+        self.registry.fence(epoch)
 
     def settle(self, epoch: Epoch, xid: str, needles: tuple[str, ...], deadline: float) -> bool:
         """Whether ClickHouse answered, before ``deadline`` (monotonic), with no statement

@@ -48,7 +48,7 @@ from txsink.errors import (
     UnavailableError,
 )
 from txsink.faults import fault_point
-from txsink.ports.registry import Registry, XidExists
+from txsink.ports.registry import BlobPresent, Registry, XidExists
 from txsink.ports.warehouse import Warehouse
 from txsink.protocol import job as rules
 from txsink.protocol import plans, sequence
@@ -57,6 +57,7 @@ from txsink.protocol.codec import (
     IDLE_STATE,
     WAIT_KEY,
     JobMeta,
+    Ledger,
 )
 from txsink.protocol.dedup import xid_key as dedup_xid_key
 from txsink.protocol.ids import (
@@ -160,10 +161,16 @@ class Transactor:
 
     @property
     def namespace(self) -> str:
-        """The coordination store's id, part of this job's staging names."""
+        """The coordination store's id, part of this job's staging names: read once,
+        unless the caller knows it (a commit: the one its write's tasks named their
+        staging with)."""
         if not self._namespace:
             self._namespace = self.registry.namespace()
         return self._namespace
+
+    @namespace.setter
+    def namespace(self, namespace: str) -> None:
+        self._namespace = namespace
 
     @property
     def prefix(self) -> str:
@@ -214,6 +221,8 @@ class Transactor:
         own_batches: bool = False,
         first_batch: int | None = None,
         compact: frozenset[str] = frozenset(),
+        synced: bool = False,
+        seen: tuple[XidRecord | None, Ledger] | None = None,
     ) -> CommitResult:
         """Prepare and publish one batch whose tasks all succeeded.
 
@@ -226,7 +235,10 @@ class Transactor:
         its table in ``StagedPart.target`` (normalised to ``""`` when it is ``target``, so
         the manifest stays small); ``tables`` lists every table written. ``compact``: the
         tables whose batch staging a fresh ``visibility=batch`` publish merges into one
-        part per partition (:func:`txsink.protocol.visibility.compaction`)."""
+        part per partition (:func:`txsink.protocol.visibility.compaction`). ``synced``:
+        the caller synced this registry's session since the batch began (its epoch read),
+        so the decisive reads need no sync of their own; ``seen``: the xid's record and
+        the ledger as the caller read them after that sync (no reads of their own)."""
         started = self.clock()
         parts = [replace(p, target="") if p.target == target else p for p in parts]
         incoming = XidRecord(
@@ -244,9 +256,11 @@ class Transactor:
         )
         # Decisive reads (skip, roll forward, refuse, drop strays): synced, so a lagging
         # Keeper server cannot show a record as it was before another runner moved it.
-        self.registry.sync(self.job)
-        existing = self.registry.get(self.job, xid)
-        last_batch = self.registry.ledger(self.job).last_batch
+        if not synced:
+            self.registry.sync(self.job)
+        if seen is None:
+            seen = self.registry.get(self.job, xid), self.registry.ledger(self.job)
+        existing, last_batch = seen[0], seen[1].last_batch
 
         def decide(existing: XidRecord | None) -> plans.BatchDecision:
             return plans.decide_batch(
@@ -255,8 +269,6 @@ class Transactor:
             )  # fmt: skip
 
         decision = decide(existing)
-        if decision.action is plans.BatchAction.PREPARE and mode is Mode.ATTACH:
-            self._refuse_dedup_leftovers(xid)
         if decision.action is plans.BatchAction.PREPARE and mode is Mode.DEDUP:
             mark = discarded(self.registry, self.job, xid)
             gone = rules.discarded_batch(self.job, xid, target, mark, streaming=streaming)
@@ -270,7 +282,7 @@ class Transactor:
         if decision.action is plans.BatchAction.PREPARE:
             self.fault("driver.before_prepare")
             try:
-                record = self.registry.prepare(epoch, incoming)
+                record = self._prepare(epoch, incoming)
             except XidExists as exc:
                 existing = exc.existing
                 decision = decide(existing)
@@ -301,12 +313,13 @@ class Transactor:
             log.warning("job %s: %s", self.job, decision.reason)
             record = existing
         fresh = decision.action is plans.BatchAction.PREPARE
+        rest = self._resting(record, streaming=streaming)
         done = self.publish(
-            epoch, record, resumed=not fresh, compact=compact if fresh else frozenset()
+            epoch, record, resumed=not fresh, compact=compact if fresh else frozenset(), rest=rest
         )
         action = "committed" if decision.action is plans.BatchAction.PREPARE else "rolled_forward"
         finished = self.clock()
-        self._after_commit(epoch, done, streaming=streaming)
+        self._after_commit(epoch, done, rest=None if self.runner.rested else rest)
         return CommitResult(
             xid,
             action,
@@ -323,9 +336,11 @@ class Transactor:
         *,
         resumed: bool = True,
         compact: frozenset[str] = frozenset(),
+        rest: Mapping[str, Any] | None = None,
     ) -> XidRecord:
         """Finish ``record`` (:func:`sequence.finish`), re-observed after ClickHouse
-        failures whose outcome is unknown.
+        failures whose outcome is unknown; ``rest``: the owner's facts, written with
+        COMMITTED (:meth:`StepRunner.run`).
 
         A MOVE (or ATTACH) whose reply was lost may have landed, may still be running on
         the server, or may have been cut by a server crash; repeating it blindly could
@@ -351,7 +366,7 @@ class Transactor:
             )  # fmt: skip
             try:
                 return self.runner.run(
-                    epoch, steps, deadline=deadline, failure=failure, xid=record.xid
+                    epoch, steps, deadline=deadline, failure=failure, xid=record.xid, rest=rest
                 )
             except (UnavailableError, RetryableConflict) as exc:
                 failure, resumed = exc, True
@@ -413,6 +428,20 @@ class Transactor:
         a finisher claimed it with if one did (:func:`sequence.batch_tables`)."""
         tables: dict[str, str] = self.runner.drive(sequence.batch_tables(record, self.prefix))[0]
         return tables
+
+    def _prepare(self, epoch: Epoch, record: XidRecord) -> XidRecord:
+        """The prepare of ``record``; an attach one proves in the same Keeper transaction
+        that the xid has no dedup state (:meth:`_refuse_dedup_leftovers`)."""
+        if record.mode is not Mode.ATTACH:
+            return self.registry.prepare(epoch, record)
+        key = dedup_xid_key(record.xid)
+        try:
+            return self.registry.prepare(epoch, record, unless_blob=key)
+        except BlobPresent:
+            self._refuse_dedup_leftovers(record.xid)
+        # an empty node (a clean-up cut short) holds no dedup state
+        log.info("job %s: xid %s: an empty dedup state node; preparing", self.job, record.xid)
+        return self.registry.prepare(epoch, record)
 
     def _refuse_dedup_leftovers(self, xid: str) -> None:
         """An attach prepare of an xid that has dedup state: some of its rows were
@@ -482,21 +511,25 @@ class Transactor:
             dropped += self.roll_back(xid, group)
         return dropped
 
-    def _after_commit(self, epoch: Epoch, record: XidRecord, *, streaming: bool) -> None:
+    def _resting(self, record: XidRecord, *, streaming: bool) -> dict[str, Any]:
+        """The owner's facts once ``record`` is committed: between batches a stream is
+        idle (judged by its commit cadence); a batch write is finished: nothing of it is
+        in flight any more. The wait it declares holds for its next commit too."""
+        return {
+            "state": IDLE_STATE if streaming else FINISHED_STATE,
+            "last_xid": record.xid,
+            "last_batch": record.batch,
+            WAIT_KEY: self.runner.bounds.statement_s,
+        }
+
+    def _after_commit(
+        self, epoch: Epoch, record: XidRecord, *, rest: Mapping[str, Any] | None
+    ) -> None:
+        """``rest``: the owner's facts if the commit did not write them already."""
         if record.mode is Mode.DEDUP:
             self.forget_dedup_state(record.xid)
-        # between batches a stream is idle (judged by its commit cadence); a batch write
-        # is finished: nothing of it is in flight any more
-        state = IDLE_STATE if streaming else FINISHED_STATE
-        self.registry.heartbeat(  # the wait it declares holds for its next commit too
-            epoch,
-            {
-                "state": state,
-                "last_xid": record.xid,
-                "last_batch": record.batch,
-                WAIT_KEY: self.runner.bounds.statement_s,
-            },
-        )
+        if rest is not None:
+            self.registry.heartbeat(epoch, rest)
         if record.batch is not None and record.batch % 50 == 0:
             self.prune(epoch)
 

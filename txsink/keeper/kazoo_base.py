@@ -23,22 +23,23 @@ from __future__ import annotations
 import builtins
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Concatenate, NoReturn, ParamSpec, TypeVar
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError
 
 from txsink.errors import ConfigError, TxSinkError
-from txsink.keeper.kazoo_conn import DEFAULT_RETRY_S, KazooConn
+from txsink.keeper.kazoo_conn import DEFAULT_RETRY_S, KazooConn, encode
 from txsink.ports.cas import MAX_CAS_ROUNDS, CasRetry, cas
 from txsink.ports.manifest_codec import CHUNKS_DIR
 from txsink.ports.record_rules import superseded
-from txsink.protocol.codec import decode_epoch_node
+from txsink.protocol.codec import OwnerInfo, decode_epoch_node, encode_owner
 from txsink.protocol.states import Epoch
 
 DEFAULT_ROOT = "/txsink"
 DEFAULT_TIMEOUT = 10.0
+KNOWN = 64  # nodes a session keeps for its next commit (see KazooBase._known)
 
 # Names under <root>/jobs/<job> that belong to the registry itself, not to blobs.
 RESERVED_KEYS = frozenset({"epoch", "owner", "ledger", "xids", CHUNKS_DIR})
@@ -92,6 +93,11 @@ class KazooBase:
         self._root = root.rstrip("/")
         self._clock = clock
         self._namespace_id = ""
+        # path -> (node JSON, version) of the xid and ledger nodes this session last read
+        # or wrote: a commit compare-and-sets on them without reading them again (a node
+        # that moved since fails the transaction, and the next round reads). Each entry
+        # serves one commit at most.
+        self._known: dict[str, tuple[Any, int]] = {}
         self._conn = KazooConn(
             keeper, auth=auth, timeout=timeout, client=client, retry_s=retry_s, sleep=sleep
         )
@@ -125,6 +131,22 @@ class KazooBase:
     def _xid_path(self, job: str, xid: str) -> str:
         return f"{self._job(job)}/xids/{check_name('xid', xid)}"
 
+    def _remember(self, path: str, node: Any, version: int) -> None:
+        """Keep ``node`` at ``version`` for the next commit (at most ``KNOWN`` nodes: what
+        no commit used is forgotten)."""
+        if len(self._known) >= KNOWN:
+            self._known.clear()
+        self._known[path] = (node, version)
+
+    def _owner_path(self, job: str) -> str:
+        return f"{self._job(job)}/owner"
+
+    def _owner_data(self, epoch: Epoch, info: Mapping[str, Any]) -> bytes:
+        """The owner node of a beat of ``epoch`` with ``info`` (``state`` and details)."""
+        details = {k: v for k, v in info.items() if k != "state"}
+        beat = OwnerInfo(epoch.number, epoch.owner, self._clock(), info.get("state", ""), details)
+        return encode(encode_owner(beat))
+
     def _blob_path(self, job: str, key: str) -> str:
         parts = key.split("/")
         if parts[0] in RESERVED_KEYS or any(not p or p in {".", ".."} for p in parts):
@@ -146,6 +168,17 @@ class KazooBase:
         self._conn.sync(self._epoch_path(epoch.job))
         cur = self.current_epoch(epoch.job)
         if cur is None or cur.token != epoch.token:
+            self._raise_fenced(epoch)
+
+    @step
+    def fence(self, epoch: Epoch) -> None:
+        """FencedError unless ``epoch`` still holds the job: a transaction that only checks
+        the epoch node's version. Answered by the leader (a transaction is ordered with
+        every write), so no sync is needed: one request where a synced read takes two."""
+        epoch_path = self._epoch_path(epoch.job)
+        with self._conn.mapped(f"fence {epoch_path}"):
+            ok, _ = self._conn.commit_txn(lambda txn: txn.check(epoch_path, epoch.token))
+        if not ok:
             self._raise_fenced(epoch)
 
     def _acl_entries(self) -> int:
@@ -171,12 +204,16 @@ class KazooBase:
     def current_epoch(self, job: str) -> Epoch | None:
         path = self._epoch_path(job)
         with self._conn.mapped(f"read {path}"):
-            found = self._conn.read_json(path)
+            return self._epoch_of(path, self._conn.read_json(path))
+
+    @staticmethod
+    def _epoch_of(path: str, found: tuple[dict[str, Any], Any] | None) -> Epoch | None:
+        """The epoch of the node read at ``path`` (``<root>/jobs/<job>/epoch``)."""
         if found is None:
             return None
         data, stat = found
         number, owner = decode_epoch_node(data, path)
-        return Epoch(job, number, stat.version, owner)
+        return Epoch(path.rsplit("/", 2)[-2], number, stat.version, owner)
 
     def close(self) -> None:
         """Stop the session if this registry started it (a reused client stays open)."""

@@ -47,7 +47,6 @@ from txsink.protocol.codec import (
     decode_owner,
     encode_epoch_node,
     encode_job_meta,
-    encode_owner,
 )
 from txsink.protocol.states import Epoch
 
@@ -177,20 +176,16 @@ class KazooRegistry(KazooXids):
             return cas(f"job {job}: epoch node {path}", attempt)
 
     @step
-    def heartbeat(self, epoch: Epoch, info: dict[str, Any]) -> None:
-        path = f"{self._job(epoch.job)}/owner"
+    def heartbeat(self, epoch: Epoch, info: Mapping[str, Any]) -> None:
+        path = self._owner_path(epoch.job)
         epoch_path = self._epoch_path(epoch.job)
-        details = {k: v for k, v in info.items() if k != "state"}
         # The owner node exists after the job's first beat: set it without asking first
         # (one round trip less per batch); a NoNode answer makes the next round create it.
         exists = True
 
         def attempt() -> None:
             nonlocal exists
-            beat = OwnerInfo(
-                epoch.number, epoch.owner, self._clock(), info.get("state", ""), details
-            )
-            data = encode(encode_owner(beat))
+            data = self._owner_data(epoch, info)
             check_request(
                 f"heartbeat {path}", [(epoch_path, 0), (path, len(data))], self._acl_entries()
             )
@@ -326,4 +321,5 @@ class KazooRegistry(KazooXids):
         namespace id is read again by the next borrower: ``<root>/namespace`` may have
         been recreated (a Keeper restored from backup) while it sat in the pool."""
         self._namespace_id = ""
+        self._known.clear()
         return self._conn.reusable()

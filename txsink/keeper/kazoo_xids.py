@@ -16,7 +16,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -44,7 +44,7 @@ from txsink.ports.record_rules import (
     tombstone,
     with_more_aborted,
 )
-from txsink.ports.registry import XidExists
+from txsink.ports.registry import BatchView, BlobPresent, XidExists
 from txsink.protocol.codec import Ledger, decode_ledger, encode_ledger, encode_record
 from txsink.protocol.states import Cut, Epoch, XidRecord, XidState, check_transition
 
@@ -79,15 +79,20 @@ class KazooXids(KazooBase):
     def _unpack(self, job: str, xid: str, node: dict[str, Any], stat: Any, chunks: Any) -> Any:
         return unpack_record(node, chunks, stat.version, self._xid_path(job, xid))
 
-    def _read_record(self, job: str, xid: str) -> tuple[XidRecord, dict[str, Any], Any] | None:
-        """(record, its node, its stat), chunks reassembled and verified."""
+    def _read_record(
+        self, job: str, xid: str, asked: Any = None
+    ) -> tuple[XidRecord, dict[str, Any], Any] | None:
+        """(record, its node, its stat), chunks reassembled and verified. ``asked``: the
+        node's ``get_async`` sent earlier (reads in flight together)."""
         path = self._xid_path(job, xid)
+        first = [asked]
 
         def attempt() -> tuple[XidRecord, dict[str, Any], Any] | None:
-            found = self._conn.read_json(path)
+            found = self._conn.read_json(path, first.pop() if first else None)
             if found is None:
                 return None
             node, stat = found
+            self._remember(path, node, stat.version)
             ref = chunk_ref(node)
             if ref is None:
                 return self._unpack(job, xid, node, stat, None), node, stat
@@ -189,14 +194,16 @@ class KazooXids(KazooBase):
             )
 
     @step
-    def prepare(self, epoch: Epoch, record: XidRecord) -> XidRecord:
+    def prepare(self, epoch: Epoch, record: XidRecord, *, unless_blob: str = "") -> XidRecord:
         """Chunks first (if the manifest does not fit inline), then ONE fenced multi-op:
-        check the epoch, check every chunk still exists, create the small xid node. The
-        create is the commit point; a lost reply leaves either nothing or the whole
-        record, and the re-run finds it (``XidExists``). Chunks of an attempt whose create
-        did not land are orphans that ``delete`` sweeps."""
+        check the epoch, check every chunk still exists, prove blob ``unless_blob`` absent
+        (create and delete it), create the small xid node. The create is the commit
+        point; a lost reply leaves either nothing or the whole record, and the re-run
+        finds it (``XidExists``). Chunks of an attempt whose create did not land are
+        orphans that ``delete`` sweeps."""
         path = self._xid_path(epoch.job, record.xid)
         epoch_path = self._epoch_path(epoch.job)
+        absent = self._blob_path(epoch.job, unless_blob) if unless_blob else ""
         with self._conn.mapped(f"prepare {path}"):
             try:
                 check_transition(None, record.state)
@@ -233,6 +240,9 @@ class KazooXids(KazooBase):
                     txn.check(epoch_path, epoch.token)
                     for p in chunk_paths:
                         txn.check(p, 0)
+                    if absent:
+                        txn.create(absent, b"", acl=self._conn.acl)
+                        txn.delete(absent)
                     if over is None:
                         txn.create(path, data, acl=self._conn.acl)
                     else:
@@ -240,12 +250,22 @@ class KazooXids(KazooBase):
 
                 ok, results = self._conn.commit_txn(ops)
                 if ok:
-                    return replace(rec, version=0 if over is None else over + 1)
+                    version = 0 if over is None else over + 1
+                    self._remember(path, packed.node, version)
+                    return replace(rec, version=version)
                 # A definite failure: nothing landed, so our chunks are nobody's.
                 self._drop_own_chunks(epoch.job, packed, rec.xid)
                 if isinstance(results[0], Exception):
                     self._raise_fenced(epoch)
                 last = results[-1]
+                if absent:
+                    proof = results[1 + len(chunk_paths)]
+                    if isinstance(proof, NodeExistsError):
+                        raise BlobPresent(epoch.job, unless_blob)
+                    if isinstance(proof, NoNodeError):  # its parent is not made yet
+                        self._conn.ensure(absent.rsplit("/", 1)[0])
+                        raise CasRetry
+                    results = results[: 1 + len(chunk_paths)] + results[3 + len(chunk_paths) :]
                 if any(isinstance(r, Exception) for r in results[1:-1]):
                     raise CasRetry  # a sweep removed our chunks before the record existed
                 if not isinstance(last, (NodeExistsError, BadVersionError, NoNodeError)):
@@ -329,25 +349,50 @@ class KazooXids(KazooBase):
                 self._raise_fenced(epoch)
             if not ok:
                 raise RetryableConflict(f"xid {record.xid} changed under us; re-read and retry")
+            self._remember(path, repack(done, node), results[1].version)
             return replace(done, version=results[1].version)
 
     @step
-    def commit(self, epoch: Epoch, record: XidRecord, committed_at: float) -> XidRecord:
+    def commit(
+        self,
+        epoch: Epoch,
+        record: XidRecord,
+        committed_at: float,
+        beat: Mapping[str, Any] | None = None,
+    ) -> XidRecord:
         """One fenced multi-op: compare-and-set the xid node (the small record; its chunks
-        never change) and the ledger."""
+        never change) and the ledger, and write the owner node with ``beat`` (as
+        :meth:`heartbeat` would). The xid and ledger nodes this session read or wrote
+        last are not read again: the transaction compares their versions."""
         path = self._xid_path(epoch.job, record.xid)
         ledger_path = f"{self._job(epoch.job)}/ledger"
         epoch_path = self._epoch_path(epoch.job)
+        owner_path = self._owner_path(epoch.job)
+        owner_exists = True  # after the job's first beat; NoNode makes the next round create
 
-        def attempt() -> XidRecord:
+        def known() -> tuple[XidRecord, dict[str, Any], tuple[Any, int] | None] | None:
+            """(stored record, its node, ledger (JSON, version) or None) as this session
+            last saw them, if it saw both at the versions the transaction will compare."""
+            node = self._known.pop(path, None)
+            ledger = self._known.pop(ledger_path, None)
+            if node is None or ledger is None or node[1] != record.version:
+                return None
+            return record, node[0], None if ledger[1] < 0 else ledger
+
+        def read() -> tuple[XidRecord, dict[str, Any], tuple[Any, int] | None]:
             # both reads in flight at once (one statement on the KeeperMap store)
             ledger_asked = self._client.get_async(ledger_path)
             found = self._read_record(epoch.job, record.xid)
             if found is None or found[2].version != record.version:
                 self._fence_now(epoch)
                 raise RetryableConflict(f"xid {record.xid} changed under us; re-read and retry")
-            cur, node, _ = found
             ledger_found = self._conn.read_json(ledger_path, ledger_asked)
+            ledger = None if ledger_found is None else (ledger_found[0], ledger_found[1].version)
+            return found[0], found[1], ledger
+
+        def attempt() -> XidRecord:
+            nonlocal owner_exists
+            cur, node, ledger_found = known() or read()
             ledger = decode_ledger(None if ledger_found is None else ledger_found[0], ledger_path)
             try:
                 done = committed_record(cur, ledger, committed_at, epoch.number)
@@ -356,11 +401,11 @@ class KazooXids(KazooBase):
                 raise
             data = encode(repack(done, node))
             ledger_data = encode(encode_ledger(next_ledger(ledger, cur, committed_at)))
-            check_request(
-                f"commit {path}",
-                [(epoch_path, 0), (path, len(data)), (ledger_path, len(ledger_data))],
-                self._acl_entries(),
-            )
+            owner_data = b"" if beat is None else self._owner_data(epoch, beat)
+            sizes = [(epoch_path, 0), (path, len(data)), (ledger_path, len(ledger_data))]
+            if beat is not None:
+                sizes.append((owner_path, len(owner_data)))
+            check_request(f"commit {path}", sizes, self._acl_entries())
 
             def ops(txn: Any) -> None:
                 txn.check(epoch_path, epoch.token)
@@ -368,7 +413,11 @@ class KazooXids(KazooBase):
                 if ledger_found is None:
                     txn.create(ledger_path, ledger_data, acl=self._conn.acl)
                 else:
-                    txn.set_data(ledger_path, ledger_data, version=ledger_found[1].version)
+                    txn.set_data(ledger_path, ledger_data, version=ledger_found[1])
+                if beat is not None and owner_exists:
+                    txn.set_data(owner_path, owner_data)
+                elif beat is not None:
+                    txn.create(owner_path, owner_data, acl=self._conn.acl)
 
             ok, results = self._conn.commit_txn(ops)
             if isinstance(results[0], Exception):
@@ -376,7 +425,11 @@ class KazooXids(KazooBase):
             if ok:
                 return replace(done, version=results[1].version)
             if isinstance(results[1], (BadVersionError, NoNodeError)):
+                self._fence_now(epoch)
                 raise RetryableConflict(f"xid {record.xid} changed under us; re-read and retry")
+            if beat is not None and isinstance(results[3], (NoNodeError, NodeExistsError)):
+                owner_exists = isinstance(results[3], NodeExistsError)
+                raise CasRetry  # the owner node is not (or no longer) as guessed
             if not isinstance(results[2], (BadVersionError, NodeExistsError, NoNodeError)):
                 raise self._first_error(results)
             raise CasRetry  # only the ledger moved (another committer of this job)
@@ -388,8 +441,23 @@ class KazooXids(KazooBase):
     def ledger(self, job: str) -> Ledger:
         path = f"{self._job(job)}/ledger"
         with self._conn.mapped(f"read {path}"):
-            found = self._conn.read_json(path)
+            return self._ledger_of(path, self._conn.read_json(path))
+
+    def _ledger_of(self, path: str, found: tuple[dict[str, Any], Any] | None) -> Ledger:
+        self._remember(path, *((None, -1) if found is None else (found[0], found[1].version)))
         return decode_ledger(None if found is None else found[0], path)
+
+    @step
+    def batch_view(self, job: str, xid: str) -> BatchView:
+        """The epoch, the xid's record and the ledger: the three reads in flight at once."""
+        epoch_path, path = self._epoch_path(job), self._xid_path(job, xid)
+        ledger_path = f"{self._job(job)}/ledger"
+        with self._conn.mapped(f"read {path}"):
+            asked = [self._client.get_async(p) for p in (epoch_path, path, ledger_path)]
+            epoch = self._epoch_of(epoch_path, self._conn.read_json(epoch_path, asked[0]))
+            found = self._read_record(job, xid, asked[1])
+            ledger = self._ledger_of(ledger_path, self._conn.read_json(ledger_path, asked[2]))
+        return BatchView(epoch, None if found is None else found[0], ledger)
 
     @step
     def delete(self, epoch: Epoch, xids: builtins.list[str]) -> None:

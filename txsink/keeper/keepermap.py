@@ -35,7 +35,8 @@ one statement, a transaction does in steps (:meth:`KeeperMapNodes.commit`):
    this one compare-and-set: all rows or none;
 4. deletes: one ``DELETE`` guarded the same way, after step 3.
 
-A transaction of one op needs fewer (issue 29): a lone create is one ``INSERT`` of a
+A transaction of checks only (a fence) is step 1 alone: one read. A transaction of one
+op needs fewer (issue 29): a lone create is one ``INSERT`` of a
 confirmed row (strict mode makes it create-if-absent; its ``SELECT`` refuses it while
 the parent is not live), a lone set at a given version one guarded ``UPDATE`` and its
 read-back. Anything they cannot decide alone (a stale pending row, a row rewritten at
@@ -551,6 +552,13 @@ class KeeperMapNodes:
 
     def _commit(self, ops: Sequence[Op]) -> list[Any]:
         txid = uuid.uuid4().hex
+        if all(op.kind == "check" for op in ops):
+            # checks alone (a fence): one read decides, as a synced read would (every
+            # reader of this server shares its Keeper session); an UPDATE would only
+            # rewrite the rows it checks
+            keys = [op.path for op in ops]
+            refused = self._refusal(ops, self._await_creators(keys, self._read(keys)))
+            return [True] * len(ops) if refused is None else _failed(ops, *refused)
         if len(ops) == 1 and ops[0].kind == "create":
             alone = self._create_alone(ops[0], txid)
             if alone is not None:
@@ -624,7 +632,8 @@ class KeeperMapNodes:
         """The transaction in the steps of the module docstring."""
         transient = _transient(ops)
         deletes = [op for op in ops if op.kind == "delete"]
-        if deletes and any(op.kind in ("create", "set") and op.path not in transient for op in ops):
+        lasting = [op for op in deletes if op.path not in transient]
+        if lasting and any(op.kind in ("create", "set") and op.path not in transient for op in ops):
             raise TxSinkError(  # the registry never asks it: deletes run after the writes
                 "the KeeperMap state store cannot write and delete nodes in one transaction"
             )

@@ -23,7 +23,11 @@ state format it was written in (``"format"``; nodes of releases before it read a
 
 Every state change is fenced: one Keeper transaction checks that the epoch node still has
 the writer's token and then creates or compare-and-sets the record. A writer whose epoch
-was superseded gets :class:`txsink.errors.FencedError`.
+was superseded gets :class:`txsink.errors.FencedError`. ``fence`` is that check alone
+(one transaction: answered by the leader, never a lagging follower), for ClickHouse
+statements no Keeper write fences. ``prepare(..., unless_blob=key)`` also proves, in the
+same transaction, that blob ``key`` does not exist (else :class:`BlobPresent`);
+``commit(..., beat=facts)`` also writes the owner node, as ``heartbeat(epoch, facts)``.
 
 Reads may be stale: a ZooKeeper follower answers from its own copy of the tree, which can
 lag the leader (by a moment, or for ``syncLimit`` ticks when it is cut off). A session
@@ -44,9 +48,10 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-from txsink.errors import RetryableConflict
+from txsink.errors import RetryableConflict, TxSinkError
 from txsink.protocol.codec import JobMeta, Ledger, OwnerInfo
 from txsink.protocol.states import Cut, Epoch, XidRecord
 
@@ -63,6 +68,25 @@ class BlobConflict(RetryableConflict):
     """``cas_blob`` lost: the blob is not at the expected version (re-read and decide again)."""
 
 
+class BlobPresent(TxSinkError):
+    """``prepare(..., unless_blob=key)`` found blob ``key`` (or blobs under it): nothing
+    was prepared. The caller decides what the blob means (re-read it) and prepares again."""
+
+    def __init__(self, job: str, key: str) -> None:
+        super().__init__(f"job {job}: blob {key} exists; nothing was prepared")
+        self.key = key
+
+
+@dataclass(frozen=True)
+class BatchView:
+    """What a commit decides on, read together (one round trip; one statement on the
+    KeeperMap store): the job's epoch, the batch's xid record and the ledger."""
+
+    epoch: Epoch | None
+    record: XidRecord | None
+    ledger: Ledger
+
+
 CREATE = -1  # ``expected_version`` of :meth:`Registry.cas_blob` meaning "must not exist yet"
 
 
@@ -77,16 +101,24 @@ class Registry(Protocol):
     def list_jobs(self) -> list[str]: ...
     def take_epoch(self, job: str, owner: str) -> Epoch: ...
     def current_epoch(self, job: str) -> Epoch | None: ...
-    def heartbeat(self, epoch: Epoch, info: dict[str, Any]) -> None: ...
+    def fence(self, epoch: Epoch) -> None: ...
+    def heartbeat(self, epoch: Epoch, info: Mapping[str, Any]) -> None: ...
     def owner(self, job: str) -> OwnerInfo | None: ...
     def get(self, job: str, xid: str) -> XidRecord | None: ...
     def list(self, job: str) -> builtins.list[XidRecord]: ...
-    def prepare(self, epoch: Epoch, record: XidRecord) -> XidRecord: ...
+    def prepare(self, epoch: Epoch, record: XidRecord, *, unless_blob: str = "") -> XidRecord: ...
     def abort(self, job: str, xid: str, tables: Iterable[str], now: float) -> XidRecord: ...
     def namespace(self) -> str: ...
     def amend(self, epoch: Epoch, record: XidRecord, cuts: Iterable[Cut]) -> XidRecord: ...
-    def commit(self, epoch: Epoch, record: XidRecord, committed_at: float) -> XidRecord: ...
+    def commit(
+        self,
+        epoch: Epoch,
+        record: XidRecord,
+        committed_at: float,
+        beat: Mapping[str, Any] | None = None,
+    ) -> XidRecord: ...
     def ledger(self, job: str) -> Ledger: ...
+    def batch_view(self, job: str, xid: str) -> BatchView: ...
     def delete(self, epoch: Epoch, xids: builtins.list[str]) -> None: ...
     def get_blob(self, job: str, key: str) -> dict[str, Any] | None: ...
     def put_blob(self, job: str, key: str, value: dict[str, Any]) -> None: ...

@@ -38,7 +38,7 @@ from txsink.ports.record_rules import (
     typed_meta,
     with_more_aborted,
 )
-from txsink.ports.registry import CREATE, BlobConflict, XidExists
+from txsink.ports.registry import CREATE, BatchView, BlobConflict, BlobPresent, XidExists
 from txsink.protocol.codec import (
     JobMeta,
     Ledger,
@@ -127,14 +127,19 @@ class MemoryRegistry:
         if cur is None or cur.token != epoch.token:
             raise superseded(epoch, cur)
 
-    def heartbeat(self, epoch: Epoch, info: dict[str, Any]) -> None:
+    def fence(self, epoch: Epoch) -> None:
         with self._lock:
             self._fence(epoch)
-            details = {k: v for k, v in info.items() if k != "state"}
-            beat = OwnerInfo(
-                epoch.number, epoch.owner, self._clock(), info.get("state", ""), details
-            )
-            self._owners[epoch.job] = encode_owner(beat)
+
+    def heartbeat(self, epoch: Epoch, info: Mapping[str, Any]) -> None:
+        with self._lock:
+            self._fence(epoch)
+            self._owners[epoch.job] = self._owner_node(epoch, info)
+
+    def _owner_node(self, epoch: Epoch, info: Mapping[str, Any]) -> dict[str, Any]:
+        details = {k: v for k, v in info.items() if k != "state"}
+        beat = OwnerInfo(epoch.number, epoch.owner, self._clock(), info.get("state", ""), details)
+        return encode_owner(beat)
 
     def owner(self, job: str) -> OwnerInfo | None:
         return decode_owner(self._owners.get(job), self._path(job, "owner"))
@@ -179,7 +184,7 @@ class MemoryRegistry:
                 store[name] = data
         return packed
 
-    def prepare(self, epoch: Epoch, record: XidRecord) -> XidRecord:
+    def prepare(self, epoch: Epoch, record: XidRecord, *, unless_blob: str = "") -> XidRecord:
         with self._lock:
             self._fence(epoch)
             check_transition(None, record.state)
@@ -212,6 +217,10 @@ class MemoryRegistry:
                     raise
                 if any(n not in store for n in names):
                     raise CasRetry  # a sweep took our chunks before the record existed
+                if unless_blob and self._has_blob(epoch.job, unless_blob):
+                    for n in names:
+                        store.pop(n, None)
+                    raise BlobPresent(epoch.job, unless_blob)
                 xids = self._nodes.setdefault(epoch.job, {})
                 now = xids.get(record.xid)
                 if (now[1] if now else None) != over:
@@ -263,7 +272,13 @@ class MemoryRegistry:
             self._nodes[epoch.job][record.xid] = (new_node, version + 1)
             return replace(done, version=version + 1)
 
-    def commit(self, epoch: Epoch, record: XidRecord, committed_at: float) -> XidRecord:
+    def commit(
+        self,
+        epoch: Epoch,
+        record: XidRecord,
+        committed_at: float,
+        beat: Mapping[str, Any] | None = None,
+    ) -> XidRecord:
         with self._lock:
             self._fence(epoch)
             found = self._nodes.get(epoch.job, {}).get(record.xid)
@@ -285,10 +300,16 @@ class MemoryRegistry:
             )
             self._nodes[epoch.job][record.xid] = (new_node, version + 1)
             self._ledgers[epoch.job] = new_ledger
+            if beat is not None:
+                self._owners[epoch.job] = self._owner_node(epoch, beat)
             return replace(done, version=version + 1)
 
     def ledger(self, job: str) -> Ledger:
         return decode_ledger(self._ledgers.get(job), self._path(job, "ledger"))
+
+    def batch_view(self, job: str, xid: str) -> BatchView:
+        with self._lock:
+            return BatchView(self.current_epoch(job), self.get(job, xid), self.ledger(job))
 
     def delete(self, epoch: Epoch, xids: builtins.list[str]) -> None:
         """Delete records, then every chunk no record references (theirs and orphans)."""
@@ -306,6 +327,9 @@ class MemoryRegistry:
                 ref = None if found is None else chunk_ref(found[0])
                 if ref is None or ref.nonce != parsed[1]:
                     del store[name]
+
+    def _has_blob(self, job: str, key: str) -> bool:
+        return any(k[0] == job and f"{k[1]}/".startswith(f"{key}/") for k in self._blobs)
 
     def get_blob(self, job: str, key: str) -> dict[str, Any] | None:
         return self._blobs.get((job, key))
