@@ -675,3 +675,85 @@ def test_a_recursive_delete_of_more_rows_than_one_block_leaves_none(
     finally:
         other.close()
         nodes.close()
+
+
+def test_a_transaction_of_versioned_checks_and_sets_is_one_update_and_its_read_back(
+    stack: StackInfo, root: str
+) -> None:
+    """A commit's shape (the epoch checked, the record and ledger set at versions read
+    before): no read first, a stale version still refuses it whole, and an UPDATE the
+    server retried after it landed is reported done."""
+    client = Counting(connect(stack))
+    nodes = KeeperMapNodes(client, DATABASE)
+    epoch, a, b = (f"{root}/{n}" for n in ("epoch", "a", "b"))
+    try:
+        nodes.ensure_path_async(root).get()
+        for path in (epoch, a, b):
+            nodes.commit_or_raise([Op("create", path, b"0")])
+        del client.statements[:]
+        done = nodes.commit(
+            [Op("check", epoch, version=0), Op("set", a, b"1", version=0),
+             Op("set", b, b"1", version=0)]
+        )  # fmt: skip
+        assert [getattr(r, "version", r) for r in done] == [True, 1, 1]
+        assert len(client.statements) == 2, client.statements
+        stale = nodes.commit(
+            [Op("check", epoch, version=0), Op("set", a, b"2", version=1),
+             Op("set", b, b"2", version=0)]
+        )  # fmt: skip
+        assert isinstance(stale[2], BadVersionError), stale
+        assert [nodes.get_async(p).get()[0] for p in (a, b)] == [b"1", b"1"]  # nothing written
+        client.after = once("ALTER TABLE", BAD_VERSION)
+        done = nodes.commit([Op("check", epoch, version=0), Op("set", a, b"3", version=1)])
+        assert not any(isinstance(r, Exception) for r in done), done
+        assert nodes.get_async(a).get()[1].version == 2
+    finally:
+        nodes.close()
+
+
+def test_a_prepare_shaped_transaction_reads_nothing_first_and_leaves_no_row_when_refused(
+    stack: StackInfo, root: str
+) -> None:
+    """A prepare's shape (the epoch checked, a node proved absent by creating and
+    deleting it, the record created): one INSERT of unconfirmed rows, the guarded UPDATE,
+    its read-back and the DELETE. Refused (a stale epoch, the node present, a parent
+    missing), it writes nothing and leaves no unconfirmed row to block the next create."""
+    client = Counting(connect(stack))
+    nodes = KeeperMapNodes(client, DATABASE)
+    other = connect(stack)
+    epoch, proof, rec = f"{root}/epoch", f"{root}/dedup/x", f"{root}/xids/x"
+
+    def prepare(check: int, name: str = "x") -> list[Any]:
+        proof, rec = f"{root}/dedup/{name}", f"{root}/xids/{name}"
+        return nodes.commit(
+            [Op("check", epoch, version=check), Op("create", proof), Op("delete", proof),
+             Op("create", rec, b"rec")]
+        )  # fmt: skip
+
+    def rows_under(path: str) -> int:
+        return int(
+            other.command(f"SELECT count() FROM {DATABASE}.nodes WHERE startsWith(key, '{path}')")
+        )
+
+    try:
+        for path in (root, f"{root}/dedup", f"{root}/xids"):
+            nodes.ensure_path_async(path).get()
+        nodes.commit_or_raise([Op("create", epoch, b"1")])
+        del client.statements[:]
+        assert not any(isinstance(r, Exception) for r in prepare(0))
+        assert len(client.statements) == 4, client.statements
+        assert nodes.get_async(rec).get()[0] == b"rec"
+        assert nodes.exists_async(proof).get() is None and rows_under(proof) == 0
+        nodes.commit_or_raise([Op("set", epoch, b"2", version=0)])  # a takeover
+        assert isinstance(prepare(0, "y")[0], BadVersionError)  # fenced
+        nodes.commit_or_raise([Op("create", f"{root}/dedup/z", b"")])
+        assert isinstance(prepare(1, "z")[1], NodeExistsError)  # the node is there
+        assert rows_under(f"{root}/xids/y") == rows_under(f"{root}/xids/z") == 0
+        missing = nodes.commit([Op("check", epoch, version=1), Op("create", f"{root}/no/w")])
+        assert isinstance(missing[1], NoNodeError), missing
+        client.after = once("INSERT INTO", NODE_EXISTS)  # the server retried it: ours
+        assert not any(isinstance(r, Exception) for r in prepare(1, "v"))
+        assert nodes.get_async(f"{root}/xids/v").get()[0] == b"rec"
+    finally:
+        other.close()
+        nodes.close()

@@ -200,7 +200,8 @@ class KazooRegistry(KazooXids):
             ok, results = self._conn.commit_txn(ops)
             if isinstance(results[0], Exception):
                 self._raise_fenced(epoch)
-            if ok:
+            if ok:  # its version, for the commit that writes the next beat (see commit)
+                self._remember(path, None, getattr(results[1], "version", 0))
                 return
             if not isinstance(results[1], (NoNodeError, NodeExistsError)):
                 raise self._first_error(results)
@@ -320,6 +321,5 @@ class KazooRegistry(KazooXids):
         """Whether this registry's session can be lent out again (see KazooConn). The
         namespace id is read again by the next borrower: ``<root>/namespace`` may have
         been recreated (a Keeper restored from backup) while it sat in the pool."""
-        self._namespace_id = ""
-        self._known.clear()
+        self._namespace_id = ""  # (the nodes kept for a commit stay: each is compared)
         return self._conn.reusable()

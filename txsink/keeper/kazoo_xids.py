@@ -368,7 +368,11 @@ class KazooXids(KazooBase):
         ledger_path = f"{self._job(epoch.job)}/ledger"
         epoch_path = self._epoch_path(epoch.job)
         owner_path = self._owner_path(epoch.job)
-        owner_exists = True  # after the job's first beat; NoNode makes the next round create
+        # the owner node exists after the job's first beat (NoNode makes the next round
+        # create it), at the version this session's last beat left if it is known (a
+        # transaction of versioned writes only is cheaper on the KeeperMap store)
+        known_owner = self._known.pop(owner_path, None)
+        owner_exists, owner_version = True, -1 if known_owner is None else known_owner[1]
 
         def known() -> tuple[XidRecord, dict[str, Any], tuple[Any, int] | None] | None:
             """(stored record, its node, ledger (JSON, version) or None) as this session
@@ -391,7 +395,7 @@ class KazooXids(KazooBase):
             return found[0], found[1], ledger
 
         def attempt() -> XidRecord:
-            nonlocal owner_exists
+            nonlocal owner_exists, owner_version
             cur, node, ledger_found = known() or read()
             ledger = decode_ledger(None if ledger_found is None else ledger_found[0], ledger_path)
             try:
@@ -415,7 +419,7 @@ class KazooXids(KazooBase):
                 else:
                     txn.set_data(ledger_path, ledger_data, version=ledger_found[1])
                 if beat is not None and owner_exists:
-                    txn.set_data(owner_path, owner_data)
+                    txn.set_data(owner_path, owner_data, version=owner_version)
                 elif beat is not None:
                     txn.create(owner_path, owner_data, acl=self._conn.acl)
 
@@ -423,12 +427,17 @@ class KazooXids(KazooBase):
             if isinstance(results[0], Exception):
                 self._raise_fenced(epoch)
             if ok:
+                if beat is not None:
+                    self._remember(owner_path, None, getattr(results[3], "version", 0))
                 return replace(done, version=results[1].version)
             if isinstance(results[1], (BadVersionError, NoNodeError)):
                 self._fence_now(epoch)
                 raise RetryableConflict(f"xid {record.xid} changed under us; re-read and retry")
-            if beat is not None and isinstance(results[3], (NoNodeError, NodeExistsError)):
-                owner_exists = isinstance(results[3], NodeExistsError)
+            if beat is not None and isinstance(
+                results[3], (NoNodeError, NodeExistsError, BadVersionError)
+            ):
+                owner_exists = not isinstance(results[3], NoNodeError)
+                owner_version = -1
                 raise CasRetry  # the owner node is not (or no longer) as guessed
             if not isinstance(results[2], (BadVersionError, NodeExistsError, NoNodeError)):
                 raise self._first_error(results)

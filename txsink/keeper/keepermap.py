@@ -35,7 +35,8 @@ one statement, a transaction does in steps (:meth:`KeeperMapNodes.commit`):
    this one compare-and-set: all rows or none;
 4. deletes: one ``DELETE`` guarded the same way, after step 3.
 
-A transaction of checks only (a fence) is step 1 alone: one read. A transaction of one
+A transaction of checks only (a fence) is step 1 alone: one read; one of checks and sets
+at versions the caller read (a commit) is step 3 and its read-back. A transaction of one
 op needs fewer (issue 29): a lone create is one ``INSERT`` of a
 confirmed row (strict mode makes it create-if-absent; its ``SELECT`` refuses it while
 the parent is not live), a lone set at a given version one guarded ``UPDATE`` and its
@@ -567,7 +568,67 @@ class KeeperMapNodes:
             alone = self._set_alone(ops[0], txid)
             if alone is not None:
                 return alone
+        elif all(op.kind in ("check", "set") and op.version != -1 for op in ops) and not any(
+            _read_checked(op) for op in ops
+        ):
+            blind = self._versioned(ops, txid)
+            if blind is not None:
+                return blind
+        elif self._unread_fits(ops):
+            unread = self._unread(ops, txid)
+            if unread is not None:
+                return unread
         return self._steps(ops, txid)
+
+    @staticmethod
+    def _unread_fits(ops: Sequence[Op]) -> bool:
+        """Creates (some deleted again) and checks at given versions, nothing else, no
+        manifest chunk among them: what :meth:`_unread` does without a first read."""
+        transient = _transient(ops)
+        return any(op.kind == "create" and op.path not in transient for op in ops) and all(
+            (op.kind == "check" and op.version != -1 and not _read_checked(op))
+            or op.kind == "create"
+            or (op.kind == "delete" and op.path in transient)
+            for op in ops
+        )
+
+    def _versioned(self, ops: Sequence[Op], txid: str) -> list[Any] | None:
+        """Checks and sets, every one at a version the caller read (a commit: the epoch,
+        its record, the ledger, the owner node): step 3 and its read-back, no read
+        first. Refused (or a reply that may be a retried request's), it is decided by
+        the steps, which read."""
+        sets = [op for op in ops if op.kind == "set"]
+        if not sets:
+            return None
+        guards = " OR ".join(
+            f"(key = {lit(op.path)} AND ver = {int(op.version)} AND pending = '')" for op in ops
+        )
+        values = ", ".join(f"key = {lit(op.path)}, {blob(op.data)}" for op in sets)
+        named = ", ".join(lit(op.path) for op in sets)
+        refused = False
+        try:
+            self._write(
+                f"ALTER TABLE {self.table} UPDATE value = if(throwIf(NOT ({guards})) = 0, "
+                f"multiIf({values}, value), value), ver = if(key IN ({named}), ver + 1, ver), "
+                f"tx = if(key IN ({named}), {lit(txid)}, tx) "
+                f"WHERE key IN ({', '.join(lit(op.path) for op in ops)})",
+                "transaction on the state store",
+            )
+        except BadVersionError:
+            refused = True  # or the server retried an UPDATE that had landed: read
+        # the read-back: an UPDATE skips a missing row silently, every row must be there
+        after = self._read(op.path for op in ops)
+        before = {op.path: Row(b"", op.version, 0, "") for op in ops}
+        landed = self._landed(ops, before, after, txid, set())
+        if refused and not landed:
+            return None  # nothing written; the steps say why
+        if not landed or any(op.path not in after for op in ops):
+            self._verify(ops, before, txid)  # raises what went wrong
+            raise ConnectionLoss(f"a transaction on {self.where} moved right after it wrote")
+        return [
+            Stat(after[op.path].ver, after[op.path].czxid) if op.kind == "set" else True
+            for op in ops
+        ]
 
     def _create_alone(self, op: Op, txid: str) -> list[Any] | None:
         """A create with nothing to check beside it: one INSERT, confirmed at once.
@@ -648,6 +709,47 @@ class KeeperMapNodes:
         except (NodeExistsError, BadVersionError) as exc:  # a racing create got there first
             self._drop_pending(creates, txid)
             return _failed(ops, ops.index(creates[0]), NodeExistsError(str(exc)))
+        return self._apply(ops, before, txid)
+
+    def _unread(self, ops: Sequence[Op], txid: str) -> list[Any] | None:
+        """Creates, checks at the caller's versions and creates deleted again (a prepare:
+        the epoch, the xid node, a proof that a node is absent): step 2 with no read
+        first, one INSERT that also requires every parent live, then steps 3 and 4.
+        None, with nothing written, where the INSERT is refused: the steps decide."""
+        creates = [op for op in ops if op.kind == "create"]
+        made = {op.path for op in creates}
+        parents = sorted({_parent(op.path) for op in creates} - made - {"/"})
+        rows = ", ".join(
+            f"({lit(op.path)}, {blob(op.data)}, 0, {self._clock()}, {lit(txid)}, {lit(txid)})"
+            for op in creates
+        )
+        live = (
+            f" WHERE throwIf((SELECT count() FROM {self.table} WHERE key IN "
+            f"({', '.join(lit(p) for p in parents)}) AND pending = '') != {len(parents)}) = 0"
+            if parents
+            else ""
+        )
+        try:
+            self._write(
+                f"INSERT INTO {self.table} (key, value, ver, czxid, pending, tx) SELECT * FROM "
+                f"values('key String, value String, ver UInt32, czxid UInt64, pending String, "
+                f"tx String', {rows}){live}",
+                "create of nodes",
+            )
+        except (NodeExistsError, BadVersionError):
+            found = self._read(made)
+            if not (len(found) == len(made) and all(r.pending == txid for r in found.values())):
+                return None  # refused (not a retry of ours that landed): nothing written
+        return self._apply(ops, {}, txid)
+
+    def _apply(self, ops: Sequence[Op], before: dict[str, Row], txid: str) -> list[Any]:
+        """Steps 3 and 4 of a transaction whose creates are pending under ``txid``;
+        ``before``: the rows as step 1 read them (empty: every check is at a version
+        the caller gave)."""
+        transient = _transient(ops)
+        deletes = [op for op in ops if op.kind == "delete"]
+        keys = [op.path for op in ops] + [_parent(op.path) for op in ops]
+        creates = [op for op in ops if op.kind == "create"]
         guarded = [op for op in ops if op.kind != "delete" and not _read_checked(op)]
         last: Exception | None = None
         for attempt in range(MAX_ROUNDS):
