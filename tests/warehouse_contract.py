@@ -282,6 +282,25 @@ class WarehouseContract:
         merged = harness.wh.staged_partitions(batch, every_part=True)
         assert {p: (n, len(u)) for p, (n, u) in merged.items()} == {JAN: (11, 1), FEB: (2, 1)}
 
+    def test_the_attach_probe_lets_a_writer_with_the_grants_through_and_changes_nothing(
+        self, harness: Harness
+    ) -> None:
+        """``attach_refusal`` and ``compact_refusal`` ask the server about the ATTACH
+        ``attach_all`` and the OPTIMIZE ``compact_batch`` send (the harness's user holds
+        every grant): "" here; the target gains nothing, staging keeps what it had and
+        gains no table; a missing target is a ConfigError."""
+        need(harness, "batch_visibility")
+        target = harness.target("t")
+        task = staged(harness, target, 1, rows(range(3), JAN))
+        before = harness.wh.list_staging(_prefix(task))
+        assert harness.wh.attach_refusal(target) == ""
+        assert harness.wh.compact_refusal() == ""
+        assert harness.wh.partition_rows(target) == {}
+        assert harness.wh.list_staging(_prefix(task)) == before
+        assert harness.wh.staging_view([task]) == {task: {JAN: 3}}
+        with pytest.raises(ConfigError):
+            harness.wh.attach_refusal(f"{target}_missing")
+
     # ------------------------------------------------------------------ other capabilities
 
     def test_direct_inserts_with_a_token_are_deduplicated_by_the_target(

@@ -43,6 +43,7 @@ MAX_COMMANDS = 200
 # Staging names listed in one read's parameter (beyond: their common prefix selects them)
 MAX_LISTED_NAMES = 200
 TABLE_ALREADY_EXISTS = 57
+CANNOT_EXTRACT_TABLE_STRUCTURE = 636  # merge() over no table: "no tables satisfied regexp"
 REPLICA_ALREADY_EXISTS = 253
 METADATA_MISMATCH = 342  # a leftover at the path, of a table the target has outgrown
 PARTITION_ID_RE = re.compile(r"^[A-Za-z0-9_\-]+$")
@@ -441,7 +442,10 @@ class Observer:
                 what=f"look in system.query_log for an ATTACH into {target}",
             )
         except TxSinkError as exc:
-            if exc.code not in (60, 497):  # no query_log table / no privilege to read it
+            # no query_log table / no privilege to read it / merge() sees no log table
+            # this user was granted SELECT on (a plain SELECT would pass: system tables
+            # are readable without a grant, merge() lists only granted ones)
+            if exc.code not in (60, 497, CANNOT_EXTRACT_TABLE_STRUCTURE):
                 raise
             raise ConfigError(
                 f"visibility=batch into {target} needs system.query_log (readable by this "

@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Sequence
+import re
+import uuid
+from collections.abc import Callable, Sequence
 
 from txsink.clickhouse.blockers import AddColumn, plan_column_catch_up
+from txsink.clickhouse.error_map import ACCESS_DENIED, UNKNOWN_DATABASE, UNKNOWN_TABLE
 from txsink.clickhouse.insert_settings import ATTACH_LOG_SETTINGS
 from txsink.clickhouse.observe import MAX_COMMANDS, PARTITION_ID_RE
 from txsink.clickhouse.staging import Stager
@@ -29,6 +32,8 @@ from txsink.names import qualified, quote_ident, quote_literal, split_table
 log = logging.getLogger(__name__)
 # copy commands per statement: ~120 bytes each, far below max_query_size (256 KiB)
 MAX_COPIES = 1000
+READONLY = 164  # a readonly profile refuses every ALTER
+_DENIED_RE = re.compile(r"(?:Not enough privileges|Cannot execute query in readonly mode).*")
 
 
 class Publisher(Stager):
@@ -153,6 +158,53 @@ class Publisher(Stager):
                 raise
             self._catch_up_columns(staging, target, exc)
             attach(" (after adding the target's new columns to batch staging)")
+
+    def attach_refusal(self, target: str) -> str:
+        """Why this user may not run :meth:`attach_all` into ``target`` (the server's
+        words), or "" when it may: the server's answer to that statement from a source
+        that does not exist (``ALTER TABLE target ATTACH PARTITION ALL FROM
+        <staging_db>.txsink_probe_<random>``; it asks ALTER DELETE and INSERT on the
+        target, SELECT on the source). See :meth:`_refusal`."""
+        db, name = split_table(target)
+        return self._refusal(
+            lambda source: f"ALTER TABLE {qualified(db, name)} ATTACH PARTITION ALL FROM {source}",
+            f"ATTACH PARTITION ALL FROM {self.staging_db} into {target}",
+        )
+
+    def compact_refusal(self) -> str:
+        """Why this user may not run :meth:`compact_batch` (``OPTIMIZE TABLE ... FINAL``
+        in the staging database: the OPTIMIZE privilege there), or "" when it may; the
+        same probe as :meth:`attach_refusal`, on a table that does not exist."""
+        return self._refusal(
+            lambda source: f"OPTIMIZE TABLE {source} FINAL", f"OPTIMIZE in {self.staging_db}"
+        )
+
+    def _refusal(self, statement: Callable[[str], str], what: str) -> str:
+        """The server's refusal of ``statement(<a staging table that does not exist>)``,
+        or "". ClickHouse checks every privilege of a statement before it looks up a
+        table (``InterpreterAlterQuery``, ``InterpreterOptimizeQuery``), so a user without
+        them is refused (ACCESS_DENIED, or READONLY for a readonly profile) however roles
+        or wildcard grants give them, and one with them is told the table (or the staging
+        database, not created yet) does not exist. Nothing is created, nothing is
+        changed, nothing is left to clean up; one round trip. The table's name is random:
+        no table of that name exists."""
+        probe = f"txsink_probe_{uuid.uuid4().hex}"
+        try:
+            self.client.command(
+                statement(qualified(self.staging_db, probe)),
+                what=f"probe whether this user may run {what}",
+            )
+        except TxSinkError as exc:
+            text = str(exc)
+            if exc.code in (ACCESS_DENIED, READONLY):
+                found = _DENIED_RE.search(text)
+                return found.group(0) if found else text
+            if (exc.code == UNKNOWN_TABLE and probe in text) or (
+                exc.code == UNKNOWN_DATABASE and self.staging_db in text
+            ):
+                return ""  # the privileges passed; the table (or its database) is missing
+            raise
+        return ""
 
     def claim_staging(self, staging: str, claimed: str) -> None:
         """``RENAME TABLE staging TO claimed``: atomic, so of several finishers renaming

@@ -423,6 +423,12 @@ class ShardedWarehouse:
     def claim_staging(self, staging: str, claimed: str) -> None:
         raise self._no_batch(f"claiming batch staging {staging}")
 
+    def attach_refusal(self, target: str) -> str:
+        raise self._no_batch(f"probing the ATTACH PARTITION ALL grant on {target}")
+
+    def compact_refusal(self) -> str:
+        raise self._no_batch("probing the OPTIMIZE grant in batch staging")
+
     def attach_logged(self, target: str, tag: str, since: float) -> bool:
         raise self._no_batch(f"the query-log proof of an ATTACH into {target}", "query_log")
 

@@ -15,6 +15,9 @@ is the contract every one of them passes. Invariants every implementation keeps:
 - ``move_partition(s)`` and ``consolidate`` are idempotent (a partition already moved
   moves nothing); ``attach_all`` is not (it copies) and ``claim_staging`` lets exactly one
   of several callers hold a batch staging table;
+- ``attach_refusal`` and ``compact_refusal`` ask the server whether the writer's user
+  may run ``attach_all`` into a target and ``compact_batch`` (roles and wildcard grants
+  included), and change nothing: no table is created, nothing reaches the target;
 - ``evidence_life`` answers how long the evidence of a publish into a target survives
   (the server's uptime, the target's ``old_parts_lifetime``, the query log's TTL), never
   erring towards longer; ``detached_parts`` lists every detached part of a staging
@@ -171,11 +174,12 @@ class WarehouseCapabilities:
     inserts into staging, MOVE PARTITION, part UUID evidence, observation).
 
     ``batch_visibility``: ``visibility=batch`` publishing on one server (batch staging,
-    ``consolidate``, ``claim_staging``, ``attach_all``). ``query_log``: ``attach_logged``
-    can prove an ATTACH by its tag (a server may still lack a readable query log; that
-    is a ConfigError when asked). ``direct_insert``: ``insert_blocks`` into a target
-    (dedup mode). ``per_shard_counts``: ``partition_rows_by_shard``. ``clusters``:
-    ``expand_macros`` and ``cluster_replicas`` read the server's cluster definitions."""
+    ``consolidate``, ``claim_staging``, ``attach_all``, the two ``*_refusal`` probes).
+    ``query_log``: ``attach_logged`` can prove an ATTACH by its tag (a server may still
+    lack a readable query log; that is a ConfigError when asked). ``direct_insert``:
+    ``insert_blocks`` into a target (dedup mode). ``per_shard_counts``:
+    ``partition_rows_by_shard``. ``clusters``: ``expand_macros`` and ``cluster_replicas``
+    read the server's cluster definitions."""
 
     batch_visibility: bool = True
     query_log: bool = True
@@ -302,3 +306,13 @@ class Warehouse(Protocol):
     def claim_staging(self, staging: str, claimed: str) -> None: ...
 
     def attach_all(self, staging: str, target: str, tag: str = "") -> None: ...
+
+    def attach_refusal(self, target: str) -> str:
+        """Why the writer's user may not run :meth:`attach_all` into ``target`` (the
+        server's words), or "" when it may; changes nothing."""
+        ...
+
+    def compact_refusal(self) -> str:
+        """Why the writer's user may not run :meth:`compact_batch` (the server's words),
+        or "" when it may; changes nothing."""
+        ...

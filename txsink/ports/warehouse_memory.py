@@ -12,6 +12,10 @@ no I/O. It models what the protocol's evidence relies on, with ClickHouse's sema
 - :meth:`MemoryWarehouse.merge` is ClickHouse's own merge in a target: the partition's
   parts become one part with a new UUID, the old ones stay *outdated* (still found by
   ``published_uuids``) until :meth:`MemoryWarehouse.cleanup`;
+- grants: a target in ``attach_denied`` is one the user may MOVE into but not ``ATTACH
+  PARTITION ... FROM`` into (ClickHouse asks ALTER DELETE there too): ``attach_all``
+  into it is refused before anything happens, and ``attach_refusal`` says so;
+  ``compact_denied``: no OPTIMIZE in staging (``compact_batch``, ``compact_refusal``);
 - fault hooks for tests: :meth:`~MemoryWarehouse.fail_next` (refused before anything
   happens), :meth:`~MemoryWarehouse.lose_reply` (it landed, the reply was lost),
   :meth:`~MemoryWarehouse.cut_next_move` (a server crash cut a MOVE between parts: some
@@ -51,6 +55,7 @@ from txsink.protocol.states import MAX_PART_UUIDS, short_uuids
 
 T = TypeVar("T")
 UNKNOWN_TABLE = 60  # ClickHouse's code, which the real adapter keeps on its ConfigError
+ACCESS_DENIED = 497
 _PARTITION_ID_RE = re.compile(r"^[A-Za-z0-9_\-]+$")
 _ROW_BYTES = 8  # the size the twin reports per row (status, staging_sizes)
 
@@ -90,6 +95,8 @@ class MemoryWarehouse:
         self.parts_lifetime_s = 480.0
         self.query_log_ttl_s: float | None = None
         self.detached: dict[str, dict[str, int]] = {}  # staging table -> {pid: parts}
+        self.attach_denied: set[str] = set()  # targets without the ATTACH ... FROM grant
+        self.compact_denied = False  # no OPTIMIZE grant in the staging database
         self.staging_db_created = False
         self._faults: list[_Fault] = []
         self._seed = seed
@@ -459,6 +466,8 @@ class MemoryWarehouse:
 
         def act() -> None:
             t = self._staged(batch_staging)
+            if self.compact_denied:
+                raise ConfigError(self._denied("OPTIMIZE", batch_staging), code=ACCESS_DENIED)
             for pid in sorted({p.partition_id for p in t.parts}):
                 old = [p for p in t.parts if p.partition_id == pid]
                 if len(old) > 1:
@@ -488,13 +497,44 @@ class MemoryWarehouse:
 
         def act() -> None:
             src, dest = self._staged(staging), self._table(target)
+            if target in self.attach_denied:
+                raise ConfigError(self._denied("INSERT, ALTER DELETE", target), code=ACCESS_DENIED)
             dest.parts.extend(src.parts)  # copies, UUIDs kept; the source is unchanged
             if tag:
                 self.query_log[tag] = self.query_log.get(tag, 0) + 1
 
         self._call("attach_all", act)
 
+    def attach_refusal(self, target: str) -> str:
+        self._need_batch(f"probing the ATTACH PARTITION ALL grant on {target}")
+
+        def act() -> str:
+            self._table(target)
+            if target in self.attach_denied:
+                return self._denied("INSERT, ALTER DELETE", target)
+            return ""
+
+        return self._call("attach_refusal", act)
+
+    def compact_refusal(self) -> str:
+        self._need_batch("probing the OPTIMIZE grant in batch staging")
+        where = f"{self.staging_db}.txsink_probe"
+        return self._call(
+            "compact_refusal",
+            lambda: self._denied("OPTIMIZE", where) if self.compact_denied else "",
+        )
+
     # ------------------------------------------------------------------ internals
+
+    @staticmethod
+    def _denied(grants: str, table: str) -> str:
+        """ClickHouse's words for a statement without the grants it needs (the twin's
+        user holds every other one)."""
+        missing = "ALTER DELETE" if "ALTER DELETE" in grants else grants
+        return (
+            "Not enough privileges. To execute this query, it's necessary to have the grant "
+            f"{grants} ON {table}. (Missing permissions: {missing} ON {table})"
+        )
 
     def _call(self, method: str, act: Callable[..., T], cuttable: bool = False) -> T:
         """Run ``act`` under the lock, applying the first fault queued for ``method``."""

@@ -42,15 +42,27 @@ before the roll-forward looks; or a hand dropping the attached batch staging the
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from txsink.protocol.states import Mode, XidRecord
 
 __all__ = [
+    "ATTACH_PRIVILEGES",
     "batch_refusal",
+    "compact_grant_refusal",
     "compaction",
+    "grant_refusal",
     "is_batch",
+    "may_compact",
 ]
+
+# What ClickHouse checks for ALTER TABLE target ATTACH PARTITION ... FROM source (in
+# InterpreterAlterQuery, as REPLACE_PARTITION): these on the target, SELECT on the source.
+# A partition-visibility writer has INSERT already (MOVE PARTITION ... TO TABLE asks INSERT
+# on the target, SELECT and ALTER DELETE on the source): ALTER DELETE is the one it lacks.
+ATTACH_PRIVILEGES = "ALTER DELETE, INSERT"
+_PLAIN_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def batch_refusal(table: str, engine: str, mode: str) -> str:
@@ -74,6 +86,38 @@ def batch_refusal(table: str, engine: str, mode: str) -> str:
     return ""
 
 
+def grant_refusal(table: str, user: str, staging_db: str, server_says: str) -> str:
+    """Why ``visibility=batch`` cannot publish into ``table``: the writer's ``user`` may
+    not run its ``ATTACH PARTITION ALL FROM`` (``server_says``: the server's refusal of
+    that statement), with the GRANT that allows it."""
+    return (
+        f"visibility=batch publishes into {table} with one ALTER TABLE {table} ATTACH "
+        f"PARTITION ALL FROM <a batch staging table in {staging_db}>, which user {user} may "
+        f"not run ({server_says}): it needs the privilege ALTER DELETE on {table}, with "
+        f"INSERT there and SELECT on {staging_db}.* (which publishing by MOVE needs too). "
+        f"Run GRANT {ATTACH_PRIVILEGES} ON {table} TO {_grantee(user)} (or to a role of "
+        f"the user's), or use visibility=partition (docs/modes.md#visibility)"
+    )
+
+
+def compact_grant_refusal(table: str, user: str, staging_db: str, server_says: str) -> str:
+    """Why ``visibility=batch`` cannot compact ``table``'s batch (:func:`compaction`): the
+    writer's ``user`` may not run ``OPTIMIZE TABLE ... FINAL`` in ``staging_db``
+    (``server_says``: the server's refusal), with the GRANT and the other ways out."""
+    return (
+        f"visibility=batch merges a batch for {table} (a plain MergeTree) into one part per "
+        f"partition with OPTIMIZE TABLE <its batch staging table> FINAL in {staging_db} "
+        f"before the ATTACH, which user {user} may not run ({server_says}): it needs the "
+        f"privilege OPTIMIZE on {staging_db}.*. Run GRANT OPTIMIZE ON {staging_db}.* TO "
+        f"{_grantee(user)}, or set compact_bytes=0 (no compaction), or use "
+        f"visibility=partition (docs/modes.md#visibility)"
+    )
+
+
+def _grantee(user: str) -> str:
+    return user if _PLAIN_NAME_RE.match(user) else "`" + user.replace("`", "\\`") + "`"
+
+
 def is_batch(record: XidRecord) -> bool:
     return record.mode is Mode.ATTACH and record.batch_visible
 
@@ -86,4 +130,10 @@ def compaction(engine: str, sizes: Mapping[str, int], limit: int) -> bool:
     and only while every partition of the batch stages at most ``limit`` bytes (``sizes``:
     bytes on disk per partition id; ``limit`` 0: never), so that the merge stays a small
     part of the commit."""
-    return limit > 0 and engine == "MergeTree" and bool(sizes) and max(sizes.values()) <= limit
+    return may_compact(engine, limit) and bool(sizes) and max(sizes.values()) <= limit
+
+
+def may_compact(engine: str, limit: int) -> bool:
+    """Whether a batch into a target of ``engine`` can ever be compacted (:func:`compaction`
+    before its sizes are known): what validation asks the OPTIMIZE grant for."""
+    return limit > 0 and engine == "MergeTree"

@@ -39,7 +39,7 @@ from pyspark.sql.types import StructType
 from txsink.clickhouse.blockers import attach_blockers, dedup_blockers, dedup_notes
 from txsink.clickhouse.chtypes import SparkField, check_schema, parse_ch_type, unwrap
 from txsink.clickhouse.dedup_insert import view_tables
-from txsink.clickhouse.error_map import UNKNOWN_TABLE
+from txsink.clickhouse.error_map import ACCESS_DENIED, UNKNOWN_TABLE
 from txsink.clickhouse.target_ddl import plan_create
 from txsink.clickhouse.values import Check, Rule, plan_rules
 from txsink.config import WriterConfig
@@ -53,13 +53,20 @@ from txsink.ports.warehouse import ColumnInfo, TargetInfo
 from txsink.protocol import job as rules
 from txsink.protocol.codec import JobMeta
 from txsink.protocol.states import Mode
-from txsink.protocol.visibility import batch_refusal
+from txsink.protocol.visibility import (
+    batch_refusal,
+    compact_grant_refusal,
+    grant_refusal,
+    may_compact,
+)
 from txsink.spark.messages import WritePlan
 from txsink.spark.validate_settings import check_insert_settings
 
 log = logging.getLogger(__name__)
 CACHE_SECONDS = 30.0
 _cache: dict[tuple[WriterConfig, str], tuple[float, WritePlan]] = {}
+GRANT_CACHE_SECONDS = 600.0  # a GRANT (or REVOKE) is seen by auto this much later at most
+_grant_cache: dict[tuple[str, str, str, str, bool], tuple[float, str]] = {}
 
 
 def not_nullable(columns: tuple[ColumnInfo, ...]) -> tuple[str, ...]:
@@ -398,10 +405,13 @@ def over_cluster(
 def chosen_visibility(config: WriterConfig, info: TargetInfo, mode: str, warehouse: Any) -> str:
     """``partition`` or ``batch``: the option as given, or with ``auto`` the one the
     target can honour (batch: attach mode, one non-replicated MergeTree server, a
-    readable query log, the evidence of an ATTACH that outlives the target's merges, and
-    a profile that lets the ATTACH send its log settings).
+    readable query log, the evidence of an ATTACH that outlives the target's merges, a
+    profile that lets the ATTACH send its log settings, and a user the server lets run
+    that ATTACH, and the OPTIMIZE that compacts the batch, which MOVE's grants do not
+    cover: :func:`grant_problem`).
     An explicit ``batch`` it cannot honour is refused here, before anything is staged,
-    not found missing after PREPARED."""
+    not found missing after PREPARED. Asked once per validation (cached:
+    :func:`validate`), never per task or per publish."""
     refusal = batch_refusal(config.table, info.engine, mode)
     if config.shards:  # an explicit batch was refused by check_sharded
         refusal = refusal or "visibility=batch cannot span shards"
@@ -410,14 +420,54 @@ def chosen_visibility(config: WriterConfig, info: TargetInfo, mode: str, warehou
     if refusal:
         raise ConfigError(f"job {config.job}: {refusal}. Nothing was written")
     try:
-        warehouse.attach_logged(config.table, f"txsink probe {config.job}", time.time())
-        if config.visibility == "auto":  # and the settings its ATTACH sends are allowed
-            check_insert_settings(dataclasses.replace(config, visibility="batch"), warehouse, mode)
-    except ConfigError:
+        why = grant_problem(config, info, warehouse)
+        if not why:
+            warehouse.attach_logged(config.table, f"txsink probe {config.job}", time.time())
+            if config.visibility == "auto":  # and the settings its ATTACH sends are allowed
+                batch = dataclasses.replace(config, visibility="batch")
+                check_insert_settings(batch, warehouse, mode)
+    except ConfigError as exc:
         if config.visibility == "batch":
             raise
+        log.info(
+            "job %s: visibility=auto chose partition for %s: %s", config.job, config.table, exc
+        )
+        return "partition"
+    if why:
+        if config.visibility == "batch":
+            raise ConfigError(f"job {config.job}: {why}. Nothing was written", code=ACCESS_DENIED)
+        log.info(
+            "job %s: visibility=auto chose partition for %s: %s", config.job, config.table, why
+        )
         return "partition"
     return "batch"
+
+
+def grant_problem(config: WriterConfig, info: TargetInfo, warehouse: Any) -> str:
+    """Why the writer's user may not run the statements of a batch publish into the
+    target ("" when it may), as the server answers them (probes that change nothing):
+    the ATTACH PARTITION ALL FROM (ALTER DELETE on the target, which MOVE does not
+    need) and, where the batch may be compacted, the OPTIMIZE in the staging database.
+
+    Remembered per process for :data:`GRANT_CACHE_SECONDS`: each probe is a statement
+    the server refuses (no such table, or not enough privileges), which it logs as an
+    error; a stream revalidating every :data:`CACHE_SECONDS` would fill its error log."""
+    user = config.user or "default"
+    compact = may_compact(info.engine, config.compact_bytes)
+    key = (config.url, user, config.table, config.staging_database, compact)
+    hit = _grant_cache.get(key)
+    if hit is not None and time.monotonic() - hit[0] < GRANT_CACHE_SECONDS:
+        return hit[1]
+    why = ""
+    denied = warehouse.attach_refusal(config.table)
+    if denied:
+        why = grant_refusal(config.table, user, config.staging_database, denied)
+    elif compact:
+        denied = warehouse.compact_refusal()
+        if denied:
+            why = compact_grant_refusal(config.table, user, config.staging_database, denied)
+    _grant_cache[key] = (time.monotonic(), why)
+    return why
 
 
 INTEGER_TYPES = ("tinyint", "smallint", "int", "bigint")
