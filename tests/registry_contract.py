@@ -299,6 +299,11 @@ class RegistryContract:
         assert registry.blob_children(JOB, "dedup/x-2") == ["p0"]
         # a blob of another xid is no obstacle
         assert registry.prepare(epoch, make_record("x-3"), unless_blob="dedup/x-3").version == 0
+        # a node emptied by a clean-up (its children deleted, itself not yet) holds no state
+        registry.put_blob(JOB, "dedup/x-4/p0", {"state": "BEFORE"})
+        registry.delete_blobs(JOB, "dedup/x-4/p0")
+        assert registry.prepare(epoch, make_record("x-4"), unless_blob="dedup/x-4").version == 0
+        assert registry.blob_children(JOB, "dedup/x-4") == []
 
     def test_stale_epoch_cannot_commit_even_a_prepared_xid(self, registry: Registry) -> None:
         old = registry.take_epoch(JOB, "driver-a")

@@ -278,8 +278,8 @@ class StepRunner:
 
     def check_fence(self, epoch: Epoch) -> None:
         """FencedError unless ``epoch`` still holds the job: it guards ClickHouse
-        statements (MOVE, ATTACH) that no Keeper write fences, so it is answered by the
-        leader (:meth:`Registry.fence`), never by a server that lags it."""
+        statements (MOVE, ATTACH) that no Keeper write fences, so it is never answered by
+        a server that lags the leader (:meth:`Registry.fence`)."""
         self.registry.fence(epoch)
 
     def settle(self, epoch: Epoch, xid: str, needles: tuple[str, ...], deadline: float) -> bool:

@@ -48,6 +48,7 @@ from txsink.errors import (
     UnavailableError,
 )
 from txsink.faults import fault_point
+from txsink.ports.cas import MAX_CAS_ROUNDS
 from txsink.ports.registry import BlobPresent, Registry, XidExists
 from txsink.ports.warehouse import Warehouse
 from txsink.protocol import job as rules
@@ -435,13 +436,14 @@ class Transactor:
         if record.mode is not Mode.ATTACH:
             return self.registry.prepare(epoch, record)
         key = dedup_xid_key(record.xid)
-        try:
-            return self.registry.prepare(epoch, record, unless_blob=key)
-        except BlobPresent:
-            self._refuse_dedup_leftovers(record.xid)
-        # an empty node (a clean-up cut short) holds no dedup state
-        log.info("job %s: xid %s: an empty dedup state node; preparing", self.job, record.xid)
-        return self.registry.prepare(epoch, record)
+        for _ in range(MAX_CAS_ROUNDS):
+            try:
+                return self.registry.prepare(epoch, record, unless_blob=key)
+            except BlobPresent:
+                self._refuse_dedup_leftovers(record.xid)  # (gone meanwhile: prove again)
+        raise RetryableConflict(
+            f"job {self.job}: xid {record.xid}: its dedup state kept appearing and vanishing"
+        )
 
     def _refuse_dedup_leftovers(self, xid: str) -> None:
         """An attach prepare of an xid that has dedup state: some of its rows were

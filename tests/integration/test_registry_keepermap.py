@@ -14,7 +14,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from kazoo.exceptions import BadVersionError, ConnectionLoss, NodeExistsError, NoNodeError
+from kazoo.exceptions import (
+    BadVersionError,
+    ConnectionLoss,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+)
 
 from tests.registry_contract import JOB, RegistryContract, TombstoneContract, prepared
 from txsink.embedded.stack import StackInfo
@@ -754,6 +760,19 @@ def test_a_prepare_shaped_transaction_reads_nothing_first_and_leaves_no_row_when
         client.after = once("INSERT INTO", NODE_EXISTS)  # the server retried it: ours
         assert not any(isinstance(r, Exception) for r in prepare(1, "v"))
         assert nodes.get_async(f"{root}/xids/v").get()[0] == b"rec"
+        # another creator took the proof row over after the UPDATE confirmed the record
+        # (the DELETE of our row is refused): the proof held when it counted, it stands
+        client.after = lambda sql: None
+        client.before = once("DELETE FROM", BAD_VERSION)
+        assert not any(isinstance(r, Exception) for r in prepare(1, "u"))
+        assert nodes.get_async(f"{root}/xids/u").get()[0] == b"rec"
+        client.before = lambda sql: None
+        # a lone delete refuses a node with children, as ZooKeeper does
+        nodes.commit_or_raise([Op("create", f"{root}/dedup/t", b"")])
+        nodes.commit_or_raise([Op("create", f"{root}/dedup/t/p0", b"")])
+        with pytest.raises(NotEmptyError):
+            nodes.delete_async(f"{root}/dedup/t").get()
+        assert nodes.exists_async(f"{root}/dedup/t").get() is not None
     finally:
         other.close()
         nodes.close()

@@ -27,7 +27,7 @@ from txsink.transactor import Transactor
 
 READS = frozenset(
     {"job_meta", "blob_children", "list_jobs", "current_epoch", "owner", "get", "list",
-     "ledger", "get_blob", "get_blob_versioned", "manifest_chunks"}
+     "ledger", "get_blob", "get_blob_versioned", "manifest_chunks", "batch_view"}
 )  # fmt: skip
 CATCH_UP = frozenset({"sync", "close", "namespace"})
 

@@ -157,7 +157,10 @@ class KazooBase:
 
     @staticmethod
     def _first_error(results: builtins.list[Any]) -> Exception:
-        return next(r for r in results if isinstance(r, Exception))
+        return next(
+            (r for r in results if isinstance(r, Exception)),
+            TxSinkError(f"a Keeper transaction failed without naming an op: {results!r}"),
+        )
 
     def _raise_fenced(self, epoch: Epoch) -> NoReturn:
         raise superseded(epoch, self.current_epoch(epoch.job))

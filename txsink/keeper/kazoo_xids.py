@@ -20,7 +20,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
+from kazoo.exceptions import (
+    BadVersionError,
+    KazooException,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+)
 
 from txsink.errors import RetryableConflict
 from txsink.keeper.kazoo_base import CasRetry, KazooBase, cas, step
@@ -261,7 +267,8 @@ class KazooXids(KazooBase):
                 if absent:
                     proof = results[1 + len(chunk_paths)]
                     if isinstance(proof, NodeExistsError):
-                        raise BlobPresent(epoch.job, unless_blob)
+                        self._clear_empty(epoch.job, unless_blob, absent)
+                        raise CasRetry  # it was empty, and is gone: prove it absent again
                     if isinstance(proof, NoNodeError):  # its parent is not made yet
                         self._conn.ensure(absent.rsplit("/", 1)[0])
                         raise CasRetry
@@ -278,6 +285,20 @@ class KazooXids(KazooBase):
                 raise CasRetry
 
             return cas(f"xid {record.xid} of job {epoch.job}", attempt)
+
+    def _clear_empty(self, job: str, key: str, path: str) -> None:
+        """Blob node ``path`` exists: :class:`BlobPresent` if anything is under it, else
+        delete it (a node left empty by a clean-up cut short). The delete is refused if
+        a child appeared since the listing (``NotEmpty``): then it is present after all."""
+        try:
+            if self._conn.wait(self._client.get_children_async(path)):
+                raise BlobPresent(job, key)
+            self._conn.wait(self._client.delete_async(path))
+        except NotEmptyError:
+            raise BlobPresent(job, key) from None
+        except NoNodeError:
+            pass  # gone meanwhile
+        self._conn.known_paths.discard(path)
 
     def _over_existing(self, epoch: Epoch, record: XidRecord) -> tuple[int | None, XidRecord]:
         """(version of the ABORTED tombstone to replace or None, the record to store);
@@ -474,6 +495,8 @@ class KazooXids(KazooBase):
         record references: the deleted records' chunks and orphans of failed prepares."""
         epoch_path = self._epoch_path(epoch.job)
         paths = [self._xid_path(epoch.job, xid) for xid in xids]
+        for path in paths:  # a record made again at version 0 is another node
+            self._known.pop(path, None)
         with self._conn.mapped(f"delete xids of job {epoch.job}"):
             chunks = [paths[i : i + DELETE_CHUNK] for i in range(0, len(paths), DELETE_CHUNK)]
             for chunk in chunks or [[]]:

@@ -95,6 +95,7 @@ from kazoo.exceptions import (
     ConnectionLoss,
     NodeExistsError,
     NoNodeError,
+    NotEmptyError,
     RolledBackError,
 )
 
@@ -454,6 +455,15 @@ class KeeperMapNodes:
 
         return _Done(run)
 
+    def _has_children(self, path: str) -> bool:
+        rows = self._ch.query_rows(
+            f"SELECT count() FROM {self.table} WHERE startsWith(key, {{d:String}}) "
+            "AND pending = ''",
+            parameters={"d": path.rstrip("/") + "/"},
+            what="listing of the state store",
+        )
+        return bool(rows and int(rows[0][0]))
+
     def ensure_path_async(self, path: str, acl: Any = None) -> _Done:
         def run() -> None:
             if path in self._ensured:
@@ -703,6 +713,10 @@ class KeeperMapNodes:
         refused = self._refusal(ops, before)
         if refused is not None:
             return _failed(ops, *refused)
+        if len(ops) == 1 and lasting and self._has_children(ops[0].path):
+            # as ZooKeeper, a lone delete refuses a node with children (a node emptied
+            # for reuse; bulk deletes name leaves only: records, chunks)
+            return _failed(ops, 0, NotEmptyError(ops[0].path))
         creates = [op for op in ops if op.kind == "create"]
         try:
             self._insert_pending(creates, before, txid)
@@ -785,7 +799,13 @@ class KeeperMapNodes:
                 self._delete(deletes, txid, transient)
             except BadVersionError as exc:
                 left = self._read(op.path for op in deletes)
-                if left:  # refused: nothing deleted (our own unconfirmed rows go too)
+                taken = [op for op in deletes if op.path in left and op.path in transient]
+                if taken and len(taken) == len([op for op in deletes if op.path in left]):
+                    # another creator took a proof row over after step 3 confirmed the
+                    # transaction (its guard saw the row still ours): the proof held, the
+                    # transaction stands; our own unconfirmed rows go
+                    self._drop_pending([op for op in creates if op.path in transient], txid)
+                elif left:  # refused: nothing deleted (our own unconfirmed rows go too)
                     self._drop_pending(creates, txid)
                     culprit = next(op for op in deletes if op.path in left)
                     return _failed(ops, ops.index(culprit), exc)

@@ -24,9 +24,11 @@ state format it was written in (``"format"``; nodes of releases before it read a
 Every state change is fenced: one Keeper transaction checks that the epoch node still has
 the writer's token and then creates or compare-and-sets the record. A writer whose epoch
 was superseded gets :class:`txsink.errors.FencedError`. ``fence`` is that check alone
-(one transaction: answered by the leader, never a lagging follower), for ClickHouse
-statements no Keeper write fences. ``prepare(..., unless_blob=key)`` also proves, in the
-same transaction, that blob ``key`` does not exist (else :class:`BlobPresent`);
+(one transaction, ordered by the leader with every write, so no lagging server answers
+it; on the KeeperMap store one read through the server's Keeper session, as its sync),
+for ClickHouse statements no Keeper write fences. ``prepare(..., unless_blob=key)`` also
+proves, in the same transaction, that blob ``key`` does not exist (a node left empty is
+deleted first; anything under it is :class:`BlobPresent`);
 ``commit(..., beat=facts)`` also writes the owner node, as ``heartbeat(epoch, facts)``.
 
 Reads may be stale: a ZooKeeper follower answers from its own copy of the tree, which can
@@ -69,8 +71,7 @@ class BlobConflict(RetryableConflict):
 
 
 class BlobPresent(TxSinkError):
-    """``prepare(..., unless_blob=key)`` found blob ``key`` (or blobs under it): nothing
-    was prepared. The caller decides what the blob means (re-read it) and prepares again."""
+    """``prepare(..., unless_blob=key)`` found blobs under ``key``: nothing was prepared. The caller decides what the blob means (re-read it) and prepares again."""
 
     def __init__(self, job: str, key: str) -> None:
         super().__init__(f"job {job}: blob {key} exists; nothing was prepared")
