@@ -609,3 +609,27 @@ def test_a_simple_aggregate_function_column_checks_its_inner_type_and_nullabilit
     errors = fits("bigint", "SimpleAggregateFunction(sum, Int64)", nullable=True)
     assert len(errors) == 1 and "not Nullable" in errors[0]
     assert fits("bigint", "SimpleAggregateFunction(anyLast, Nullable(Int64))", nullable=True) == []
+
+
+class _DatabasesClient(_RecordingClient):
+    """Answers the staging database lookup: ``present`` or not."""
+
+    def __init__(self, present: bool) -> None:
+        super().__init__()
+        self.present = present
+
+    def query_rows(self, sql: str, **kwargs: object) -> list[tuple[int]]:
+        self.sql.append(sql)
+        return [(int(self.present),)]
+
+
+@pytest.mark.parametrize("present", [True, False])
+def test_an_existing_staging_database_is_not_created_again(present: bool) -> None:
+    """ClickHouse asks for the CREATE DATABASE grant even when IF NOT EXISTS finds the
+    database: a writer granted only what it does inside it must never send the CREATE."""
+    from txsink.clickhouse.warehouse import ClickHouseWarehouse
+
+    client = _DatabasesClient(present)
+    ClickHouseWarehouse(client, "txsink_staging").ensure_staging_db()  # type: ignore[arg-type]
+    creates = [s for s in client.sql if s.startswith("CREATE DATABASE")]
+    assert len(creates) == (0 if present else 1), client.sql

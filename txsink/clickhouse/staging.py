@@ -67,6 +67,16 @@ class Stager(Observer):
     # ------------------------------------------------------------------ staging lifecycle
 
     def ensure_staging_db(self) -> None:
+        """The staging database, created if it is not there. Looked up first: ClickHouse
+        asks for the CREATE DATABASE grant even when ``IF NOT EXISTS`` finds it, and a
+        writer granted only what it does inside an existing one (server_ext) lacks it."""
+        found = self.client.query_rows(
+            "SELECT count() FROM system.databases WHERE name = {db:String}",
+            parameters={"db": self.staging_db},
+            what=f"look up database {self.staging_db}",
+        )
+        if found and int(found[0][0]):
+            return
         self.client.command(
             f"CREATE DATABASE IF NOT EXISTS {quote_ident(self.staging_db)}",
             table=self.staging_db,

@@ -71,7 +71,8 @@ class BlobConflict(RetryableConflict):
 
 
 class BlobPresent(TxSinkError):
-    """``prepare(..., unless_blob=key)`` found blobs under ``key``: nothing was prepared. The caller decides what the blob means (re-read it) and prepares again."""
+    """``prepare(..., unless_blob=key)`` found blobs under ``key``: nothing was prepared.
+    The caller decides what they mean (re-read them) and prepares again."""
 
     def __init__(self, job: str, key: str) -> None:
         super().__init__(f"job {job}: blob {key} exists; nothing was prepared")
