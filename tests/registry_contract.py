@@ -611,31 +611,44 @@ class RegistryContract:
         # A prepare that wrote its chunks and then crashed (or lost its connection)
         # before the record was created leaves orphans.
         orphan: Any = registry
-        orphan._stage_chunks(epoch, big_record("b1", entries=5_000))
+        orphan._stage_chunks(epoch, big_record("b1", entries=20_000))  # 3 chunks
         orphans = chunk_names(registry)
         assert orphans
         assert registry.get(JOB, "b1") is None and registry.list(JOB) == []
         # The re-run prepares with fresh chunks; the record references only those.
-        stored = registry.prepare(epoch, big_record("b1", entries=5_000, seed=2))
+        stored = registry.prepare(epoch, big_record("b1", entries=20_000, seed=2))
         assert registry.get(JOB, "b1") == stored
         registry.delete(epoch, [])  # prune and recovery sweep orphans
         live = chunk_names(registry)
         assert live and not set(live) & set(orphans)
         assert registry.get(JOB, "b1") == stored
 
+    def test_a_lone_chunk_lands_with_its_record_or_not_at_all(self, registry: Registry) -> None:
+        epoch = registry.take_epoch(JOB, "driver-a")
+        record = big_record("b1", entries=5_000)  # one chunk: the prepare's txn makes it
+        stored = registry.prepare(epoch, record)
+        assert registry.get(JOB, "b1") == stored and len(chunk_names(registry)) == 1
+        with pytest.raises(XidExists):  # a replay finds it, and leaves no second chunk
+            registry.prepare(epoch, big_record("b1", entries=5_000, seed=2))
+        assert len(chunk_names(registry)) == 1
+        registry.delete(epoch, [])
+        assert registry.get(JOB, "b1") == stored
+
     def test_a_stale_epoch_neither_prepares_nor_leaves_chunks(self, registry: Registry) -> None:
         old = registry.take_epoch(JOB, "driver-a")
         registry.take_epoch(JOB, "driver-b")
         with pytest.raises(FencedError):
-            registry.prepare(old, big_record("b1", entries=5_000))
-        assert registry.get(JOB, "b1") is None
+            registry.prepare(old, big_record("b1", entries=5_000))  # its lone chunk
+        with pytest.raises(FencedError):
+            registry.prepare(old, big_record("b2", entries=20_000))  # chunks written first
+        assert registry.get(JOB, "b1") is None and registry.get(JOB, "b2") is None
         assert chunk_names(registry) == []
 
     def test_a_stale_epoch_cannot_sweep_chunks(self, registry: Registry) -> None:
         old = registry.take_epoch(JOB, "driver-a")
         new = registry.take_epoch(JOB, "driver-b")
         orphan: Any = registry
-        orphan._stage_chunks(new, big_record("b1", entries=5_000))
+        orphan._stage_chunks(new, big_record("b1", entries=20_000))  # 3 chunks
         with pytest.raises(FencedError):
             registry.delete(old, [])
         assert chunk_names(registry)

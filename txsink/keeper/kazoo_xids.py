@@ -60,6 +60,7 @@ log = logging.getLogger(__name__)
 DELETE_CHUNK = 500
 # Manifests up to this many entries are prepared without first checking for the xid.
 SMALL_MANIFEST = 200
+ABSENT = -1  # the version KazooBase._known gives a node read as missing
 
 
 class KazooXids(KazooBase):
@@ -169,10 +170,11 @@ class KazooXids(KazooBase):
 
     def _stage_chunks(self, epoch: Epoch, record: XidRecord) -> PackedRecord:
         """Step 1 of prepare: lay the record out and write its chunks, each its own small
-        request, all in flight at once. No record references them yet."""
+        request, all in flight at once. No record references them yet. A lone chunk is
+        not written here: the prepare's transaction creates it with the record."""
         packed = pack_record(replace(record, version=0), new_nonce())
         named = packed.named_chunks(record.xid)
-        if not named:
+        if len(named) <= 1:
             return packed
         paths = [(self._chunk_path(epoch.job, n), data) for n, data in named]
         for path, data in paths:
@@ -223,29 +225,36 @@ class KazooXids(KazooBase):
             incoming = record
             # over: version of the tombstone we replace; decided again after a lost race
             decided: list[tuple[int | None, XidRecord]] = [(None, record)]
-            if len(record.manifest) > SMALL_MANIFEST:
+            seen_absent = self._known.pop(path, None) == (None, ABSENT)
+            if len(record.manifest) > SMALL_MANIFEST and not seen_absent:
                 # A replay must not write megabytes of chunks to learn the xid exists;
                 # synced, so a lagging server does not hide the record it would find.
+                # (Not when this session's synced batch_view just found no record: one
+                # that appeared since makes the create fail, and it is decided again.)
                 self._conn.sync(path)
                 decided[0] = self._over_existing(epoch, incoming)
 
             def attempt() -> XidRecord:
                 over, rec = decided[0]
                 packed = self._stage_chunks(epoch, rec)
-                chunk_paths = [
-                    self._chunk_path(epoch.job, n) for n, _ in packed.named_chunks(rec.xid)
-                ]
+                named = packed.named_chunks(rec.xid)
+                chunk_paths = [self._chunk_path(epoch.job, n) for n, _ in named]
+                lone = named[0][1] if len(named) == 1 else None  # created by the txn
                 data = encode(packed.node)
                 check_request(
                     f"prepare {path}",
-                    [(epoch_path, 0), (path, len(data))] + [(p, 0) for p in chunk_paths],
+                    [(epoch_path, 0), (path, len(data))]
+                    + [(p, 0 if lone is None else len(lone)) for p in chunk_paths],
                     self._acl_entries(),
                 )
 
                 def ops(txn: Any) -> None:
                     txn.check(epoch_path, epoch.token)
                     for p in chunk_paths:
-                        txn.check(p, 0)
+                        if lone is None:
+                            txn.check(p, 0)
+                        else:
+                            txn.create(p, lone, acl=self._conn.acl)
                     if absent:
                         txn.create(absent, b"", acl=self._conn.acl)
                         txn.delete(absent)
@@ -273,6 +282,11 @@ class KazooXids(KazooBase):
                         self._conn.ensure(absent.rsplit("/", 1)[0])
                         raise CasRetry
                     results = results[: 1 + len(chunk_paths)] + results[3 + len(chunk_paths) :]
+                if lone is not None and isinstance(results[1], NoNodeError):
+                    parent = chunk_paths[0].rsplit("/", 1)[0]  # the job's first chunk
+                    self._conn.known_paths.discard(parent)
+                    self._conn.ensure(parent)
+                    raise CasRetry
                 if any(isinstance(r, Exception) for r in results[1:-1]):
                     raise CasRetry  # a sweep removed our chunks before the record existed
                 if not isinstance(last, (NodeExistsError, BadVersionError, NoNodeError)):
@@ -486,6 +500,8 @@ class KazooXids(KazooBase):
             asked = [self._client.get_async(p) for p in (epoch_path, path, ledger_path)]
             epoch = self._epoch_of(epoch_path, self._conn.read_json(epoch_path, asked[0]))
             found = self._read_record(job, xid, asked[1])
+            if found is None:
+                self._remember(path, None, ABSENT)
             ledger = self._ledger_of(ledger_path, self._conn.read_json(ledger_path, asked[2]))
         return BatchView(epoch, None if found is None else found[0], ledger)
 
