@@ -53,7 +53,7 @@ test-realserver: setup ## Tests against a real ClickHouse (TXSINK_REAL_URL/KEEPE
 
 test: setup ## Everything CI runs: lint, typecheck, unit and integration tests (not the `slow` ones)
 	$(MAKE) --no-print-directory lint typecheck
-	$(PY) -m pytest tests -q -m "not slow" --durations=15
+	$(PY) -m pytest tests -q -m "not slow" --durations=40
 
 test-slow: setup ## Not in `test`: the every-point crash matrices and long fault runs (tests marked `slow`)
 	$(PY) -m pytest tests -q -m slow
