@@ -38,6 +38,9 @@ def test_a_partitioned_merge_tree_can_run_in_attach_mode_and_nothing_is_left_beh
     assert report["can_run"] and report["mode"] == "attach" and report["state"] == state
     assert statuses(report)["state store"] == "ok"
     assert statuses(report)["staging"] == "ok"
+    # the writer's own visibility choice (auto), its grant and query-log probes included
+    visibility = next(c for c in report["checks"] if c["name"] == "visibility")
+    assert (visibility["status"], visibility["detail"].split(" ")[0]) == ("ok", "batch"), report
     left = ch.query(
         "SELECT count() FROM system.tables WHERE database = 'txsink_staging' "
         "AND name LIKE '%txsink_check%'"

@@ -776,3 +776,31 @@ def test_a_prepare_shaped_transaction_reads_nothing_first_and_leaves_no_row_when
     finally:
         other.close()
         nodes.close()
+
+
+def test_a_child_made_while_its_parent_is_deleted_puts_the_parent_back_refused(
+    stack: StackInfo, root: str
+) -> None:
+    """KeeperMap rows have no hierarchy: a child created between the delete's scan for
+    children and its DELETE would be orphaned. The delete looks again after it, puts the
+    node back and is refused, as ZooKeeper refuses a node with children."""
+    client = Faulty(connect(stack))
+    nodes = KeeperMapNodes(client, DATABASE)
+    other = KeeperMapNodes(connect(stack), DATABASE)
+    parent = f"{root}/dedup/x"
+    try:
+        nodes.ensure_path_async(parent).get()
+
+        def child_first(sql: str) -> None:
+            if sql.startswith("DELETE FROM"):
+                client.before = lambda sql: None
+                other.create_async(f"{parent}/p0", b"state").get()
+
+        client.before = child_first
+        with pytest.raises(NotEmptyError):
+            nodes.delete_async(parent).get()
+        assert nodes.exists_async(parent).get() is not None
+        assert nodes.get_children_async(parent).get() == ["p0"]
+    finally:
+        other.close()
+        nodes.close()

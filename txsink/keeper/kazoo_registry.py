@@ -35,7 +35,7 @@ from txsink.keeper.kazoo_base import (
     step,
 )
 from txsink.keeper.kazoo_conn import DEFAULT_RETRY_S, encode
-from txsink.keeper.kazoo_xids import KazooXids
+from txsink.keeper.kazoo_xids import ABSENT, KazooXids
 from txsink.ports.manifest_codec import check_request
 from txsink.ports.record_rules import typed_meta
 from txsink.ports.registry import CREATE, BlobConflict
@@ -322,4 +322,7 @@ class KazooRegistry(KazooXids):
         namespace id is read again by the next borrower: ``<root>/namespace`` may have
         been recreated (a Keeper restored from backup) while it sat in the pool."""
         self._namespace_id = ""  # (the nodes kept for a commit stay: each is compared)
+        # an xid seen absent is not for the next borrower: its prepare would skip the
+        # existence check that keeps a replay from writing megabytes of chunks
+        self._known = {k: v for k, v in self._known.items() if v != (None, ABSENT)}
         return self._conn.reusable()

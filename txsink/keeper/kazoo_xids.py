@@ -174,7 +174,7 @@ class KazooXids(KazooBase):
         not written here: the prepare's transaction creates it with the record."""
         packed = pack_record(replace(record, version=0), new_nonce())
         named = packed.named_chunks(record.xid)
-        if len(named) <= 1:
+        if not named or (len(named) == 1 and self._chunks_in_txn()):
             return packed
         paths = [(self._chunk_path(epoch.job, n), data) for n, data in named]
         for path, data in paths:
@@ -184,6 +184,11 @@ class KazooXids(KazooBase):
         for result in asked:
             self._conn.wait(result)
         return packed
+
+    def _chunks_in_txn(self) -> bool:
+        """Whether a lone manifest chunk is created by the prepare's own transaction
+        (the client may say not: the KeeperMap store)."""
+        return bool(getattr(self._client, "chunks_in_transactions", True))
 
     def _drop_own_chunks(self, job: str, packed: PackedRecord, xid: str) -> None:
         """Best effort: chunks of a prepare that definitely did not create its record
@@ -239,7 +244,7 @@ class KazooXids(KazooBase):
                 packed = self._stage_chunks(epoch, rec)
                 named = packed.named_chunks(rec.xid)
                 chunk_paths = [self._chunk_path(epoch.job, n) for n, _ in named]
-                lone = named[0][1] if len(named) == 1 else None  # created by the txn
+                lone = named[0][1] if len(named) == 1 and self._chunks_in_txn() else None
                 data = encode(packed.node)
                 check_request(
                     f"prepare {path}",
@@ -269,7 +274,8 @@ class KazooXids(KazooBase):
                     self._remember(path, packed.node, version)
                     return replace(rec, version=version)
                 # A definite failure: nothing landed, so our chunks are nobody's.
-                self._drop_own_chunks(epoch.job, packed, rec.xid)
+                if lone is None:  # (a lone chunk was the transaction's: not made)
+                    self._drop_own_chunks(epoch.job, packed, rec.xid)
                 if isinstance(results[0], Exception):
                     self._raise_fenced(epoch)
                 last = results[-1]

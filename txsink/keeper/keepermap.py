@@ -76,6 +76,10 @@ Windows this leaves, and why each is acceptable (docs/cloud.md says the same):
 - A DELETE removes at most the first block of rows the mutation reads
   (``StorageKeeperMap::mutate`` returns after it): a recursive delete repeats until
   nothing under the node is left.
+- Rows have no hierarchy: a lone delete refuses a node with children by a scan before
+  its DELETE and another after it (the node is put back if a child appeared), not in
+  one step. Only an emptied ``dedup/<xid>`` node is deleted that way, and a dedup task
+  of that xid would have to create its first state within those milliseconds.
 - Listing children scans the table (KeeperMap reads keys only by equality), so the cost
   grows with all jobs' state; retention keeps it bounded.
 """
@@ -280,6 +284,10 @@ class KeeperMapNodes:
 
     handler = _Handler()
     connected = True
+    # A manifest chunk is written on its own, before the prepare's transaction, even when
+    # it is the only one: a chunk row left unconfirmed by a transaction cut short would
+    # never be taken over (its key is unique) nor swept (listings see confirmed rows).
+    chunks_in_transactions = False
 
     def __init__(self, client: Any, database: str, *, clock: Callable[[], int] = time.time_ns):
         self._ch = client
@@ -713,7 +721,8 @@ class KeeperMapNodes:
         refused = self._refusal(ops, before)
         if refused is not None:
             return _failed(ops, *refused)
-        if len(ops) == 1 and lasting and self._has_children(ops[0].path):
+        parent_like = len(ops) == 1 and lasting and f"/{CHUNKS_DIR}/" not in ops[0].path
+        if parent_like and self._has_children(ops[0].path):
             # as ZooKeeper, a lone delete refuses a node with children (a node emptied
             # for reuse; bulk deletes name leaves only: records, chunks)
             return _failed(ops, 0, NotEmptyError(ops[0].path))
@@ -723,7 +732,15 @@ class KeeperMapNodes:
         except (NodeExistsError, BadVersionError) as exc:  # a racing create got there first
             self._drop_pending(creates, txid)
             return _failed(ops, ops.index(creates[0]), NodeExistsError(str(exc)))
-        return self._apply(ops, before, txid)
+        done = self._apply(ops, before, txid)
+        if parent_like and not isinstance(done[0], Exception) and self._has_children(ops[0].path):
+            # a child appeared between the scan and the DELETE (KeeperMap rows have no
+            # hierarchy): the node is put back and the delete refused, as ZooKeeper would
+            row = before.get(ops[0].path)
+            with contextlib.suppress(NodeExistsError):
+                self.create_async(ops[0].path, row.value if row else b"").get()
+            return _failed(ops, 0, NotEmptyError(ops[0].path))
+        return done
 
     def _unread(self, ops: Sequence[Op], txid: str) -> list[Any] | None:
         """Creates, checks at the caller's versions and creates deleted again (a prepare:

@@ -108,7 +108,7 @@ def _mode(config: WriterConfig, warehouse: Any, info: Any, checks: list[Check]) 
     from txsink.clickhouse.blockers import attach_blockers, dedup_blockers, dedup_window
     from txsink.clickhouse.dedup_insert import view_tables
     from txsink.protocol.job import resolve_mode
-    from txsink.protocol.visibility import batch_refusal
+    from txsink.spark.validate import visibility_choice
 
     blockers = attach_blockers(info)
     views = view_tables(warehouse, info) if info.dependent_views else ()
@@ -130,15 +130,22 @@ def _mode(config: WriterConfig, warehouse: Any, info: Any, checks: list[Check]) 
         return None
     why = f" (attach is not possible: {'; '.join(blockers)})" if blockers else ""
     checks.append(Check("mode", OK, f"{choice.mode.value}{why}"))
-    refusal = batch_refusal(config.table, info.engine, choice.mode.value)
-    checks.append(
-        Check(
-            "visibility",
-            NOTE,
-            "partition (readers may see a batch's partitions one by one); "
-            + (f"batch is not possible: {refusal}" if refusal else "batch is possible"),
+    try:  # the writer's own choice, its probes included
+        chosen, why = visibility_choice(config, info, choice.mode.value, warehouse)
+    except ConfigError as exc:
+        checks.append(Check("visibility", FAIL, str(exc)))
+        return choice.mode.value
+    if chosen == "batch":
+        checks.append(Check("visibility", OK, "batch (readers see each batch whole, at once)"))
+    else:
+        because = f": {why}" if why and config.visibility == "auto" else ""
+        checks.append(
+            Check(
+                "visibility",
+                NOTE,
+                f"partition (readers may see a batch's partitions one by one){because}",
+            )
         )
-    )
     return choice.mode.value
 
 

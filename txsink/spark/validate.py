@@ -403,7 +403,15 @@ def over_cluster(
 
 
 def chosen_visibility(config: WriterConfig, info: TargetInfo, mode: str, warehouse: Any) -> str:
-    """``partition`` or ``batch``: the option as given, or with ``auto`` the one the
+    """:func:`visibility_choice` without its reason."""
+    return visibility_choice(config, info, mode, warehouse)[0]
+
+
+def visibility_choice(
+    config: WriterConfig, info: TargetInfo, mode: str, warehouse: Any
+) -> tuple[str, str]:
+    """(``partition`` or ``batch``, why ``auto`` chose partition or ""): the option as
+    given, or with ``auto`` the one the
     target can honour (batch: attach mode, one non-replicated MergeTree server, a
     readable query log, the evidence of an ATTACH that outlives the target's merges, a
     profile that lets the ATTACH send its log settings, and a user the server lets run
@@ -416,7 +424,7 @@ def chosen_visibility(config: WriterConfig, info: TargetInfo, mode: str, warehou
     if config.shards:  # an explicit batch was refused by check_sharded
         refusal = refusal or "visibility=batch cannot span shards"
     if config.visibility == "partition" or (config.visibility == "auto" and refusal):
-        return "partition"
+        return "partition", refusal
     if refusal:
         raise ConfigError(f"job {config.job}: {refusal}. Nothing was written")
     try:
@@ -432,15 +440,15 @@ def chosen_visibility(config: WriterConfig, info: TargetInfo, mode: str, warehou
         log.info(
             "job %s: visibility=auto chose partition for %s: %s", config.job, config.table, exc
         )
-        return "partition"
+        return "partition", str(exc)
     if why:
         if config.visibility == "batch":
             raise ConfigError(f"job {config.job}: {why}. Nothing was written", code=ACCESS_DENIED)
         log.info(
             "job %s: visibility=auto chose partition for %s: %s", config.job, config.table, why
         )
-        return "partition"
-    return "batch"
+        return "partition", why
+    return "batch", ""
 
 
 def grant_problem(config: WriterConfig, info: TargetInfo, warehouse: Any) -> str:
