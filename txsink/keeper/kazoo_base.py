@@ -138,6 +138,9 @@ class KazooBase:
             self._known.clear()
         self._known[path] = (node, version)
 
+    def _ledger_path(self, job: str) -> str:
+        return f"{self._job(job)}/ledger"
+
     def _owner_path(self, job: str) -> str:
         return f"{self._job(job)}/owner"
 

@@ -406,7 +406,7 @@ class KazooXids(KazooBase):
         :meth:`heartbeat` would). The xid and ledger nodes this session read or wrote
         last are not read again: the transaction compares their versions."""
         path = self._xid_path(epoch.job, record.xid)
-        ledger_path = f"{self._job(epoch.job)}/ledger"
+        ledger_path = self._ledger_path(epoch.job)
         epoch_path = self._epoch_path(epoch.job)
         owner_path = self._owner_path(epoch.job)
         # the owner node exists after the job's first beat (NoNode makes the next round
@@ -489,7 +489,7 @@ class KazooXids(KazooBase):
 
     @step
     def ledger(self, job: str) -> Ledger:
-        path = f"{self._job(job)}/ledger"
+        path = self._ledger_path(job)
         with self._conn.mapped(f"read {path}"):
             return self._ledger_of(path, self._conn.read_json(path))
 
@@ -501,7 +501,7 @@ class KazooXids(KazooBase):
     def batch_view(self, job: str, xid: str) -> BatchView:
         """The epoch, the xid's record and the ledger: the three reads in flight at once."""
         epoch_path, path = self._epoch_path(job), self._xid_path(job, xid)
-        ledger_path = f"{self._job(job)}/ledger"
+        ledger_path = self._ledger_path(job)
         with self._conn.mapped(f"read {path}"):
             asked = [self._client.get_async(p) for p in (epoch_path, path, ledger_path)]
             epoch = self._epoch_of(epoch_path, self._conn.read_json(epoch_path, asked[0]))
