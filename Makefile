@@ -55,8 +55,9 @@ test: setup ## Everything CI runs: lint, typecheck, unit and integration tests (
 	$(MAKE) --no-print-directory lint typecheck
 	$(PY) -m pytest tests -q -m "not slow" --durations=40
 
-test-slow: setup ## Not in `test`: the every-point crash matrices and long fault runs (tests marked `slow`)
+test-slow: setup ## Not in `test`: every-point crash matrices, long fault runs, repeated scenarios (tests marked `slow`; the finisher race 30 times)
 	$(PY) -m pytest tests -q -m slow
+	TXSINK_RACE_TRIALS=30 $(PY) -m pytest -q tests/integration/nemesis/test_batch_finishers.py -k two_finishers
 
 test-matrix: setup ## Slow, not in `test`: the built wheel in fresh venvs: Python 3.11/3.12/3.13, and pyspark 3.5/4.0/4.x installed before it (unchanged by it); unit + end-to-end tests in each
 	$(PY) scripts/test_matrix.py

@@ -74,9 +74,11 @@ EVERY_POINT = ["executor.mid_write", "driver.before_prepare", "driver.after_prep
 @pytest.mark.spark
 @pytest.mark.parametrize(
     "order",
-    [  # `make test`: a task and the prepare; `make test-slow`: every point
+    [  # `make test-slow` only (`make test` keeps dedup's kill -9 in test_spark_crashes)
         pytest.param(
-            ["executor.mid_write", "driver.after_prepare", "driver.mid_commit"], id="key-points"
+            ["executor.mid_write", "driver.after_prepare", "driver.mid_commit"],
+            id="key-points",
+            marks=pytest.mark.slow,
         ),
         pytest.param(EVERY_POINT, id="every-point", marks=pytest.mark.slow),
     ],
@@ -121,6 +123,7 @@ def test_crash_at_every_fault_point_then_restart_is_exact_in_target_and_view(
     assert "RESUME" in job.log.read_text(errors="replace")
 
 
+@pytest.mark.slow  # make test keeps dedup's crash (test_spark_crashes)
 @pytest.mark.spark
 def test_replay_whose_content_changed_is_refused_not_duplicated(stack, ch, zk, fresh_db, tmp_path):
     job = new_job(tmp_path, ch, fresh_db, stack.url, stack.keeper, files=4, rows_per_file=1000,

@@ -66,6 +66,7 @@ def txsink_cli(*args: str) -> subprocess.CompletedProcess[str]:
 # -- row 1: the mode is pinned; a view appearing mid-stream is refused, then switched ------
 
 
+@pytest.mark.slow  # make test keeps: a view created while a batch is written
 def test_a_view_created_mid_stream_is_refused_until_the_operator_switches_mode_then_exact(
     stack, ch, fresh_db, tmp_path
 ):
@@ -207,6 +208,7 @@ def test_two_saves_under_one_job_in_one_foreach_batch_call_fail_loudly_never_sil
 # -- row 12: a reset checkpoint under the same query ---------------------------------------
 
 
+@pytest.mark.slow  # a refusal before any write; three job runs
 def test_a_reset_checkpoint_of_the_same_query_is_refused_not_skipped(stack, ch, fresh_db, tmp_path):
     job = new_job(tmp_path, ch, fresh_db, stack.url, stack.keeper, files=3, rows_per_file=500)
     assert job.run(files_per_trigger=1) == 0, job.log_tail()
@@ -222,6 +224,7 @@ def test_a_reset_checkpoint_of_the_same_query_is_refused_not_skipped(stack, ch, 
 # -- issue 38 row 6: a new job name or state store on a checkpoint that may replay --------
 
 
+@pytest.mark.slow  # three spark-submits; a refusal before any write
 def test_a_new_job_name_and_store_on_a_checkpoint_that_replays_a_committed_batch_is_refused(
     stack, ch, fresh_db, tmp_path
 ):

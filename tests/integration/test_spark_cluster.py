@@ -251,6 +251,7 @@ SPECULATION = (
 )
 
 
+@pytest.mark.slow  # make test keeps the cluster's executor kills; its own master and workers
 def test_speculation_with_a_slow_task_and_a_crashed_one_publishes_one_attempt_of_each(
     standalone: str, stack: Any, ch: Any, fresh_db: str, tmp_path: Path
 ) -> None:

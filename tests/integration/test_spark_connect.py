@@ -261,6 +261,7 @@ def test_batch_save_through_spark_connect_publishes_once_and_its_rerun_writes_no
     assert zk.get_children(f"/txsink/jobs/{job}/xids") == ["b7"]
 
 
+@pytest.mark.slow  # make test keeps Spark Connect's batch save and foreach_batch
 def test_streaming_through_spark_connect_crashed_after_prepare_restarts_exactly_once(
     connect_server, remote_spark, stack, ch, fresh_db, tmp_path
 ):

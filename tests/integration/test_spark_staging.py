@@ -50,6 +50,7 @@ def old_source_with_duplicates(src: Path, files: int, distinct: int, copies: int
     return files * distinct * copies
 
 
+@pytest.mark.slow  # one job of four batches into a TTL target
 def test_old_and_duplicate_rows_into_a_ttl_target_with_a_dedup_window_commit_every_batch(
     stack: Any, ch: Any, fresh_db: str, tmp_path: Path
 ) -> None:
@@ -75,6 +76,7 @@ def test_old_and_duplicate_rows_into_a_ttl_target_with_a_dedup_window_commit_eve
     assert staging_left(ch, job) == []
 
 
+@pytest.mark.slow  # make test keeps: nemesis/test_batch_finishers (column added between two tasks)
 def test_a_column_added_to_the_target_while_a_batch_is_prepared_is_published_and_the_stream_goes_on(
     stack: Any, ch: Any, fresh_db: str, tmp_path: Path
 ) -> None:

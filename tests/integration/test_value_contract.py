@@ -158,7 +158,10 @@ def test_every_pair_of_the_contract_round_trips_value_by_value(
     assert wrong == {}, f"column: (stored, written) in {mode} mode through {api}"
 
 
-@pytest.mark.parametrize("mode", ["attach", "dedup"])
+@pytest.mark.parametrize(
+    "mode",
+    ["attach", pytest.param("dedup", marks=pytest.mark.slow)],  # dedup: make test-slow
+)
 def test_a_value_that_would_be_stored_altered_is_refused_and_nothing_is_visible(
     new_york: Any, stack: Any, ch: Any, fresh_db: str, mode: str
 ) -> None:

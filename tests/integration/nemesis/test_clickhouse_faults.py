@@ -144,6 +144,7 @@ def test_a_move_cut_between_parts_by_a_server_crash_repairs_itself_with_no_opera
         handle.close()
 
 
+@pytest.mark.slow  # make test keeps the cut MOVE's repair (test above)
 def test_a_late_resume_after_the_cut_parts_were_merged_away_is_an_alarm_not_a_second_move(
     nemesis: Services, ch: Any, target: str
 ) -> None:
