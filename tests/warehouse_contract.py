@@ -110,6 +110,25 @@ class WarehouseContract:
         assert read == {full: harness.wh.staged_partitions(full), empty: {}, missing: None}
         assert {pid: n for pid, (n, _) in (read[full] or {}).items()} == {JAN: 5, FEB: 3}
 
+    def test_the_commit_look_reads_the_staged_parts_and_lists_one_xids_staging(
+        self, harness: Harness
+    ) -> None:
+        """The commit's one read: what staged_partitions_of reads, the bytes per
+        partition id, and every staging table of the xid, asked for or not (a losing
+        attempt's); another xid's (b10 shares b1's first characters) is not listed."""
+        target = harness.target("t")
+        full = staged(harness, target, 1, rows(range(5), JAN), rows(range(5, 8), FEB))
+        loser = staged(harness, target, 2, rows(range(2), JAN))
+        other = staged(harness, target, 1, rows(range(3), JAN), xid="b10")
+        missing = harness.staging(3)
+        listing = f"{_prefix(full)}__b1__"
+        look = harness.wh.commit_look([full, missing], views_of=target, listing=listing)
+        assert look.staged == harness.wh.staged_partitions_of([full, missing])
+        assert set(look.sizes) == {JAN, FEB} and all(n > 0 for n in look.sizes.values())
+        assert look.views == ()
+        assert loser in look.listed and full in look.listed and other not in look.listed
+        assert harness.wh.commit_look([], listing=listing).listed == look.listed
+
     def test_every_staged_part_has_its_own_evidence_id(self, harness: Harness) -> None:
         target = harness.target("t")
         name = staged(harness, target, 1, rows(range(4), JAN), rows(range(4, 10), JAN))
@@ -262,9 +281,10 @@ class WarehouseContract:
         target = harness.target("t")
         one = staged(harness, target, 1, rows(range(3), JAN), rows(range(3, 5), FEB))
         two = staged(harness, target, 2, rows(range(5, 9), JAN))
-        read, sizes = harness.wh.staged_partitions_sized([one, two])
-        assert read == harness.wh.staged_partitions_of([one, two])
-        assert set(sizes) == {JAN, FEB} and all(n > 0 for n in sizes.values())
+        look = harness.wh.commit_look([one, two])
+        assert look.staged == harness.wh.staged_partitions_of([one, two])
+        assert set(look.sizes) == {JAN, FEB} and all(n > 0 for n in look.sizes.values())
+        assert (look.views, look.listed) == ((), ())  # not asked for
         batch = batch_staging_name(_prefix(one), "b1", target)
         harness.wh.create_batch_staging(batch, one)
         harness.wh.copy_into_batch(batch, [(one, ""), (two, JAN)])  # "": every partition

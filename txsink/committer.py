@@ -34,6 +34,7 @@ from txsink.config import WriterConfig
 from txsink.driver import JobHandle, borrowed_job, job_meta, open_job
 from txsink.errors import ConfigError, FencedError, TxSinkError, UnavailableError
 from txsink.ports.registry import BatchView
+from txsink.ports.warehouse import CommitLook
 from txsink.protocol import job as rules
 from txsink.protocol.codec import JobMeta
 from txsink.protocol.ids import batch_xid, parse_staging, run_tag
@@ -164,10 +165,9 @@ def batch_mode(plan: Plan, msgs: Sequence[Report], xid: str) -> Mode:
     return Mode(plan.mode)
 
 
-def check_no_new_views(handle: Any, plan: Plan, xid: str) -> None:
+def refuse_new_views(plan: Plan, xid: str, views: Sequence[str]) -> None:
     """Attach mode publishes past materialized views: refuse the batch if one appeared on
     the target since validation (validation is cached, and tasks may have run long)."""
-    views = handle.warehouse.dependent_views(plan.config.table)
     if views:
         raise ConfigError(
             f"job {plan.config.job}: materialized view(s) {', '.join(views)} now read from "
@@ -179,23 +179,31 @@ def check_no_new_views(handle: Any, plan: Plan, xid: str) -> None:
 
 
 def staged_parts(
-    handle: Any, plan: Plan, msgs: Sequence[Report], xid: str, sizes: dict[str, int] | None = None
-) -> list[StagedPart]:
+    handle: Any,
+    plan: Plan,
+    msgs: Sequence[Report],
+    xid: str,
+    *,
+    views: bool = False,
+    listing: str | None = None,
+) -> tuple[list[StagedPart], CommitLook]:
     """The manifest entries of one write's attach tasks, read from every staging table they
     report in one statement (per shard), before the prepare: each table must hold exactly
     the rows its task sent (:attr:`TxCommitMessage.inserted`). A dedup task's message
     carries its entries. A table missing behind a replicated target means staging went to
     another replica: a URL that leads to several (a load balancer) would let the tasks
-    stage on one and the driver's MOVE run on another. ``sizes`` gets the bytes staged
-    per partition id (the same statement)."""
+    stage on one and the driver's MOVE run on another. The same statement reads the bytes
+    staged per partition id, the target's materialized views (``views``: refused if any)
+    and the staging tables named ``listing*`` (:meth:`Warehouse.commit_look`)."""
     sent = {t: n for m in msgs for t, n in m.inserted}
     parts = [p for m in msgs if not m.inserted for p in m.parts]
-    if not sent:
-        return parts
-    read, sized = handle.warehouse.staged_partitions_sized(sent)
-    if sizes is not None:
-        sizes.update(sized)
-    missing = sorted(t for t, staged in read.items() if staged is None)
+    if not sent and not views and listing is None:
+        return parts, CommitLook({})
+    look = handle.warehouse.commit_look(
+        sent, views_of=plan.config.table if views else None, listing=listing
+    )
+    refuse_new_views(plan, xid, look.views)
+    missing = sorted(t for t, staged in look.staged.items() if staged is None)
     info = plan.target_info
     if missing and info is not None and info.is_replicated:
         raise ConfigError(
@@ -207,7 +215,7 @@ def staged_parts(
             f"--job {plan.config.job}` pointed at it"
         )
     for table, n in sorted(sent.items()):
-        staged = read.get(table) or {}
+        staged = look.staged.get(table) or {}
         held = sum(rows for rows, _ in staged.values())
         if held != n:
             raise TxSinkError(
@@ -217,7 +225,7 @@ def staged_parts(
                 f"--job {plan.config.job}` drops the staging)"
             )
         parts += [StagedPart(table, pid, k, uuids=u) for pid, (k, u) in sorted(staged.items()) if k]
-    return parts
+    return parts, look
 
 
 # ------------------------------------------------------------------------- commit
@@ -297,16 +305,18 @@ def _commit_writes(
                 raise ConfigError(refusal)
         parts: list[StagedPart] = []
         compact: set[str] = set()
+        strays: set[str] = set()
+        # attach mode: this xid's staging that no task message names (losing attempts),
+        # listed by the first write's read, dropped once the batch is committed
+        listing = f"{handle.transactor.prefix}__{xid}__" if mode is Mode.ATTACH else None
         for plan, ms in writes:
-            if mode is Mode.ATTACH and any(m.staging for m in ms):
-                check_no_new_views(handle, plan, xid)
-            sizes: dict[str, int] = {}
-            parts += [
-                dataclasses.replace(p, target=plan.config.table)
-                for p in staged_parts(handle, plan, ms, xid, sizes)
-            ]
+            views = mode is Mode.ATTACH and any(m.staging for m in ms)
+            found, look = staged_parts(handle, plan, ms, xid, views=views, listing=listing)
+            parts += [dataclasses.replace(p, target=plan.config.table) for p in found]
+            strays |= {t for t in look.listed if t not in incoming}
+            listing = None
             engine = plan.target_info.engine if plan.target_info is not None else ""
-            if compaction(engine, sizes, plan.config.compact_bytes):
+            if compaction(engine, look.sizes, plan.config.compact_bytes):
                 compact.add(plan.config.table)
         # one xid is published one way: batch only if every table's validation chose it
         batch_visible = mode is Mode.ATTACH and all(
@@ -323,8 +333,7 @@ def _commit_writes(
     except FencedError:
         count(config, fencing_events=1)
         raise
-    if mode is Mode.ATTACH:
-        sweep_strays(handle, xid, incoming)
+    sweep_strays(handle, xid, strays)
     record_commit(config, result)
     return dict(result.__dict__)
 
@@ -344,17 +353,14 @@ def rolled_forward_at_takeover(handle: JobHandle) -> dict[str, int]:
     return {"batches_rolled_forward": len(report.rolled_forward), "rows_committed": rows}
 
 
-def sweep_strays(handle: Any, xid: str, incoming: set[str]) -> None:
-    """Drop staging of ``xid`` that no task message named (losing speculative attempts);
-    behind the xid's record like every roll-back (:meth:`Transactor.roll_back`)."""
-    strays = [
-        table
-        for table in handle.warehouse.list_staging(handle.transactor.prefix)
-        if (parsed := parse_staging(table)) is not None
-        and parsed.xid == xid
-        and table not in incoming
-    ]
-    handle.transactor.roll_back(xid, strays)
+def sweep_strays(handle: Any, xid: str, strays: Iterable[str]) -> None:
+    """Drop staging of ``xid`` that no task message named (losing speculative attempts,
+    listed before the prepare); behind the xid's record like every roll-back
+    (:meth:`Transactor.roll_back`): a table the record names is left to its publish. A
+    losing attempt that makes its staging after that read leaves it to the job's next
+    takeover or ``txsink recover``, which drop staging no record needs."""
+    mine = [t for t in strays if (parsed := parse_staging(t)) is not None and parsed.xid == xid]
+    handle.transactor.roll_back(xid, sorted(mine))
 
 
 # ------------------------------------------------------------------------- abort

@@ -489,14 +489,13 @@ class Transactor:
         record = self.registry.abort(self.job, xid, tables, self.clock())
         doomed = plans.droppable(record, tables)
         kept = sorted(set(tables) - set(doomed))
-        if kept:
-            log.warning(
+        if kept:  # a COMMITTED record's own staging is its publish's to drop: no news
+            log.log(
+                logging.INFO if record is not None and record.state is XidState.COMMITTED
+                else logging.WARNING,
                 "job %s: xid %s is %s; not dropping its staging %s",
-                self.job,
-                xid,
-                record.state,
-                kept,
-            )
+                self.job, xid, record.state if record is not None else "unknown", kept,
+            )  # fmt: skip
         for table in doomed:
             self.warehouse.drop_staging(table)
         return list(doomed)

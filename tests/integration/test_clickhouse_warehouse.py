@@ -326,6 +326,9 @@ def test_target_info_sees_dependent_materialized_views(
     (blocker,) = attach_blockers(info)
     assert f"{db}.mv" in blocker and "mode=dedup" in blocker
     assert wh.target_info(f"{db}.agg").dependent_views == ()
+    assert wh.dependent_views(f"{db}.src") == (f"{db}.mv",)
+    assert wh.commit_look([], views_of=f"{db}.src").views == (f"{db}.mv",)  # the commit's
+    assert wh.commit_look([], views_of=f"{db}.agg").views == ()
 
 
 @pytest.mark.parametrize("engine", ["Memory", "Log", "TinyLog"])

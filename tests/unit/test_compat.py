@@ -19,7 +19,7 @@ from txsink.clickhouse.chtypes import (
 from txsink.clickhouse.replicated_ddl import staging_engine_clause, staging_keeper_path
 from txsink.clickhouse.sqltext import called_functions, split_top_level
 from txsink.clickhouse.values import Check, plan_rules
-from txsink.ports.warehouse import ColumnInfo, TargetInfo
+from txsink.ports.warehouse import ColumnInfo, CommitLook, TargetInfo
 
 T = "db.events"
 
@@ -554,10 +554,8 @@ def test_the_driver_refuses_to_prepare_staging_it_cannot_see_on_a_replicated_tar
             self.reads += 1
             return {n: ({"p": (self.rows, ("u",))} if n in self.present else None) for n in names}
 
-        def staged_partitions_sized(
-            self, names: list[str]
-        ) -> tuple[dict[str, dict[str, tuple[int, tuple[str, ...]]] | None], dict[str, int]]:
-            return self.staged_partitions_of(names), {}
+        def commit_look(self, names: list[str], **_: Any) -> CommitLook:
+            return CommitLook(self.staged_partitions_of(names))
 
     config = WriterConfig.from_options(
         {"url": "http://lb:8123", "keeper": "k:2181", "table": "db.t", "job": "j"}
@@ -568,7 +566,7 @@ def test_the_driver_refuses_to_prepare_staging_it_cannot_see_on_a_replicated_tar
         TxCommitMessage("run", "b1", 1, staging=("s2",), inserted=(("s2", 1),)),
     ]
     both = Seen({"s1", "s2"})
-    parts = staged_parts(SimpleNamespace(warehouse=both), plan, msgs, "b1")
+    parts, _ = staged_parts(SimpleNamespace(warehouse=both), plan, msgs, "b1")
     assert [(p.table, p.partition_id, p.rows) for p in parts] == [("s1", "p", 1), ("s2", "p", 1)]
     assert both.reads == 1  # every task's table in one statement
     with pytest.raises(ConfigError, match=r"s2 .*more than one server"):

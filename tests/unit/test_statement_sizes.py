@@ -40,9 +40,18 @@ def test_a_task_with_5000_partitions_is_published_in_statements_the_server_parse
 
 def test_a_batch_of_4000_tasks_drops_its_staging_in_statements_the_server_parses() -> None:
     rec = Recorder()
-    ClickHouseWarehouse(rec).drop_stagings([name(p) for p in range(4000)])  # type: ignore[arg-type]
-    assert len(rec.sql) == 4000 // MAX_COMMANDS
+    names = [name(p) for p in range(4000)]
+    ClickHouseWarehouse(rec).drop_stagings(names)  # type: ignore[arg-type]
+    assert 1 < len(rec.sql) <= 4000 // MAX_COMMANDS
     assert max(len(s.encode()) for s in rec.sql) <= MAX_QUERY_SIZE // 4
+    dropped = [n for s in rec.sql for n in names if f"`{n}`" in s]
+    assert sorted(dropped) == sorted(names)  # each exactly once
+
+
+def test_200_tasks_and_their_batch_staging_are_dropped_in_one_statement() -> None:
+    rec = Recorder()
+    ClickHouseWarehouse(rec).drop_stagings([name(p) for p in range(201)])  # type: ignore[arg-type]
+    assert len(rec.sql) == 1
 
 
 def test_a_bad_partition_id_anywhere_stops_the_publish_before_its_first_statement() -> None:

@@ -29,7 +29,7 @@ from txsink.clickhouse.sqltext import (
 )
 from txsink.errors import ConfigError, TxSinkError
 from txsink.names import qualified, quote_literal, split_table
-from txsink.ports.warehouse import ClusterReplica, ColumnInfo, TargetInfo
+from txsink.ports.warehouse import ClusterReplica, ColumnInfo, CommitLook, TargetInfo
 from txsink.protocol.evidence_life import EvidenceLife
 from txsink.protocol.ids import parse_staging
 from txsink.protocol.states import MAX_PART_UUIDS, short_uuids
@@ -52,6 +52,10 @@ DEDUP_SETTING_KEYS = ("non_replicated_deduplication_window", "replicated_dedupli
 PARTS_SETTING_KEYS = ("parts_to_delay_insert", "parts_to_throw_insert")
 # MergeTree settings TargetInfo carries: server defaults, overridden by the table's SETTINGS
 MERGE_TREE_SETTING_KEYS = (*DEDUP_SETTING_KEYS, *PARTS_SETTING_KEYS)
+
+
+# (rows, UUID, bytes on disk) of each active part, per partition id, per staging table
+PartsOf = dict[str, dict[str, list[tuple[int, str, int]]] | None]
 
 
 class Observer:
@@ -138,19 +142,27 @@ class Observer:
         read of every table a batch's tasks staged); None for a table that is missing."""
         return self._summed(tables, None if every_part else MAX_PART_UUIDS)[0]
 
-    def staged_partitions_sized(
-        self, tables: Iterable[str]
-    ) -> tuple[dict[str, dict[str, tuple[int, tuple[str, ...]]] | None], dict[str, int]]:
-        """:meth:`staged_partitions_of` and, from the same statement, the bytes on disk of
-        each partition id summed over every table (what decides a batch's compaction)."""
-        return self._summed(tables, MAX_PART_UUIDS)
+    def commit_look(
+        self, tables: Iterable[str], *, views_of: str | None = None, listing: str | None = None
+    ) -> CommitLook:
+        """:meth:`staged_partitions_of` with the bytes per partition id, the views reading
+        ``views_of`` and the staging tables named ``listing*``: one statement."""
+        found, views, listed = self._looked(tables, views_of, listing)
+        read, sizes = self._sums(found, MAX_PART_UUIDS)
+        return CommitLook(read, sizes, views, listed)
 
     def _summed(
         self, tables: Iterable[str], limit: int | None
     ) -> tuple[dict[str, dict[str, tuple[int, tuple[str, ...]]] | None], dict[str, int]]:
+        return self._sums(self._staged_parts_of(tables), limit)
+
+    @staticmethod
+    def _sums(
+        parts: dict[str, dict[str, list[tuple[int, str, int]]] | None], limit: int | None
+    ) -> tuple[dict[str, dict[str, tuple[int, tuple[str, ...]]] | None], dict[str, int]]:
         read: dict[str, dict[str, tuple[int, tuple[str, ...]]] | None] = {}
         sizes: dict[str, int] = {}
-        for name, by_pid in self._staged_parts_of(tables).items():
+        for name, by_pid in parts.items():
             if by_pid is None:
                 read[name] = None
                 continue
@@ -175,11 +187,17 @@ class Observer:
     ) -> dict[str, dict[str, list[tuple[int, str, int]]] | None]:
         """(rows, UUID, bytes on disk) of every active part per partition of each staging
         table, in one statement; None for a table that is missing."""
+        return self._looked(tables, None, None)[0]
+
+    def _looked(
+        self, tables: Iterable[str], views_of: str | None, listing: str | None
+    ) -> tuple[PartsOf, tuple[str, ...], tuple[str, ...]]:
+        """:meth:`_staged_parts_of`, the views reading ``views_of`` (as
+        :meth:`dependent_views` finds them) and the staging tables named ``listing*``,
+        from one statement (each branch only when asked)."""
         names = sorted(set(tables))
         for name in names:
             self._staging(name, "read")
-        if not names:
-            return {}
         # thousands of names would not fit a request's parameter: their common prefix
         # (every staging name of an xid has one) selects them, the rest is left out below
         many = len(names) > MAX_LISTED_NAMES
@@ -190,22 +208,59 @@ class Observer:
                 return f"startsWith({column}, {{p:String}})"
             return f"{column} IN {{names:Array(String)}}"
 
+        branches: list[str] = []
+        parameters: dict[str, Any] = {"db": self.staging_db}
+        if names:
+            parameters.update({"p": prefix} if prefix else {"names": names})
+            branches += [  # 0: the table exists; 1: one of its active parts
+                "SELECT 0, name, '', toUInt64(0), '', toUInt64(0) FROM system.tables "
+                f"WHERE database = {{db:String}} AND {among('name')}",
+                "SELECT 1, table, partition_id, rows, toString(uuid), bytes_on_disk "
+                f"FROM system.parts WHERE active AND rows > 0 AND database = {{db:String}} "
+                f"AND {among('table')}",
+            ]
+        if views_of is not None:
+            parameters["vdb"], parameters["vt"] = split_table(views_of)
+            branches += [  # 2: a view the server lists as dependent; 3: every view's SELECT
+                "SELECT 2, d, t, toUInt64(0), '', toUInt64(0) FROM system.tables "
+                "ARRAY JOIN dependencies_database AS d, dependencies_table AS t "
+                "WHERE database = {vdb:String} AND name = {vt:String}",
+                "SELECT 3, database, name, toUInt64(0), "
+                "if(as_select != '', as_select, create_table_query), toUInt64(0) "
+                "FROM system.tables WHERE engine = 'MaterializedView'",
+            ]
+        if listing is not None:
+            parameters["l"] = listing
+            branches.append(  # 4: a staging table named listing*
+                "SELECT 4, name, '', toUInt64(0), '', toUInt64(0) FROM system.tables "
+                "WHERE database = {db:String} AND startsWith(name, {l:String})"
+            )
+        if not branches:
+            return {}, (), ()
         rows = self.client.query_rows(
-            "SELECT name, '' AS partition_id, toUInt64(0) AS rows, '' AS uuid, "
-            "toUInt64(0) AS bytes "
-            f"FROM system.tables WHERE database = {{db:String}} AND {among('name')} "
-            "UNION ALL "
-            "SELECT table, partition_id, rows, toString(uuid), bytes_on_disk FROM system.parts "
-            f"WHERE active AND rows > 0 AND database = {{db:String}} AND {among('table')}",
-            parameters={"db": self.staging_db, **({"p": prefix} if prefix else {"names": names})},
+            " UNION ALL ".join(branches),
+            parameters=parameters,
             what=f"read staged parts of {len(names)} table(s) in {self.staging_db}",
+            table=views_of,
         )
         found: dict[str, dict[str, list[tuple[int, str, int]]]] = {}
-        for name, pid, n, uuid, size in rows:
-            by_pid = found.setdefault(str(name), {})
-            if pid:
-                by_pid.setdefault(str(pid), []).append((int(n), str(uuid), int(size)))
-        return {name: found.get(name) for name in names}
+        views: set[str] = set()
+        listed: set[str] = set()
+        for kind, name, pid, n, text, size in rows:
+            if kind == 0:
+                found.setdefault(str(name), {})
+            elif kind == 1:
+                by_pid = found.setdefault(str(name), {})
+                by_pid.setdefault(str(pid), []).append((int(n), str(text), int(size)))
+            elif kind == 2:
+                views.add(f"{name}.{pid}")
+            elif kind == 3 and views_of is not None:
+                if reads_from(str(text), str(name), *split_table(views_of)):
+                    views.add(f"{name}.{pid}")
+            elif kind == 4:
+                listed.add(str(name))
+        staged = {name: found.get(name) for name in names}
+        return staged, tuple(sorted(views)), tuple(sorted(listed))
 
     def published_uuids(self, target: str, uuids: Iterable[str]) -> frozenset[str]:
         """Which evidence ids (short part UUIDs) the target's parts still show, active or
@@ -378,27 +433,10 @@ class Observer:
         return {"key_functions": functions, "shard_count": int(count) or None}
 
     def dependent_views(self, target: str) -> tuple[str, ...]:
-        """Materialized views fed by ``db.table`` now (the commit's re-check of attach
-        mode), by ``dependencies_table`` and by a scan of every view's SELECT (older
-        servers fill the former inconsistently); one round trip."""
-        db, name = split_table(target)
-        rows = self.client.query_rows(
-            "SELECT 1, dependencies_database, dependencies_table, '' FROM system.tables "
-            "WHERE database = {db:String} AND name = {t:String} "
-            "UNION ALL "
-            "SELECT 2, [database], [name], if(as_select != '', as_select, create_table_query) "
-            "FROM system.tables WHERE engine = 'MaterializedView'",
-            parameters={"db": db, "t": name},
-            what=f"read views of {target}",
-            table=target,
-        )
-        views: set[str] = set()
-        for kind, dbs, names, select in rows:
-            if kind == 1:
-                views |= {f"{d}.{t}" for d, t in zip(dbs, names, strict=False)}
-            elif reads_from(str(select), str(dbs[0]), db, name):
-                views.add(f"{dbs[0]}.{names[0]}")
-        return tuple(sorted(views))
+        """Materialized views fed by ``db.table`` now, by ``dependencies_table`` and by a
+        scan of every view's SELECT (older servers fill the former inconsistently); one
+        round trip (the commit reads them with its staging: :meth:`commit_look`)."""
+        return self._looked((), target, None)[1]
 
     def expand_macros(self, text: str) -> str:
         """``text`` with every ``{name}`` replaced by the server's macro of that name (a

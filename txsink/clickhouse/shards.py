@@ -34,6 +34,7 @@ from txsink.errors import ConfigError
 from txsink.ports.warehouse import (
     BlockSettings,
     ClusterReplica,
+    CommitLook,
     InsertGuard,
     InsertStats,
     TargetInfo,
@@ -265,17 +266,24 @@ class ShardedWarehouse:
             out.update(self.shards[k].staged_partitions_of(names, every_part))
         return out
 
-    def staged_partitions_sized(
-        self, tables: Iterable[str]
-    ) -> tuple[dict[str, dict[str, tuple[int, tuple[str, ...]]] | None], dict[str, int]]:
-        out: dict[str, dict[str, tuple[int, tuple[str, ...]]] | None] = {}
+    def commit_look(
+        self, tables: Iterable[str], *, views_of: str | None = None, listing: str | None = None
+    ) -> CommitLook:
+        """One statement per shard: its own staging tables, the views of its table, its
+        staging named ``listing*``."""
+        grouped = self._grouped(tables)
+        staged: dict[str, dict[str, tuple[int, tuple[str, ...]]] | None] = {}
         sizes: dict[str, int] = {}
-        for k, names in self._grouped(tables).items():
-            read, sized = self.shards[k].staged_partitions_sized(names)
-            out.update(read)
-            for pid, n in sized.items():
+        views: set[str] = set()
+        listed: set[str] = set()
+        for k, shard in enumerate(self.shards):
+            look = shard.commit_look(grouped.get(k, ()), views_of=views_of, listing=listing)
+            staged.update(look.staged)
+            for pid, n in look.sizes.items():
                 sizes[pid] = sizes.get(pid, 0) + n
-        return out, sizes
+            views |= set(look.views)
+            listed |= set(look.listed)
+        return CommitLook(staged, sizes, tuple(sorted(views)), tuple(sorted(listed)))
 
     def move_partition(self, staging: str, partition_id: str, target: str) -> None:
         self._on(staging).move_partition(staging, partition_id, target)

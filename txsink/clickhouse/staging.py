@@ -24,7 +24,6 @@ from typing import Any
 
 from txsink.clickhouse.blockers import check_move_compat
 from txsink.clickhouse.observe import (
-    MAX_COMMANDS,
     METADATA_MISMATCH,
     REPLICA_ALREADY_EXISTS,
     TABLE_ALREADY_EXISTS,
@@ -37,6 +36,8 @@ from txsink.names import qualified, quote_ident, quote_literal, split_table
 from txsink.ports.warehouse import TargetInfo
 
 log = logging.getLogger(__name__)
+# names per DROP TABLE statement, in bytes: far below max_query_size (256 KiB by default)
+MAX_DROP_BYTES = 60 * 1024
 
 # Staging keeps every row it was sent until published. Table settings persist across a
 # server restart (SYSTEM STOP MERGES / STOP TTL MERGES do not): no part is ever larger
@@ -192,13 +193,21 @@ class Stager(Observer):
         self.drop_stagings([table])
 
     def drop_stagings(self, tables: Sequence[str]) -> None:
-        """Drop staging tables, ``MAX_COMMANDS`` per ``DROP TABLE IF EXISTS a, b, ... SYNC``."""
+        """Drop staging tables: ``DROP TABLE IF EXISTS a, b, ... SYNC``, one statement per
+        ``MAX_DROP_BYTES`` of names (a batch of 200 tasks' tables and its batch staging
+        is one)."""
         names = [self._staging(t, "drop") for t in tables]
-        for at in range(0, len(names), MAX_COMMANDS):
+        at = 0
+        while at < len(names):
+            end, size = at + 1, len(names[at])
+            while end < len(names) and size + len(names[end]) + 2 <= MAX_DROP_BYTES:
+                size += len(names[end]) + 2
+                end += 1
             self.client.command(
-                f"DROP TABLE IF EXISTS {', '.join(names[at : at + MAX_COMMANDS])} SYNC",
+                f"DROP TABLE IF EXISTS {', '.join(names[at:end])} SYNC",
                 table=f"{self.staging_db}.{tables[at]}",
             )
+            at = end
 
     def create_batch_staging(self, table: str, like: str, target: str = "") -> None:
         """Create the batch staging ``table`` (``visibility=batch``) as a copy of the

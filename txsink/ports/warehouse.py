@@ -85,6 +85,20 @@ class ClusterReplica:
 
 
 @dataclass(frozen=True)
+class CommitLook:
+    """What a commit reads before its prepare, in one statement per server
+    (:meth:`Warehouse.commit_look`): each staging table asked for, its rows and evidence
+    ids per partition (None: missing); the bytes staged per partition id over all of
+    them (what decides a batch's compaction); the materialized views that read
+    ``views_of`` now; the staging tables whose names start with ``listing``."""
+
+    staged: dict[str, dict[str, tuple[int, tuple[str, ...]]] | None]
+    sizes: dict[str, int] = field(default_factory=dict)
+    views: tuple[str, ...] = ()
+    listed: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class TargetInfo:
     """What txsink needs to know about one ClickHouse table (target or staging)."""
 
@@ -225,9 +239,9 @@ class Warehouse(Protocol):
         self, tables: Iterable[str], every_part: bool = False
     ) -> dict[str, dict[str, tuple[int, tuple[str, ...]]] | None]: ...
 
-    def staged_partitions_sized(
-        self, tables: Iterable[str]
-    ) -> tuple[dict[str, dict[str, tuple[int, tuple[str, ...]]] | None], dict[str, int]]: ...
+    def commit_look(
+        self, tables: Iterable[str], *, views_of: str | None = None, listing: str | None = None
+    ) -> CommitLook: ...
 
     def staged_part_rows(self, table: str) -> dict[str, dict[str, int]]: ...
 

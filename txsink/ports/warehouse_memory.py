@@ -42,6 +42,7 @@ from txsink.ports.memory_tables import MemoryTable, Part, cut_blocks, partition_
 from txsink.ports.warehouse import (
     BlockSettings,
     ClusterReplica,
+    CommitLook,
     InsertGuard,
     InsertStats,
     StagingView,
@@ -202,16 +203,24 @@ class MemoryWarehouse:
         read = {t: self.staged_partitions(t, every_part) for t in present}
         return {t: read.get(t) for t in names}
 
-    def staged_partitions_sized(
-        self, tables: Iterable[str]
-    ) -> tuple[dict[str, dict[str, tuple[int, tuple[str, ...]]] | None], dict[str, int]]:
+    def commit_look(
+        self, tables: Iterable[str], *, views_of: str | None = None, listing: str | None = None
+    ) -> CommitLook:
         """The twin's bytes: ``_ROW_BYTES`` per row."""
-        read = self.staged_partitions_of(tables)
-        sizes: dict[str, int] = {}
-        for by_pid in read.values():
-            for pid, (n, _) in (by_pid or {}).items():
-                sizes[pid] = sizes.get(pid, 0) + n * _ROW_BYTES
-        return read, sizes
+
+        def act() -> CommitLook:
+            read = self.staged_partitions_of(tables)
+            sizes: dict[str, int] = {}
+            for by_pid in read.values():
+                for pid, (n, _) in (by_pid or {}).items():
+                    sizes[pid] = sizes.get(pid, 0) + n * _ROW_BYTES
+            views = self.views.get(views_of, ()) if views_of is not None else ()
+            listed = (
+                () if listing is None else sorted(t for t in self.staging if t.startswith(listing))
+            )
+            return CommitLook(read, sizes, tuple(views), tuple(listed))
+
+        return self._call("commit_look", act)
 
     def staged_part_rows(self, table: str) -> dict[str, dict[str, int]]:
         def act() -> dict[str, dict[str, int]]:

@@ -1,0 +1,75 @@
+"""The commit's one read before the prepare (issue 39): the staged parts, the target's
+views and the xid's staging tables come from one warehouse call; a losing attempt's
+staging found there is dropped once the batch is committed, and a view that appeared
+since validation refuses the batch before anything is prepared. Memory twins."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from txsink import committer
+from txsink.config import WriterConfig
+from txsink.driver import job_handle
+from txsink.errors import ConfigError
+from txsink.ports.registry_memory import MemoryRegistry
+from txsink.ports.warehouse_memory import MemoryWarehouse
+from txsink.protocol.ids import run_tag, staging_name
+from txsink.protocol.states import Mode, XidState
+from txsink.spark.messages import TxCommitMessage, WritePlan
+
+JOB, TABLE = "orders", "db.t"
+
+
+def setup() -> tuple[Any, MemoryRegistry, MemoryWarehouse, WritePlan]:
+    registry, wh = MemoryRegistry(), MemoryWarehouse()
+    config = WriterConfig.from_options(
+        {"url": "http://h:8123", "keeper": "k:2181", "table": TABLE, "job": JOB}
+    )
+    handle = job_handle(config, registry, wh)
+    committer.epoch_for_run(handle, "run-1", "attach")  # the run's takeover, done
+    return handle, registry, wh, WritePlan(config, "attach")
+
+
+def task(handle: Any, wh: MemoryWarehouse, attempt: int, ids: list[int]) -> str:
+    name = staging_name(
+        JOB, "b1", run_tag("run-1"), 0, attempt, 10 + attempt, handle.transactor.namespace
+    ).table
+    wh.stage(name, {"202401": ids})
+    return name
+
+
+def message(table: str, rows: int) -> TxCommitMessage:
+    return TxCommitMessage(
+        "run-1", "b1", 1, staging=(table,), inserted=((table, rows),), extra={"mode": "attach"}
+    )
+
+
+def test_a_losing_attempts_staging_is_listed_by_the_one_read_and_dropped_after_commit() -> None:
+    handle, registry, wh, plan = setup()
+    won = task(handle, wh, 0, [1, 2, 3])
+    lost = task(handle, wh, 1, [1, 2, 3])  # a speculative copy whose result Spark dropped
+    wh.fail_next("list_staging")  # the commit lists nothing apart from its one read
+    wh.fail_next("dependent_views")
+    out = committer._commit_writes(  # type: ignore[arg-type]
+        handle, [(plan, [message(won, 3)])], "b1", 1, Mode.ATTACH, False, None
+    )
+    assert out["action"] == "committed"
+    assert wh.target_ids(TABLE) == [1, 2, 3]  # the winner's rows, once
+    assert lost not in wh.staging and won not in wh.staging
+    record = registry.get(JOB, "b1")
+    assert record is not None and record.state is XidState.COMMITTED
+    assert record.staging_tables == (won,)
+
+
+def test_a_view_that_appeared_since_validation_refuses_the_batch_before_its_prepare() -> None:
+    handle, registry, wh, plan = setup()
+    won = task(handle, wh, 0, [1, 2])
+    wh.views[TABLE] = ("db.mv",)
+    with pytest.raises(ConfigError, match=r"db\.mv now read from db\.t.*Nothing was published"):
+        committer._commit_writes(  # type: ignore[arg-type]
+            handle, [(plan, [message(won, 2)])], "b1", 1, Mode.ATTACH, False, None
+        )
+    assert registry.get(JOB, "b1") is None  # nothing prepared
+    assert wh.target_ids(TABLE) == [] and won in wh.staging
