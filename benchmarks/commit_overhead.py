@@ -1,6 +1,7 @@
 """Commit overhead per batch: prepare + publish + record, for batches touching 1, 4, 16,
-64 target partitions, measured two ways (end to end in streaming queries:
-benchmarks/micro_batch.py).
+64 target partitions, published as the default does on a MergeTree target
+(``visibility=batch``: copy into the batch staging, compaction, one ATTACH), measured two
+ways (end to end in streaming queries: benchmarks/micro_batch.py).
 
 1. ``Transactor.commit_batch`` driven directly (the protocol path alone): staging is
    created with ``ClickHouseWarehouse.create_staging`` + ``insert_blocks`` outside the
@@ -26,7 +27,7 @@ from txsink import committer
 from txsink.config import WriterConfig
 from txsink.driver import open_job
 from txsink.protocol.ids import batch_xid, run_tag, staging_name
-from txsink.protocol.states import StagedPart
+from txsink.protocol.states import StagedPart, Visibility
 from txsink.spark import writer
 
 PARTITIONS = (1, 4, 16, 64)
@@ -82,7 +83,10 @@ def transactor_path(bench: Bench, partitions: int, batches: int) -> dict[str, An
             xid = batch_xid(b)
             parts = stage(handle, run_id, xid, b, partitions)
             started = time.perf_counter()
-            result = handle.transactor.commit_batch(epoch, xid, b, cfg.table, parts)
+            result = handle.transactor.commit_batch(
+                epoch, xid, b, cfg.table, parts, visibility=Visibility.BATCH,
+                compact=frozenset({cfg.table}),
+            )  # fmt: skip
             walls.append(time.perf_counter() - started)
             results.append(result)
     finally:
@@ -100,7 +104,7 @@ def driver_path(
     bench: Bench, partitions: int, batches: int, *, raw: bool = False, **options: str
 ) -> Any:
     """``committer.commit_batch`` per batch: its latency summary (the list with ``raw``)."""
-    cfg = config_for(bench, commit_target(bench), **options)
+    cfg = config_for(bench, commit_target(bench), **({"visibility": "batch"} | options))
     plan = writer.WritePlan(cfg, "attach", run_id="")
     run_id = f"bench-{uuid.uuid4().hex[:8]}"
     handle = open_job(cfg)

@@ -225,8 +225,31 @@ def _count_floor(r: dict[str, Any], target: str) -> str:
             ((n, k) for k, n in kinds.items() if prefix in k and "/INSERT" not in k),
             key=lambda x: (-x[0], x[1]),
         )
-        return "; ".join(f"{k.split('/', 1)[0]}: {n} x {k.split('/')[-1]}" for n, k in seen)
+        return "; ".join(_counted(n, k) for n, k in seen)
     return ""
+
+
+# Why each kind of commit statement is sent (kinds as benchmarks.hotpath._kind names them)
+COMMIT_WHY = {
+    "read staged parts of": "the one read before the prepare: each task's rows against what it "
+    "sent, the manifest's part ids, the bytes that decide compaction, the target's views (one "
+    "made since validation refuses attach) and losing attempts' staging",
+    "create batch staging": "the table the batch is gathered in, under this finisher's own "
+    "name, so that one ATTACH publishes all of it",
+    "copy": "hard links of every task's staging into the batch staging, one ALTER for any "
+    "number of tasks",
+    "compact batch staging": "OPTIMIZE FINAL: one part per partition value",
+    "ATTACH PARTITION ALL FROM": "the publish: the whole batch visible at once",
+    "DROP TABLE IF EXISTS": "the batch's staging, every table in one statement",
+    "MOVE PARTITION ID": "visibility=partition: one per staging table",
+}
+
+
+def _counted(n: float, key: str) -> str:
+    """``phase: n x kind`` of one counted kind, with why a commit statement is needed."""
+    phase, kind = key.split("/", 1)[0], key.rsplit("/", maxsplit=1)[-1]
+    why = COMMIT_WHY.get(kind) if phase == "commit" else None
+    return f"{phase}: {n:g} x {kind}" + (f" ({why})" if why else "")
 
 
 def section_targets(r: dict[str, Any]) -> list[str]:
@@ -256,29 +279,28 @@ def floor_of(r: dict[str, Any], target: str) -> str:
                 key = (row["phase"], row["store"])
                 count[key] = count.get(key, 0.0) + row["count"]
         floor = trips["floor_ms"]["ClickHouse"]
+        commit = ", ".join(
+            f"{row['count']:g} x {row['kind']}"
+            for row in trips["rows"]
+            if row["phase"] == "commit" and row["store"] == "ClickHouse"
+        )
         return (
             f"round trips the protocol makes per micro-batch of {trips['tasks']} tasks: "
             f"{count.get(('tasks', 'ClickHouse'), 0):g} ClickHouse statements besides the "
-            f"inserts in the tasks (staging create, its read-back, the parts read), "
-            f"{count.get(('commit', 'ClickHouse'), 0):g} in the commit (views check, staging "
-            f"read, one MOVE per staging table, drop, stray listing) and "
-            f"{count.get(('commit', 'Keeper'), 0):g} Keeper requests; one statement costs at "
-            f"least {floor:.1f} ms here (`SELECT 1`), most 4 to 8 ms (round trips, below)"
+            f"inserts in the tasks, {count.get(('commit', 'ClickHouse'), 0):g} in the commit "
+            f"({commit}) and {count.get(('commit', 'Keeper'), 0):g} Keeper requests; one "
+            f"statement costs at least {floor:.1f} ms here (`SELECT 1`); the round trips "
+            f"and what each is for: below"
         )
     if "overhead p99" in target:
         return "the p50 is above its target; the p99 follows the commit's p99 (2.)"
     if target.startswith("commit p99"):
         return (
-            "the slowest commits spend their time in one MOVE statement (traced at 64 "
-            "partitions: 913 of 985 ms); what stalls it (the target's merges of many small "
-            "parts, the disk they share) could not be told apart here (Where the time goes)"
+            "this run's slowest commits (2.); where they spent their time was not traced in "
+            "this run (`benchmarks/hotpath.py` times every request of a batch)"
         )
     if target.startswith("state=clickhouse"):
-        return (
-            "a driver commit sends 16 state statements (`python -m benchmarks.state_trace`): "
-            "4 to 5 ms a read, 12 to 18 ms a guarded UPDATE here, so three cost more than "
-            "15 ms; docs/cloud.md (Cost) says what would remove more"
-        )
+        return _state_floor(r)
     if target.endswith("state=keeper)") or target.endswith("state=clickhouse)"):
         return _count_floor(r, target)
     if target.startswith("per-value"):
@@ -286,6 +308,18 @@ def floor_of(r: dict[str, Any], target: str) -> str:
     if "/baseline" in target:
         return _ratio_floor(r, target)
     return ""
+
+
+def _state_floor(r: dict[str, Any]) -> str:
+    """state=clickhouse over state=keeper: its statements per batch, from the counts."""
+    for s in (r.get("counts") or {}).get("shapes", []):
+        if s["state"] == "clickhouse" and (s["tasks"], s["values"]) == (4, 1):
+            return (
+                f"a batch sends {s['state_statements']:g} state statements at 4 tasks x 1 "
+                "value (counts), each a round trip to ClickHouse, which writes KeeperMap "
+                "through its own Keeper session, where state=keeper sends one Keeper request"
+            )
+    return "a batch's state statements are counted by `make bench-counts --state clickhouse`"
 
 
 def _ratio_floor(r: dict[str, Any], target: str) -> str:
@@ -372,7 +406,8 @@ def section_commit(r: dict[str, Any]) -> list[str]:
         "## 2. Commit overhead per batch",
         "",
         f"{co['batches']} batches per row, each one staging table holding k partitions of "
-        f"{co['rows_per_partition']:,} rows (one ALTER with k MOVE PARTITION commands). "
+        f"{co['rows_per_partition']:,} rows, published with visibility=batch (the copy "
+        "into the batch staging, its compaction, one ATTACH). "
         "*Transactor*: "
         "`CommitResult.seconds` of `Transactor.commit_batch` (prepare + publish + record, incl. "
         "the staging drop); staging created outside the timing. *Driver commit*: "
@@ -661,35 +696,24 @@ NOTES = """## Where the time goes
   the server), and txsink's own per-row work (`iter_blocks` slicing, the value checks of
   section 5) is a few milliseconds per million rows.
 - **Per micro-batch, txsink makes round trips the baseline does not**, counted and timed in
-  *Round trips of one batch* below (a stream's steady state, 4 tasks). Each task makes
-  its staging table (`CREATE TABLE ... AS target SETTINGS ...`), reads the copy back once
-  (one query with scalar subqueries: columns, indices, projections; since issue 29 not the
-  views, defaults and replicas a staging table does not need) and reads `system.parts`
-  after its insert; since issue 29 the CREATE and the read-back run while the task waits
-  for Spark's first batch (about 40 ms for the first wave of tasks here), off the
-  critical path. The driver's commit reads the target's views, reads the staging, moves
-  each staging table's partitions (one `ALTER ... MOVE PARTITION ..., MOVE PARTITION ...`
-  per staging table: the largest share), drops the staging (one statement) and lists
-  strays (one), with about 15 Keeper requests (two multis: the prepare and the record).
-  Connections are pooled per Python worker, so no batch pays a session or a handshake.
-- **What is left is round trips the protocol needs, and what would remove them:**
-  a staging table per task attempt (attempts stay isolated: a failed attempt's rows can
-  never reach a published table; reusing tables across batches would still need a
-  RENAME per task, one statement for another); one MOVE per staging table (MOVE takes
-  one source table; concurrent MOVEs into one target gained 4 ms of 26 for 4 tables
-  here); the views check before the prepare (a view created since validation must stop
-  an attach publish, so it cannot be cached or moved after the prepare); the drop and
-  the stray listing after the record (taking them off the critical path means a
-  background thread in Spark's commit worker, whose life Spark does not promise, or
-  empty staging left until the next batch). On this machine one statement costs at
-  least the `SELECT 1` floor shown below, most 4 to 8 ms, and ClickHouse and ZooKeeper
-  share two cores with Spark; a real server answers these on its own cores.
-- **Commit p99 follows single slow MOVE statements.** Traced per request over 120 driver
-  commits of 64 partitions (scratch run, issue 29 note): the slowest commit took 985 ms,
-  913 of them in its one MOVE statement (the p50 MOVE about 100 ms); the next took 684 ms,
-  577 in its MOVE. The rest of the commit is flat. What stalls that MOVE (the target's
-  merges of the many small parts it receives, the disk shared with them, the engine's
-  locks) could not be told apart on this shared machine.
+  *Round trips of one batch* below (a stream's steady state, 4 tasks) and counted at 200
+  tasks and at 50 partition values in section 2e. Each task makes its staging table
+  (`CREATE TABLE ... AS target SETTINGS ...`) and reads it back while it waits for Spark's
+  first rows, off its critical path, then reads nothing more. The driver's commit
+  (`visibility=batch`, the default where the target allows it) sends the same statements
+  whatever the number of tasks and partition values: one read (the staged parts, the
+  target's views, losing attempts' staging), the batch staging's CREATE, one copy of
+  every task's staging into it, its compaction to one part per partition value, the
+  ATTACH that publishes it, one DROP. Keeper: a sync, one read of the job's state, the
+  prepare, the fence check and the commit (7 requests in 5 round trips).
+- **What is left is round trips the protocol needs:** a staging table per task attempt
+  (a failed or zombie attempt's rows never reach a published table); the read before the
+  prepare (the manifest must be what the tasks staged, and a view made since validation
+  must stop an attach publish); a batch staging table under the finisher's own name (one
+  ATTACH is atomic, several are not; the name is its claim against a second finisher);
+  the compaction (one part per partition value); the drop. On this machine one statement
+  costs at least the `SELECT 1` floor shown below, and ClickHouse and ZooKeeper share two
+  cores with Spark; a real server answers these on its own cores.
 - Figures on this machine are noisy: two cores are shared with other engineers' test
   suites (load averages above). Compare figures of one run, side by side.
 """
