@@ -133,3 +133,41 @@ class _Crash(Exception):
 def _crash(point: str, at: str) -> None:
     if point == at:
         raise _Crash(point)
+
+
+def test_a_commit_in_a_new_python_worker_on_a_lagging_server_keeps_its_runs_epoch() -> None:
+    """Spark runs each micro-batch's commit in a fresh Python worker: the next batch's
+    session may sit on a server that has not seen this run take the job. The committer
+    syncs before its one read, so the run goes on under its epoch; read stale, it would
+    take the job over again from itself (a new epoch, a second recovery)."""
+    from txsink import committer
+    from txsink.config import WriterConfig
+    from txsink.driver import job_handle
+    from txsink.protocol.ids import run_tag, staging_name
+    from txsink.protocol.states import Mode
+    from txsink.spark.messages import TxCommitMessage, WritePlan
+
+    leader, wh = MemoryRegistry(), MemoryWarehouse()
+    config = WriterConfig.from_options(
+        {"url": "http://h:8123", "keeper": "k:2181", "table": TARGET, "job": JOB}
+    )
+    session = Lagging(leader)
+    session.lag()  # the second worker's server: behind from before the run began
+
+    def commit(handle: Any, batch: int) -> None:
+        xid = f"b{batch}"
+        table = staging_name(JOB, xid, run_tag("run-2"), 0, 0, batch, handle.transactor.namespace)
+        wh.stage(table.table, {"202401": [batch]})
+        msg = TxCommitMessage(
+            "run-2", xid, batch, staging=(table.table,), inserted=((table.table, 1),),
+            extra={"mode": "attach"},
+        )  # fmt: skip
+        plan = WritePlan(config, "attach")
+        committer._commit_writes(handle, [(plan, [msg])], xid, batch, Mode.ATTACH, False, None)
+
+    commit(job_handle(config, leader, wh), 0)  # the first worker takes the job, commits
+    taken = leader.current_epoch(JOB)
+    assert taken is not None and session.current_epoch(JOB) is None  # the control: it lags
+    commit(job_handle(config, session, wh), 1)  # type: ignore[arg-type]
+    assert leader.current_epoch(JOB) == taken  # no second takeover
+    assert wh.target_ids(TARGET) == [0, 1]
