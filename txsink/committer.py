@@ -360,7 +360,14 @@ def sweep_strays(handle: Any, xid: str, strays: Iterable[str]) -> None:
     losing attempt that makes its staging after that read leaves it to the job's next
     takeover or ``txsink recover``, which drop staging no record needs."""
     mine = [t for t in strays if (parsed := parse_staging(t)) is not None and parsed.xid == xid]
-    handle.transactor.roll_back(xid, sorted(mine))
+    try:
+        handle.transactor.roll_back(xid, sorted(mine))
+    except TxSinkError as exc:  # the batch is committed: never report it failed for this
+        log.warning(
+            "job %s: xid %s is committed; dropping losing attempts' staging %s failed (%s): "
+            "the job's next takeover or `txsink recover` drops it", handle.config.job, xid,
+            mine, exc,
+        )  # fmt: skip
 
 
 # ------------------------------------------------------------------------- abort

@@ -73,3 +73,23 @@ def test_a_view_that_appeared_since_validation_refuses_the_batch_before_its_prep
         )
     assert registry.get(JOB, "b1") is None  # nothing prepared
     assert wh.target_ids(TABLE) == [] and won in wh.staging
+
+
+def test_a_failed_stray_drop_never_reports_a_committed_batch_failed(monkeypatch) -> None:
+    """A save without txn_version that a caller sees failed is run again: the sweep after
+    COMMITTED must not turn the commit into a failure."""
+    from txsink.errors import UnavailableError
+
+    handle, _, wh, plan = setup()
+    won = task(handle, wh, 0, [1, 2])
+    lost = task(handle, wh, 1, [1, 2])
+
+    def down(*_: Any) -> list[str]:
+        raise UnavailableError("Keeper unreachable (injected)")
+
+    monkeypatch.setattr(handle.transactor, "roll_back", down)
+    out = committer._commit_writes(  # type: ignore[arg-type]
+        handle, [(plan, [message(won, 2)])], "b1", 1, Mode.ATTACH, False, None
+    )
+    assert out["action"] == "committed" and wh.target_ids(TABLE) == [1, 2]
+    assert lost in wh.staging  # left for the next takeover or `txsink recover`

@@ -240,8 +240,12 @@ class Observer:
         rows = self.client.query_rows(
             " UNION ALL ".join(branches),
             parameters=parameters,
-            what=f"read staged parts of {len(names)} table(s) in {self.staging_db}",
-            table=views_of,
+            what=(
+                f"read staged parts of {len(names)} table(s) in {self.staging_db}"
+                if names or views_of is None
+                else f"read views of {views_of}"
+            ),
+            table=None if names else views_of,
         )
         found: dict[str, dict[str, list[tuple[int, str, int]]]] = {}
         views: set[str] = set()
