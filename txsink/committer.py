@@ -305,15 +305,16 @@ def _commit_writes(
                 raise ConfigError(refusal)
         parts: list[StagedPart] = []
         compact: set[str] = set()
-        strays: set[str] = set()
-        # attach mode: this xid's staging that no task message names (losing attempts),
-        # listed by the first write's read, dropped once the batch is committed
-        listing = f"{handle.transactor.prefix}__{xid}__" if mode is Mode.ATTACH else None
+        strays: list[str] = []
+        # attach mode: the job's staging, listed by the first write's read; what no task
+        # message names of this xid and of the stream's previous batch (losing attempts,
+        # late ones too) is dropped once the batch is committed
+        listing = f"{handle.transactor.prefix}__" if mode is Mode.ATTACH else None
         for plan, ms in writes:
             views = mode is Mode.ATTACH and any(m.staging for m in ms)
             found, look = staged_parts(handle, plan, ms, xid, views=views, listing=listing)
             parts += [dataclasses.replace(p, target=plan.config.table) for p in found]
-            strays |= {t for t in look.listed if t not in incoming}
+            strays += [t for t in look.listed if t not in incoming]
             listing = None
             engine = plan.target_info.engine if plan.target_info is not None else ""
             if compaction(engine, look.sizes, plan.config.compact_bytes):
@@ -333,7 +334,8 @@ def _commit_writes(
     except FencedError:
         count(config, fencing_events=1)
         raise
-    sweep_strays(handle, xid, strays)
+    previous = batch_xid(batch - 1) if streaming and batch and xid == batch_xid(batch) else ""
+    sweep_strays(handle, (xid, previous) if previous else (xid,), strays)
     record_commit(config, result)
     return dict(result.__dict__)
 
@@ -353,21 +355,27 @@ def rolled_forward_at_takeover(handle: JobHandle) -> dict[str, int]:
     return {"batches_rolled_forward": len(report.rolled_forward), "rows_committed": rows}
 
 
-def sweep_strays(handle: Any, xid: str, strays: Iterable[str]) -> None:
-    """Drop staging of ``xid`` that no task message named (losing speculative attempts,
-    listed before the prepare); behind the xid's record like every roll-back
-    (:meth:`Transactor.roll_back`): a table the record names is left to its publish. A
-    losing attempt that makes its staging after that read leaves it to the job's next
-    takeover or ``txsink recover``, which drop staging no record needs."""
-    mine = [t for t in strays if (parsed := parse_staging(t)) is not None and parsed.xid == xid]
-    try:
-        handle.transactor.roll_back(xid, sorted(mine))
-    except TxSinkError as exc:  # the batch is committed: never report it failed for this
-        log.warning(
-            "job %s: xid %s is committed; dropping losing attempts' staging %s failed (%s): "
-            "the job's next takeover or `txsink recover` drops it", handle.config.job, xid,
-            mine, exc,
-        )  # fmt: skip
+def sweep_strays(handle: Any, xids: Sequence[str], strays: Iterable[str]) -> None:
+    """Drop the staging of ``xids`` among ``strays`` (tables no task message named, listed
+    before the prepare): losing speculative attempts of the batch just committed, and of
+    the stream's previous batch those that made their staging after its commit read.
+    Behind each xid's record like every roll-back (:meth:`Transactor.roll_back`): a table
+    a record names is left to its publish. A failure is logged, never raised: the batch
+    is committed, and the job's next takeover or ``txsink recover`` drops what is left."""
+    by_xid: dict[str, list[str]] = {}
+    for table in strays:
+        parsed = parse_staging(table)
+        if parsed is not None and parsed.xid in xids:
+            by_xid.setdefault(parsed.xid, []).append(table)
+    for xid, tables in sorted(by_xid.items()):
+        try:
+            handle.transactor.roll_back(xid, sorted(tables))
+        except TxSinkError as exc:  # never report a committed batch failed for this
+            log.warning(
+                "job %s: dropping losing attempts' staging %s of xid %s failed (%s): the "
+                "job's next takeover or `txsink recover` drops it", handle.config.job,
+                tables, xid, exc,
+            )  # fmt: skip
 
 
 # ------------------------------------------------------------------------- abort

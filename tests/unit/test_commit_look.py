@@ -32,18 +32,19 @@ def setup() -> tuple[Any, MemoryRegistry, MemoryWarehouse, WritePlan]:
     return handle, registry, wh, WritePlan(config, "attach")
 
 
-def task(handle: Any, wh: MemoryWarehouse, attempt: int, ids: list[int]) -> str:
+def task(handle: Any, wh: MemoryWarehouse, attempt: int, ids: list[int], xid: str = "b1") -> str:
     name = staging_name(
-        JOB, "b1", run_tag("run-1"), 0, attempt, 10 + attempt, handle.transactor.namespace
+        JOB, xid, run_tag("run-1"), 0, attempt, 10 + attempt, handle.transactor.namespace
     ).table
     wh.stage(name, {"202401": ids})
     return name
 
 
-def message(table: str, rows: int) -> TxCommitMessage:
+def message(table: str, rows: int, batch: int = 1) -> TxCommitMessage:
     return TxCommitMessage(
-        "run-1", "b1", 1, staging=(table,), inserted=((table, rows),), extra={"mode": "attach"}
-    )
+        "run-1", f"b{batch}", batch, staging=(table,), inserted=((table, rows),),
+        extra={"mode": "attach"},
+    )  # fmt: skip
 
 
 def test_a_losing_attempts_staging_is_listed_by_the_one_read_and_dropped_after_commit() -> None:
@@ -93,3 +94,21 @@ def test_a_failed_stray_drop_never_reports_a_committed_batch_failed(monkeypatch)
     )
     assert out["action"] == "committed" and wh.target_ids(TABLE) == [1, 2]
     assert lost in wh.staging  # left for the next takeover or `txsink recover`
+
+
+def test_a_late_losing_attempt_of_the_previous_batch_is_dropped_by_the_next_commit() -> None:
+    """A zombie attempt of batch 0 that made its staging after batch 0's commit read is
+    dropped once batch 1 commits; another xid's staging is not the stream's to drop."""
+    handle, _, wh, plan = setup()
+    first = task(handle, wh, 0, [1], xid="b0")
+    committer._commit_writes(  # type: ignore[arg-type]
+        handle, [(plan, [message(first, 1, batch=0)])], "b0", 0, Mode.ATTACH, True, None
+    )
+    late = task(handle, wh, 1, [1], xid="b0")  # after batch 0's read
+    other = task(handle, wh, 0, [7], xid="u-other")
+    second = task(handle, wh, 0, [2])
+    committer._commit_writes(  # type: ignore[arg-type]
+        handle, [(plan, [message(second, 1)])], "b1", 1, Mode.ATTACH, True, None
+    )
+    assert wh.target_ids(TABLE) == [1, 2]
+    assert late not in wh.staging and other in wh.staging
