@@ -4,13 +4,14 @@ Owns the generated parts of docs/options.md (the writer options table and the CL
 common flags table, from the options registry; the ClickHouse settings refused to
 ``settings.<name>``, from :mod:`txsink.clickhouse.insert_settings`) and of docs/types.md
 (the type contract, from :func:`txsink.clickhouse.values.contract_table`, and the types
-of created tables, from :func:`txsink.clickhouse.target_ddl.created_types_table`), each
-between a pair of
+of created tables, from :func:`txsink.clickhouse.target_ddl.created_types_table`) and of
+docs/cli.md (the exit statuses, from :data:`txsink.cli.output.EXIT_DOC`), each between a
+pair of
 ``<!-- BEGIN GENERATED: ... -->`` / ``<!-- END GENERATED: ... -->`` markers. Everything
 outside the markers is prose kept as it is. Unit tests fail when a file is not what
 :func:`render` makes of it.
 
-Regenerate with ``python -m txsink.options_doc docs/options.md docs/types.md``
+Regenerate with ``python -m txsink.options_doc docs/options.md docs/types.md docs/cli.md``
 (``--check`` only compares, exit 1 when stale).
 """
 
@@ -95,12 +96,23 @@ def created_types_table() -> str:
     return table()
 
 
+def exit_table() -> str:
+    """The CLI's exit statuses: status, name, meaning, examples."""
+    from txsink.cli.output import EXIT_DOC
+
+    lines = ["| status | name | meaning | examples |", "|---|---|---|---|"]
+    for code, doc in EXIT_DOC.items():
+        lines.append(f"| {int(code)} | {doc.name} | {_cell(doc.meaning)} | {_cell(doc.examples)} |")
+    return "\n".join(lines)
+
+
 TABLES = {
     "options": options_table,
     "cli-flags": flags_table,
     "refused-settings": refused_settings_table,
     "types": types_table,
     "created-types": created_types_table,
+    "exit-statuses": exit_table,
 }
 
 
@@ -118,7 +130,9 @@ def render(text: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m txsink.options_doc", description=__doc__)
-    parser.add_argument("paths", nargs="*", default=["docs/options.md", "docs/types.md"])
+    parser.add_argument(
+        "paths", nargs="*", default=["docs/options.md", "docs/types.md", "docs/cli.md"]
+    )
     parser.add_argument("--check", action="store_true", help="exit 1 if a file is stale")
     args = parser.parse_args(argv)
     stale = 0

@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from txsink.cli.common import resolve_credentials
+from txsink.cli.common import choice, choices_metavar, resolve_credentials
 from txsink.cli.ops_cmd import _common
 from txsink.cli.output import Exit, Output, finding, table
 from txsink.config import WriterConfig
+from txsink.options import MODES
 
 
 def register(subparsers: Any) -> None:
@@ -25,7 +26,11 @@ def register(subparsers: Any) -> None:
     _common(p)
     p.add_argument("--table", required=True, help="the target table, db.table")
     p.add_argument(
-        "--mode", default="auto", choices=("auto", "attach", "dedup"), help="the mode asked"
+        "--mode",
+        default="auto",
+        type=choice(*MODES),
+        metavar=choices_metavar(MODES),
+        help="the mode asked",
     )
     p.set_defaults(func=run_check_cmd)
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from txsink.clickhouse.client import ConnectSettings
 from txsink.credentials import merge_url_credentials, read_secret_file, secrets_of
 from txsink.errors import ConfigError, TxSinkError
-from txsink.options import OPTIONS, Kind, Option
+from txsink.options import OPTIONS, Kind, Option, closest
 
 if TYPE_CHECKING:
     from txsink.ops.stores import Stores
@@ -77,21 +77,51 @@ DEFAULT_HELP = {
     "keeper_timeout": "5 for a command (a writer's is 15)",
     "connect_timeout": "5 for a command (a writer's is 10)",
 }
+#: timeouts clickhouse-connect truncates to whole seconds: 0.5 would become 0, which
+#: urllib3 rejects with a traceback deep in the first connect
+WHOLE_SECONDS = ("connect_timeout", "send_receive_timeout")
 # Secrets with a file alternative: flag -> the flag reading it from a file.
 _SECRET_FILES = {"password": "--password-file", "keeper_auth": "--keeper-auth-file"}
 
 
-def _typed(opt: Option) -> Callable[[str], Any]:
+def option_type(opt: Option) -> Callable[[str], Any]:
     """An argparse ``type`` that parses with the registry (its errors become usage errors)."""
 
     def parse(raw: str) -> Any:
         try:
-            return opt.parse(raw)
+            value = opt.parse(raw)
         except TxSinkError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
+        if opt.name in WHOLE_SECONDS and value < 1:
+            raise argparse.ArgumentTypeError(
+                f"option {opt.name!r} must be >= 1, got {value:g} (the ClickHouse client "
+                "counts whole seconds; below 1 it would wait 0)"
+            )
+        return value
 
     parse.__name__ = opt.kind.value  # argparse names the type in its messages
     return parse
+
+
+def choice(*values: str) -> Callable[[str], str]:
+    """An argparse ``type`` for a flag that is not an option: one of ``values`` in any
+    case, else a usage error naming the likely one (argparse's own ``choices`` has no
+    did-you-mean before Python 3.14)."""
+
+    def parse(raw: str) -> str:
+        low = raw.lower()
+        if low in values:
+            return low
+        match = closest(low, values)
+        hint = f" (did you mean {match}?)" if match else ""
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(values)}, got {raw!r}{hint}")
+
+    parse.__name__ = "choice"
+    return parse
+
+
+def choices_metavar(values: tuple[str, ...]) -> str:
+    return "{" + ",".join(values) + "}"
 
 
 def flag_default(name: str) -> str | None:
@@ -132,7 +162,9 @@ def add_common(parser: argparse.ArgumentParser, *, job: bool = True) -> None:
             )
         else:
             if opt.kind in (Kind.INT, Kind.SECONDS, Kind.CHOICE):
-                kwargs["type"] = _typed(opt)  # a wrong value is a usage error at once
+                kwargs["type"] = option_type(opt)  # a wrong value is a usage error at once
+            if opt.kind is Kind.CHOICE:
+                kwargs["metavar"] = choices_metavar(opt.choices)
             if name == "ca_cert":
                 kwargs["metavar"] = "PATH"
             parser.add_argument(opt.flag, **kwargs)

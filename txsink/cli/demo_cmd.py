@@ -8,8 +8,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from txsink.cli.common import choice, choices_metavar
 from txsink.cli.output import Exit, Output, kv_table, table
 from txsink.errors import ConfigError
+from txsink.options import MODES
 
 
 def register(subs: Any) -> None:
@@ -39,7 +41,7 @@ def register(subs: Any) -> None:
     )
     p.add_argument("--rows-per-file", type=int, default=20_000)
     p.add_argument("--kills", type=int, default=2, help="extra runs ended by kill -9 of the driver")
-    p.add_argument("--mode", default="auto", choices=("auto", "attach", "dedup"))
+    p.add_argument("--mode", default="auto", type=choice(*MODES), metavar=choices_metavar(MODES))
     p.add_argument("--seed", type=int, default=42)
     p.add_argument(
         "--skip-two-tables",

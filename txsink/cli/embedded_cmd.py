@@ -4,7 +4,7 @@
 answer; ``--shards N`` starts N independent ClickHouse endpoints (a cluster of shards) and
 one ZooKeeper. ``--json`` prints ``{"url": <first shard>, "shards": [...], "keeper": ...}``
 plus pids and dir. ``down`` stops exactly what ``up`` started, every shard included.
-``status`` exits 0 only when every service runs and answers.
+``status`` exits 0 only when every service runs and answers, else 5 (unreachable).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def register(subparsers: Any) -> None:
     for name, func, text in (
         ("up", _up, "start the stack and wait until both services answer"),
         ("down", _down, "stop the processes `up` started"),
-        ("status", _status, "show pids and health; exit 1 when not up"),
+        ("status", _status, "show pids and health; exit 5 when not up"),
     ):
         sub = actions.add_parser(name, help=text)
         sub.add_argument(

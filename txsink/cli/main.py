@@ -2,9 +2,10 @@
 
 Each command module exposes ``register(subparsers)`` which adds its parser and sets
 ``func(args, out) -> int``. An error derived from :class:`txsink.errors.TxSinkError` ends
-the command with the exit status of its kind (:class:`txsink.cli.output.Exit`: usage 2,
-refused 3, needs an operator 4, unreachable 5; Ctrl-C 130) and its message on stderr, or the
-common JSON envelope with ``error`` set under ``--json`` (docs/cli.md).
+the command with the exit status of its kind (:class:`txsink.cli.output.Exit`; an HTTP
+server at ``--url`` that is not ClickHouse counts as unreachable, :func:`reported`) and its
+message on stderr, or the common JSON envelope with ``error`` set under ``--json``
+(docs/cli.md).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import signal
 import sys
 import threading
 
-from txsink.cli.output import Exit, Output
+from txsink.cli.output import Exit, Output, reported
 from txsink.credentials import scrub
 from txsink.errors import TxSinkError
 
@@ -88,6 +89,7 @@ def _run(argv: list[str] | None) -> int:
     try:
         return int(args.func(args, out) or 0)
     except TxSinkError as exc:
+        exc = reported(exc)
         return out.failure(exc, scrub(str(exc), getattr(args, "secrets", ())))
 
 

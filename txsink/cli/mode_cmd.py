@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from txsink.cli.common import jobs_of, open_stores
+from txsink.cli.common import choice, choices_metavar, jobs_of, open_stores
 from txsink.cli.ops_cmd import _common
 from txsink.cli.output import Exit, Output
 from txsink.errors import ConfigError
@@ -23,7 +23,13 @@ def register(subparsers: Any) -> None:
         "(fencing any writer still running in the old mode). Restart the query afterwards.",
     )
     _common(p)
-    p.add_argument("--set", dest="new_mode", choices=MODES, help="the mode to pin")
+    p.add_argument(
+        "--set",
+        dest="new_mode",
+        type=choice(*MODES),
+        metavar=choices_metavar(MODES),
+        help="the mode to pin",
+    )
     p.add_argument(
         "--stale-after",
         type=float,

@@ -21,7 +21,7 @@ import math
 import time
 from typing import Any
 
-from txsink.cli.common import add_common, jobs_of, open_stores, store_name
+from txsink.cli.common import add_common, jobs_of, open_stores, option_type, store_name
 from txsink.cli.output import Exit, Output, age, finding, kv_table, short_age, table, when
 from txsink.cli.recover_cmd import run_recover
 from txsink.cli.tune_cmd import run_tune
@@ -31,6 +31,7 @@ from txsink.ops import anomalies as an
 from txsink.ops import status as st
 from txsink.ops import tune_model as tm
 from txsink.ops.liveness import explain
+from txsink.options import OPTIONS
 
 
 def register(subparsers: Any) -> None:
@@ -142,7 +143,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--table", required=True, help="the target table, db.table")
     p.add_argument(
         "--shards",
-        default=None,
+        default=(),
+        type=option_type(OPTIONS["shards"]),
         help="comma-separated shard URLs (a sharded job's local table on each; default: "
         "the shards of --job, if it is sharded): measured shard by shard, then combined",
     )

@@ -27,7 +27,7 @@ import enum
 import json
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, TextIO
+from typing import Any, NamedTuple, TextIO
 
 from txsink.errors import (
     ConfigError,
@@ -39,15 +39,85 @@ from txsink.errors import (
 
 
 class Exit(enum.IntEnum):
-    """The exit statuses every command follows (docs/cli.md#exit-statuses)."""
+    """The exit statuses every command follows; what each means is :data:`EXIT_DOC`."""
 
-    OK = 0  # done; nothing needs attention
-    FINDINGS = 1  # done, and found something that needs attention (or nothing to look at)
-    USAGE = 2  # bad flags or options, a missing job or table: nothing was done
-    REFUSED = 3  # refused to act (a live writer, no confirmation, fenced): nothing was done
-    OPERATOR = 4  # acted, or could not, and a state remains that needs an operator
-    UNREACHABLE = 5  # Keeper or ClickHouse could not be reached in time
-    INTERRUPTED = 130  # ended by Ctrl-C (SIGINT) before it was done, as shells report it
+    OK = 0
+    FINDINGS = 1
+    USAGE = 2
+    REFUSED = 3
+    OPERATOR = 4
+    UNREACHABLE = 5
+    INTERRUPTED = 130
+
+
+class ExitDoc(NamedTuple):
+    name: str
+    meaning: str
+    examples: str
+
+
+#: each status's name, meaning and examples: docs/cli.md's exit table is rendered from
+#: these (``python -m txsink.options_doc docs/cli.md``; a unit test fails when stale).
+EXIT_DOC = {
+    Exit.OK: ExitDoc(
+        "ok",
+        "done; nothing needs attention",
+        "`verify: CLEAN`; a recovery that left the job clean",
+    ),
+    Exit.FINDINGS: ExitDoc(
+        "findings",
+        "done, and something needs attention, or there was nothing to look at",
+        "a `warn` in `status`; an anomaly in `verify`; a failed `check`; no jobs under the root",
+    ),
+    Exit.USAGE: ExitDoc(
+        "usage",
+        "a bad flag or option, a missing job or table, a TLS certificate the flags do not "
+        "trust: nothing was done",
+        "`--job nope`; `--state clickhuose` (refused before connecting, with its likely "
+        "meaning); `--watch` with `--json`; an unknown flag",
+    ),
+    Exit.REFUSED: ExitDoc(
+        "refused",
+        "refused to act: nothing was done",
+        "a live writer holds the job (no `--force`); no confirmation; a fenced run",
+    ),
+    Exit.OPERATOR: ExitDoc(
+        "needs an operator",
+        "a state remains that txsink must not repair alone",
+        "lost staging (an alarm); a dedup batch stopped half-way; any other txsink error",
+    ),
+    Exit.UNREACHABLE: ExitDoc(
+        "unreachable",
+        "Keeper or ClickHouse did not answer in time, or what answered is not ClickHouse",
+        "a wrong `--keeper` or `--url` (a web server's 404 included); the embedded stack is not up",
+    ),
+    Exit.INTERRUPTED: ExitDoc(
+        "interrupted",
+        "Ctrl-C (SIGINT) ended the command at once, whatever it waited on; what it had "
+        "done stays done, as after a crash (`txsink status` shows it)",
+        "Ctrl-C during a Keeper retry; `status --watch` ends with 0, its normal end",
+    ),
+}
+
+
+def reported(exc: TxSinkError) -> TxSinkError:
+    """``exc`` as a command reports it: an HTTP answer without a ClickHouse error code
+    (a web server's 404 at ``--url``) becomes :class:`UnavailableError`, since nothing
+    there is ClickHouse. The error map leaves it a plain :class:`TxSinkError`, which a
+    writer treats as permanent; for a command it is a wrong address, like a closed port."""
+    cause = exc.__cause__
+    if (
+        type(exc) is TxSinkError
+        and exc.code is None
+        and cause is not None
+        and type(cause).__module__.startswith("clickhouse_connect")
+        and "HTTP status" in str(cause)
+    ):
+        return UnavailableError(
+            f"{exc}; that server does not answer as ClickHouse: check --url (ClickHouse's "
+            "HTTP port, 8123 by default; the embedded stack's is 18123)"
+        )
+    return exc
 
 
 def exit_of(exc: TxSinkError) -> Exit:

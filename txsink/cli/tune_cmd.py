@@ -15,14 +15,15 @@ from txsink.clickhouse.warehouse import ClickHouseWarehouse
 from txsink.errors import ConfigError
 from txsink.ops import tune as tn
 from txsink.ops import tune_model as tm
-from txsink.options import OPTIONS
 
 
 def run_tune(args: argparse.Namespace, out: Output) -> int:
     if args.sample_seconds and not args.job:
         raise ConfigError("--sample-seconds measures a job's rate from its ledger: add --job J")
     with open_stores(args) as stores:
-        shards = list(OPTIONS["shards"].parse(args.shards or ""))  # validated like the option
+        if args.job:
+            jobs_of(stores, args)  # a missing job is a usage error before anything is measured
+        shards = list(args.shards)
         if not shards and args.job:
             meta = stores.registry.job_meta(args.job)
             shards = list(meta.shards) if meta else []
@@ -55,7 +56,6 @@ def run_tune(args: argparse.Namespace, out: Output) -> int:
                 result = measure(stores.warehouse(), step)
         rate, source = args.rows_per_second, "--rows-per-second"
         if rate is None and args.job:
-            jobs_of(stores, args)
             rate, source = tn.observed_rate(
                 stores.registry, args.job, sample_seconds=args.sample_seconds
             )
