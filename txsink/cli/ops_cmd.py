@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import threading
 import time
 from typing import Any
 
@@ -199,6 +200,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 WATCH_MIN_S = 0.5  # --watch: no faster, so a typo cannot hammer Keeper and ClickHouse
+WATCH_CLOSE_S = 2.0  # after Ctrl-C, how long the watch waits for its sessions to close
 
 
 def run_status(args: argparse.Namespace, out: Output) -> int:
@@ -210,18 +212,27 @@ def run_status(args: argparse.Namespace, out: Output) -> int:
             f"{args.watch:g}{' with --json' if out.json_mode else ''}); for machines, poll "
             "`txsink status --json` instead"
         )
-    with open_stores(args) as stores:
-        if args.watch is None:
+    if args.watch is None:
+        with open_stores(args) as stores:
             return _status_once(args, out, stores)
-        try:
-            while True:
-                if out.stream.isatty():
-                    out.stream.write("\x1b[H\x1b[2J")  # home, clear: redraw in place
-                out.stream.write(f"txsink status, every {args.watch:g}s; Ctrl-C ends\n")
-                _status_once(args, out, stores)
-                time.sleep(args.watch)
-        except KeyboardInterrupt:
-            return Exit.OK
+    stores = open_stores(args)
+    try:
+        while True:
+            if out.stream.isatty():
+                out.stream.write("\x1b[H\x1b[2J")  # home, clear: redraw in place
+            out.stream.write(f"txsink status, every {args.watch:g}s; Ctrl-C ends\n")
+            _status_once(args, out, stores)
+            time.sleep(args.watch)
+    except KeyboardInterrupt:
+        # Ctrl-C may land while kazoo reconnects; its stop() then waits for the session
+        # timeout: close on the side, bounded, so that Ctrl-C ends the watch at once
+        closing = threading.Thread(target=stores.close, daemon=True)
+        closing.start()
+        closing.join(WATCH_CLOSE_S)
+        return Exit.OK
+    except BaseException:
+        stores.close()
+        raise
 
 
 def _status_once(args: argparse.Namespace, out: Output, stores: Any) -> int:
