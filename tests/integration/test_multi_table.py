@@ -169,8 +169,8 @@ def test_two_table_stream_crashed_at_every_driver_point_is_exact_in_both_tables(
     """With its state in ClickHouse (``state=clickhouse``, KeeperMap) and a Keeper address
     nothing listens on: neither driver nor executor needs Keeper, and the CLI reads and
     changes the job through the same store."""
-    job = new_job(tmp_path, ch, fresh_db, stack.url, NO_KEEPER, files=8, rows_per_file=500,
-                  options=STATE_IN_CLICKHOUSE)  # fmt: skip
+    job = new_job(tmp_path, ch, fresh_db, stack.url, NO_KEEPER, files=len(points) + 3,
+                  rows_per_file=500, options=STATE_IN_CLICKHOUSE)  # fmt: skip
     daily = daily_table(job.table)
     ch.command(daily_ddl(daily))
     for point in points:

@@ -154,23 +154,25 @@ def run_with_kills(
     return len(killed)
 
 
-def test_executor_jvms_killed_mid_write_and_while_the_driver_commits_then_the_driver_exact(
-    stack: Any, ch: Any, fresh_db: str, tmp_path: Path
+@pytest.mark.parametrize(
+    "driver_too",  # the driver's kill -9 in local mode: test_spark_crashes
+    [False, pytest.param(True, id="then-the-driver", marks=pytest.mark.slow)],
+)
+def test_executor_jvms_killed_mid_write_and_while_the_driver_commits_exact(
+    stack: Any, ch: Any, fresh_db: str, tmp_path: Path, driver_too: bool
 ) -> None:
     job = new_job(tmp_path, ch, fresh_db, stack.url, stack.keeper, files=8, rows_per_file=1500)
     registry = open_registry(job.config())
     try:
-        progress = kill_after_progress(registry, job.name, random.Random(11))
-        killed = run_with_kills(
-            job,
-            "attach",
-            [lambda: staging_in_use(ch, job), lambda: prepared(job), ("driver", progress)],
-        )
+        moments: list[Any] = [lambda: staging_in_use(ch, job), lambda: prepared(job)]
+        if driver_too:
+            moments.append(("driver", kill_after_progress(registry, job.name, random.Random(11))))
+        killed = run_with_kills(job, "attach", moments)
     finally:
         registry.close()
     assert killed == 2, job.log_tail()
-    # the restart on a new cluster finishes the stream (the driver's crash recovered)
-    assert job.run("--master", MASTER) == 0, job.log_tail()
+    if driver_too:  # the restart on a new cluster finishes the stream (the crash recovered)
+        assert job.run("--master", MASTER) == 0, job.log_tail()
     assert_exact(ch, job)
     assert staging_left(ch, job) == []  # the killed attempts' staging was dropped
 
