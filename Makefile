@@ -39,8 +39,8 @@ lint: setup ## ruff check + ruff format --check
 typecheck: setup ## mypy (strict for txsink.protocol and txsink.ports)
 	$(VENV)/bin/mypy txsink
 
-docs: setup ## Regenerate the generated tables of docs/options.md (options registry) and docs/types.md (type contract)
-	$(PY) -m txsink.options_doc docs/options.md docs/types.md
+docs: setup ## Regenerate the generated tables of docs/options.md (options registry), docs/types.md (type contract), docs/cli.md (exit statuses)
+	$(PY) -m txsink.options_doc docs/options.md docs/types.md docs/cli.md
 
 test-unit: setup ## Unit tests only (no services)
 	$(PY) -m pytest tests/unit -q
