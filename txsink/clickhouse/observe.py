@@ -158,7 +158,7 @@ class Observer:
 
     @staticmethod
     def _sums(
-        parts: dict[str, dict[str, list[tuple[int, str, int]]] | None], limit: int | None
+        parts: PartsOf, limit: int | None
     ) -> tuple[dict[str, dict[str, tuple[int, tuple[str, ...]]] | None], dict[str, int]]:
         read: dict[str, dict[str, tuple[int, tuple[str, ...]]] | None] = {}
         sizes: dict[str, int] = {}
@@ -182,9 +182,7 @@ class Observer:
                     out.setdefault(pid, {})[short] = n
         return out
 
-    def _staged_parts_of(
-        self, tables: Iterable[str]
-    ) -> dict[str, dict[str, list[tuple[int, str, int]]] | None]:
+    def _staged_parts_of(self, tables: Iterable[str]) -> PartsOf:
         """(rows, UUID, bytes on disk) of every active part per partition of each staging
         table, in one statement; None for a table that is missing."""
         return self._looked(tables, None, None)[0]
@@ -210,6 +208,7 @@ class Observer:
 
         branches: list[str] = []
         parameters: dict[str, Any] = {"db": self.staging_db}
+        viewed = ("", "")  # views_of as (database, table)
         if names:
             parameters.update({"p": prefix} if prefix else {"names": names})
             branches += [  # 0: the table exists; 1: one of its active parts
@@ -220,7 +219,7 @@ class Observer:
                 f"AND {among('table')}",
             ]
         if views_of is not None:
-            parameters["vdb"], parameters["vt"] = split_table(views_of)
+            parameters["vdb"], parameters["vt"] = viewed = split_table(views_of)
             branches += [  # 2: a view the server lists as dependent; 3: every view's SELECT
                 "SELECT 2, d, t, toUInt64(0), '', toUInt64(0) FROM system.tables "
                 "ARRAY JOIN dependencies_database AS d, dependencies_table AS t "
@@ -256,11 +255,8 @@ class Observer:
             elif kind == 1:
                 by_pid = found.setdefault(str(name), {})
                 by_pid.setdefault(str(pid), []).append((int(n), str(text), int(size)))
-            elif kind == 2:
+            elif kind == 2 or (kind == 3 and reads_from(str(text), str(name), *viewed)):
                 views.add(f"{name}.{pid}")
-            elif kind == 3 and views_of is not None:
-                if reads_from(str(text), str(name), *split_table(views_of)):
-                    views.add(f"{name}.{pid}")
             elif kind == 4:
                 listed.add(str(name))
         staged = {name: found.get(name) for name in names}
