@@ -135,6 +135,15 @@ def kinds(phases: dict[str, list[tuple[str, str, float]]]) -> dict[str, int]:
     return dict(Counter(f"{phase}/{s}/{k}" for phase, trips in phases.items() for s, k, _ in trips))
 
 
+def kind_ms(phases: dict[str, list[tuple[str, str, float]]]) -> dict[str, float]:
+    """Per ``phase/store/kind``: milliseconds spent (the JSON's detail; machine-bound)."""
+    spent: Counter[str] = Counter()
+    for phase, trips in phases.items():
+        for store, kind, seconds in trips:
+            spent[f"{phase}/{store}/{kind}"] += seconds * 1000
+    return {k: round(v, 1) for k, v in spent.items()}
+
+
 COLUMNS = (
     "task_statements",
     "task_inserts",
@@ -168,7 +177,10 @@ def shape(
             counts["parts_added"] = active_parts(bench, table) - before
             # merged parts (level > 0) make parts_added a net figure: none expected
             counts["merged_parts"] = active_parts(bench, table, "level > 0")
-            per_batch.append({**counts, "seconds": round(seconds, 3), "kinds": kinds(phases)})
+            per_batch.append(
+                {**counts, "seconds": round(seconds, 3), "kinds": kinds(phases),
+                 "ms": kind_ms(phases)}
+            )  # fmt: skip
     expected = tasks * values * ROWS * (batches + 1)
     written = scalar(bench, f"SELECT count() FROM {table}")
     if written != expected:

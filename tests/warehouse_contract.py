@@ -166,6 +166,19 @@ class WarehouseContract:
         harness.wh.drop_staging(b)
         assert harness.wh.list_staging(_prefix(a)) == []
 
+    def test_a_drop_that_does_not_wait_frees_the_names_at_once(self, harness: Harness) -> None:
+        """``wait=False`` (the batch publish's DROP after COMMITTED): the tables are gone
+        from every listing and view when the call returns, and the name can be staged
+        again at once (the server deletes the data later)."""
+        target = harness.target("t")
+        a = staged(harness, target, 1, rows(range(2), JAN))
+        harness.wh.drop_stagings([a], wait=False)
+        harness.wh.drop_stagings([a], wait=False)
+        assert harness.wh.staging_view([a]) == {a: None}
+        assert harness.wh.list_staging(_prefix(a)) == []
+        harness.wh.create_staging(target, a)
+        assert harness.wh.staging_view([a]) == {a: {}}
+
     def test_staging_of_a_missing_target_is_refused(self, harness: Harness) -> None:
         db = harness.target("t").split(".", 1)[0]
         with pytest.raises(ConfigError):

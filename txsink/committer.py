@@ -317,7 +317,8 @@ def _commit_writes(
             strays += [t for t in look.listed if t not in incoming]
             listing = None
             engine = plan.target_info.engine if plan.target_info is not None else ""
-            if compaction(engine, look.sizes, plan.config.compact_bytes):
+            parts_in = parts_per_partition(found)
+            if compaction(engine, look.sizes, plan.config.compact_bytes, parts_in):
                 compact.add(plan.config.table)
         # one xid is published one way: batch only if every table's validation chose it
         batch_visible = mode is Mode.ATTACH and all(
@@ -338,6 +339,16 @@ def _commit_writes(
     sweep_strays(handle, (xid, previous) if previous else (xid,), strays)
     record_commit(config, result)
     return dict(result.__dict__)
+
+
+def parts_per_partition(parts: Iterable[StagedPart]) -> dict[str, int]:
+    """How many parts each partition id has over every task's staging (what decides
+    whether compaction would change anything): one evidence id per part; an entry without
+    any (a part without a UUID) counts as several, so that it is merged."""
+    count: dict[str, int] = {}
+    for p in parts:
+        count[p.partition_id] = count.get(p.partition_id, 0) + (len(p.uuids) or 2)
+    return count
 
 
 def rolled_forward_at_takeover(handle: JobHandle) -> dict[str, int]:

@@ -173,7 +173,7 @@ class StepRunner:
         elif isinstance(step, steps.MovePartitions):
             wh.move_partitions(step.staging, step.partition_ids, step.target)
         elif isinstance(step, steps.DropTables):
-            wh.drop_stagings(step.tables)
+            wh.drop_stagings(step.tables, wait=step.wait)
         elif isinstance(step, ops.Consolidate):
             wh.consolidate(step.staging, step.partition_id, step.batch_staging)
         elif isinstance(step, ops.CopyIntoBatch):

@@ -112,3 +112,18 @@ def test_a_late_losing_attempt_of_the_previous_batch_is_dropped_by_the_next_comm
     )
     assert wh.target_ids(TABLE) == [1, 2]
     assert late not in wh.staging and other in wh.staging
+
+
+def test_parts_per_partition_counts_every_tasks_parts_and_an_unknown_as_several() -> None:
+    """What spares the OPTIMIZE of a batch whose partitions have one part each (a task per
+    partition value): parts counted over every task's staging; an entry without evidence
+    ids is counted as several, so that it is merged rather than guessed single."""
+    from txsink.protocol.states import StagedPart
+
+    found = [
+        StagedPart("s0", "202401", 3, uuids=("a",)),
+        StagedPart("s1", "202401", 2, uuids=("b", "c")),
+        StagedPart("s1", "202402", 5, uuids=("d",)),
+        StagedPart("s2", "202403", 1),
+    ]
+    assert committer.parts_per_partition(found) == {"202401": 3, "202402": 1, "202403": 2}

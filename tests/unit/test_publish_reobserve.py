@@ -143,7 +143,7 @@ def test_a_writer_that_lost_the_job_while_re_observing_moves_nothing_more() -> N
 class DropRefused(MemoryWarehouse):
     """Every DROP of staging fails for good (e.g. a statement over max_query_size)."""
 
-    def drop_stagings(self, tables: Sequence[str]) -> None:
+    def drop_stagings(self, tables: Sequence[str], *, wait: bool = True) -> None:
         raise TxSinkError("code 62: Max query size exceeded")
 
     def drop_staging(self, table: str) -> None:
@@ -174,7 +174,7 @@ def test_a_committed_xid_whose_server_stays_down_for_the_cleanup_is_not_reported
     quiet again: the give-up path (re-observe deadline) also reads the record first."""
 
     class DownAfterCommit(MemoryWarehouse):
-        def drop_stagings(self, tables: Sequence[str]) -> None:
+        def drop_stagings(self, tables: Sequence[str], *, wait: bool = True) -> None:
             raise UnavailableError("connection refused")
 
         def settle(self, names: Sequence[str]) -> bool:

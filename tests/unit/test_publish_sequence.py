@@ -291,6 +291,22 @@ def test_a_fresh_batch_publish_sends_the_same_statements_whatever_the_tasks() ->
     assert all(len(parts) == 1 for parts in compacted.tables[TARGET].values())
 
 
+def test_only_the_drop_after_a_committed_batch_publish_leaves_out_sync() -> None:
+    """The fresh batch publish's one DROP, after COMMITTED, does not wait for the data to
+    go (its tables are never read or named again); every drop a finisher makes before
+    its record says COMMITTED (twins, a batch staging built again) and every drop of the
+    partition path (replicated staging, whose Keeper path must go with it) waits."""
+    drops = [s for s in full_run("batch") if isinstance(s, steps.DropTables)]
+    assert [d.wait for d in drops] == [False]
+    assert all(s.wait for s in full_run("partition") if isinstance(s, steps.DropTables))
+    world = World.fresh("batch")  # a finisher that created its batch staging, then died
+    seen = full_run("batch")
+    made = next(i for i, s in enumerate(seen) if isinstance(s, ops.CreateBatchStaging))
+    drive(attempt(world, resumed=False), Executor(world), stop_at=made, how="after")
+    _, resumed = drive(attempt(world, resumed=True), Executor(world))
+    assert all(s.wait for s in resumed if isinstance(s, steps.DropTables))
+
+
 def test_an_alarm_stops_the_sequence_before_anything_of_its_plan_runs() -> None:
     world = World.fresh("partition")
     world.tables[S1]["0"]["u9"] = 7  # rows the manifest does not account for

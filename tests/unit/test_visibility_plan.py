@@ -82,6 +82,8 @@ def test_an_exact_copy_is_claimed_then_attached_and_a_wrong_one_built_again() ->
 
 def test_only_a_plain_merge_tree_batch_below_the_limit_is_compacted() -> None:
     assert v.compaction("MergeTree", {"0": 10, "1": 100}, 100)
+    assert v.compaction("MergeTree", {"0": 10, "1": 100}, 100, {"0": 1, "1": 2})
+    assert not v.compaction("MergeTree", {"0": 10, "1": 100}, 100, {"0": 1, "1": 1})
     assert not v.compaction("MergeTree", {"0": 10, "1": 101}, 100)
     assert not v.compaction("MergeTree", {"0": 10}, 0)
     assert not v.compaction("ReplacingMergeTree", {"0": 10}, 100)

@@ -294,9 +294,9 @@ class ShardedWarehouse:
     def drop_staging(self, table: str) -> None:
         self._on(table).drop_staging(table)
 
-    def drop_stagings(self, tables: Sequence[str]) -> None:
+    def drop_stagings(self, tables: Sequence[str], *, wait: bool = True) -> None:
         for k, names in self._grouped(tables).items():
-            self.shards[k].drop_stagings(names)
+            self.shards[k].drop_stagings(names, wait=wait)
 
     def create_staging(self, target: str, table: str, expected: TargetInfo | None = None) -> None:
         self._on(table).create_staging(target, table, expected)

@@ -192,10 +192,12 @@ class Stager(Observer):
     def drop_staging(self, table: str) -> None:
         self.drop_stagings([table])
 
-    def drop_stagings(self, tables: Sequence[str]) -> None:
+    def drop_stagings(self, tables: Sequence[str], *, wait: bool = True) -> None:
         """Drop staging tables: ``DROP TABLE IF EXISTS a, b, ... SYNC``, one statement per
         ``MAX_DROP_BYTES`` of names (a batch of 200 tasks' tables and its batch staging
-        is one)."""
+        is one). ``wait=False`` leaves out ``SYNC``: the names are free at once, an
+        Atomic database deletes the data later (``database_atomic_delay_before_drop_
+        table_sec``), and a replicated table's Keeper path goes only then."""
         names = [self._staging(t, "drop") for t in tables]
         at = 0
         while at < len(names):
@@ -204,7 +206,7 @@ class Stager(Observer):
                 size += len(names[end]) + 2
                 end += 1
             self.client.command(
-                f"DROP TABLE IF EXISTS {', '.join(names[at:end])} SYNC",
+                f"DROP TABLE IF EXISTS {', '.join(names[at:end])}" + (" SYNC" if wait else ""),
                 table=f"{self.staging_db}.{tables[at]}",
             )
             at = end

@@ -349,7 +349,7 @@ class MemoryWarehouse:
     def drop_staging(self, table: str) -> None:
         self.drop_stagings([table])
 
-    def drop_stagings(self, tables: Sequence[str]) -> None:
+    def drop_stagings(self, tables: Sequence[str], *, wait: bool = True) -> None:
         def act() -> None:
             for t in tables:
                 self._check_name(t, "drop")

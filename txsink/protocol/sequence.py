@@ -292,7 +292,7 @@ def fresh_batch(record: XidRecord, prefix: str, compact: frozenset[str] = frozen
     yield FaultPoint("driver.after_commit")
     record = yield Write(record, RecordCommitted(record.xid))
     yield FaultPoint("driver.after_record")
-    yield DropTables((*record.staging_tables, *claimed))
+    yield DropTables((*record.staging_tables, *claimed), wait=False)
     return record
 
 

@@ -170,9 +170,14 @@ class MovePartitions:
 
 @dataclass(frozen=True)
 class DropTables:
-    """Consecutive :class:`~txsink.protocol.ops.DropStaging` steps: one ``DROP TABLE``."""
+    """Consecutive :class:`~txsink.protocol.ops.DropStaging` steps: one ``DROP TABLE``.
+    ``wait``: the statement returns once the data is gone (``SYNC``); without it the
+    server frees the names at once and the disk later (a batch's staging after its
+    COMMITTED record: non-replicated tables, names never used again, nothing left to read
+    from them)."""
 
     tables: tuple[str, ...]
+    wait: bool = True
 
 
 @dataclass(frozen=True)

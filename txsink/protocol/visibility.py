@@ -122,14 +122,19 @@ def is_batch(record: XidRecord) -> bool:
     return record.mode is Mode.ATTACH and record.batch_visible
 
 
-def compaction(engine: str, sizes: Mapping[str, int], limit: int) -> bool:
+def compaction(
+    engine: str, sizes: Mapping[str, int], limit: int, parts: Mapping[str, int] | None = None
+) -> bool:
     """Whether a batch staging is merged into one part per partition (``OPTIMIZE ...
     FINAL``) before its ATTACH: only on a plain ``MergeTree`` target, whose merges keep
     every row as it is (the Replacing, Summing, Aggregating, Collapsing families' merges
     change rows: they keep their parts, and the target merges them as it always does),
-    and only while every partition of the batch stages at most ``limit`` bytes (``sizes``:
+    only while every partition of the batch stages at most ``limit`` bytes (``sizes``:
     bytes on disk per partition id; ``limit`` 0: never), so that the merge stays a small
-    part of the commit."""
+    part of the commit, and only when some partition has more than one part (``parts``:
+    parts per partition id over every task's staging; None: not known)."""
+    if parts is not None and max(parts.values(), default=0) <= 1:
+        return False  # one part per partition already: the merge would change nothing
     return may_compact(engine, limit) and bool(sizes) and max(sizes.values()) <= limit
 
 
