@@ -51,9 +51,9 @@ test-integration: setup ## Integration tests on the embedded stack (real ClickHo
 test-realserver: setup ## Tests against a real ClickHouse (TXSINK_REAL_URL/KEEPER: docker compose up -d) and a real 2x2 cluster (TXSINK_CLUSTER_*: docker-compose.cluster.yml)
 	$(PY) -m pytest tests/realserver -q -rs
 
-test: setup ## Everything CI runs: lint, typecheck, unit and integration tests (not the `slow` ones)
+test: setup ## Everything CI runs: lint, typecheck, unit and integration tests (not the `slow` ones; the Spark ones beside the others: scripts/pytest_pair.py)
 	$(MAKE) --no-print-directory lint typecheck
-	$(PY) -m pytest tests -q -m "not slow" --durations=40
+	$(PY) scripts/pytest_pair.py --durations=25
 
 test-slow: setup ## Not in `test`: every-point crash matrices, long fault runs, repeated scenarios (tests marked `slow`; the finisher race 30 times)
 	$(PY) -m pytest tests -q -m slow

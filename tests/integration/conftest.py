@@ -42,9 +42,21 @@ HERE = Path(__file__).parent
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test here is ``integration``; one that starts Spark (the ``spark`` session,
+    job processes of :mod:`tests.integration.sparkjob`, the nemesis' jobs) is ``spark``
+    too: ``make test`` runs those beside the others (scripts/pytest_pair.py)."""
     for item in items:
-        if Path(str(item.fspath)).is_relative_to(HERE):
-            item.add_marker(pytest.mark.integration)
+        path = Path(str(item.fspath))
+        if not path.is_relative_to(HERE):
+            continue
+        item.add_marker(pytest.mark.integration)
+        module = getattr(item, "module", None)
+        if (
+            "spark" in getattr(item, "fixturenames", ())
+            or path.is_relative_to(HERE / "nemesis")
+            or getattr(module, "new_job", None) is not None
+        ):
+            item.add_marker(pytest.mark.spark)
 
 
 def free_port() -> int:

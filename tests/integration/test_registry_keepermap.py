@@ -25,6 +25,7 @@ from kazoo.exceptions import (
 from tests.registry_contract import JOB, RegistryContract, TombstoneContract, prepared
 from txsink.embedded.stack import StackInfo
 from txsink.errors import FencedError, RetryableConflict, TxSinkError, UnavailableError
+from txsink.keeper import keepermap
 from txsink.keeper.keepermap import KeeperMapNodes, Op, keepermap_registry
 from txsink.ports.registry import Registry
 from txsink.protocol.states import XidState
@@ -241,10 +242,12 @@ def test_transactions_that_only_check_a_row_another_rewrites_are_not_refused(
 
 
 def test_an_interrupted_absence_proof_leaves_nothing_that_blocks_the_node(
-    stack: StackInfo, root: str
+    stack: StackInfo, root: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # the chunk sweep proves an xid has no record by creating and deleting its node in one
     # transaction; stopped between the two, it must not leave a node that blocks a prepare
+    # (the next create waits out the dead creator's row: 1 s here, not 15)
+    monkeypatch.setattr(keepermap, "PENDING_STALE_S", 1.0)
     client = Faulty(connect(stack))
     nodes = KeeperMapNodes(client, DATABASE)
     try:

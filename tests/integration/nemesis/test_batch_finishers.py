@@ -27,7 +27,7 @@ from txsink.errors import RecoveryAlarm, TxSinkError
 from txsink.protocol.sequence import attach_tag
 from txsink.protocol.states import Visibility, XidRecord, XidState
 
-TRIALS = int(os.environ.get("TXSINK_RACE_TRIALS", "10"))  # make test-slow: 30
+TRIALS = int(os.environ.get("TXSINK_RACE_TRIALS", "5"))  # make test-slow: 30
 ROWS = 200
 
 
