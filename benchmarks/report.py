@@ -237,8 +237,9 @@ COMMIT_WHY = {
     "create batch staging": "the table the batch is gathered in, under this finisher's own "
     "name, so that one ATTACH publishes all of it",
     "copy": "hard links of every task's staging into the batch staging, one ALTER for any "
-    "number of tasks",
-    "compact batch staging": "OPTIMIZE FINAL: one part per partition value",
+    "number of tasks (where the batch is not gathered)",
+    "gather task staging into": "every task's rows inserted into the batch staging, one "
+    "part per partition value (a plain MergeTree target below compact_bytes; else the copy)",
     "ATTACH PARTITION ALL FROM": "the publish: the whole batch visible at once",
     "DROP TABLE IF EXISTS": "the batch's staging, every table in one statement",
     "MOVE PARTITION ID": "visibility=partition: one per staging table",

@@ -283,13 +283,14 @@ class WarehouseContract:
             assert harness.wh.attach_logged(target, "txsink contract b1", since)
             assert not harness.wh.attach_logged(target, "txsink contract b2", since)
 
-    def test_a_copy_into_batch_staging_keeps_every_task_part_and_a_compaction_merges_them(
+    def test_a_copy_into_batch_staging_keeps_every_task_part_and_a_gather_makes_one_per_partition(
         self, harness: Harness
     ) -> None:
         """One statement copies every (task staging, partition) into the batch staging:
         task staging keeps its rows, the copies keep their UUIDs (a copy made twice shows
-        each twice); a compaction leaves one part per partition, rows unchanged; the
-        sizes read with the staged parts are per partition id."""
+        each twice); a gather of every task's rows into another batch staging leaves one
+        new part per partition, rows unchanged, task staging whole; the sizes read with
+        the staged parts are per partition id."""
         need(harness, "batch_visibility")
         target = harness.target("t")
         one = staged(harness, target, 1, rows(range(3), JAN), rows(range(3, 5), FEB))
@@ -311,23 +312,29 @@ class WarehouseContract:
         assert sorted(copied[JAN][1]) == sorted(mine)
         harness.wh.copy_into_batch(batch, [(two, JAN)])  # copies again: never repeated blindly
         assert harness.wh.staging_view([batch])[batch] == {JAN: 11, FEB: 2}
-        harness.wh.compact_batch(batch)
-        merged = harness.wh.staged_partitions(batch, every_part=True)
-        assert {p: (n, len(u)) for p, (n, u) in merged.items()} == {JAN: (11, 1), FEB: (2, 1)}
+        gathered = batch_staging_name(_prefix(one), "b2", target)
+        harness.wh.create_batch_staging(gathered, "", target)
+        columns = harness.wh.commit_look([], views_of=target).columns
+        assert columns  # the target's stored columns, in order
+        harness.wh.gather_into_batch(gathered, [one, two], columns, 9)
+        merged = harness.wh.staged_partitions(gathered, every_part=True)
+        assert {p: (n, len(u)) for p, (n, u) in merged.items()} == {JAN: (7, 1), FEB: (2, 1)}
+        assert not set(merged[JAN][1]) & set(mine)  # new parts, not copies
+        assert harness.wh.staging_view([one, two]) == {one: {JAN: 3, FEB: 2}, two: {JAN: 4}}
+        with pytest.raises(RetryableConflict):  # rows written other than the manifest's
+            harness.wh.gather_into_batch(gathered, [two], columns, 5)
 
     def test_the_attach_probe_lets_a_writer_with_the_grants_through_and_changes_nothing(
         self, harness: Harness
     ) -> None:
-        """``attach_refusal`` and ``compact_refusal`` ask the server about the ATTACH
-        ``attach_all`` and the OPTIMIZE ``compact_batch`` send (the harness's user holds
-        every grant): "" here; the target gains nothing, staging keeps what it had and
-        gains no table; a missing target is a ConfigError."""
+        """``attach_refusal`` asks the server about the ATTACH ``attach_all`` sends (the
+        harness's user holds every grant): "" here; the target gains nothing, staging
+        keeps what it had and gains no table; a missing target is a ConfigError."""
         need(harness, "batch_visibility")
         target = harness.target("t")
         task = staged(harness, target, 1, rows(range(3), JAN))
         before = harness.wh.list_staging(_prefix(task))
         assert harness.wh.attach_refusal(target) == ""
-        assert harness.wh.compact_refusal() == ""
         assert harness.wh.partition_rows(target) == {}
         assert harness.wh.list_staging(_prefix(task)) == before
         assert harness.wh.staging_view([task]) == {task: {JAN: 3}}

@@ -304,7 +304,7 @@ def _commit_writes(
             if refusal:
                 raise ConfigError(refusal)
         parts: list[StagedPart] = []
-        compact: set[str] = set()
+        gather: dict[str, tuple[str, ...]] = {}
         strays: list[str] = []
         # attach mode: the job's staging, listed by the first write's read; what no task
         # message names of this xid and of the stream's previous batch (losing attempts,
@@ -318,8 +318,8 @@ def _commit_writes(
             listing = None
             engine = plan.target_info.engine if plan.target_info is not None else ""
             parts_in = parts_per_partition(found)
-            if compaction(engine, look.sizes, plan.config.compact_bytes, parts_in):
-                compact.add(plan.config.table)
+            if look.columns and compaction(engine, look.sizes, plan.config.compact_bytes, parts_in):
+                gather[plan.config.table] = look.columns
         # one xid is published one way: batch only if every table's validation chose it
         batch_visible = mode is Mode.ATTACH and all(
             plan.config.visibility == Visibility.BATCH for plan, _ in writes
@@ -329,7 +329,7 @@ def _commit_writes(
             tables=sorted(targets) if targets else (),
             visibility=Visibility.BATCH if batch_visible else Visibility.PARTITION,
             own_batches=streaming, first_batch=config.first_batch,
-            compact=frozenset(compact), synced=True,
+            gather=gather, synced=True,
             seen=None if view is None else (view.record, view.ledger),
         )  # fmt: skip
     except FencedError:

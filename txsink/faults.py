@@ -33,7 +33,7 @@ POINTS = (
 )
 # Points only some paths reach (a job that does not use the feature never hits them):
 # between two tx.write calls of txsink.transaction; after each statement of the batch
-# staging of visibility=batch (created; every task partition copied in; compacted),
+# staging of visibility=batch (created; filled: every task partition copied or gathered),
 # around its one ATTACH PARTITION ALL (claimed but not attached; attached, staging not
 # yet dropped); after a dedup xid's seal row. POINTS + FEATURE_POINTS name every point
 # the package has (a unit test checks).
@@ -41,7 +41,6 @@ FEATURE_POINTS = (
     "driver.between_writes",
     "driver.after_batch_create",
     "driver.after_copy",
-    "driver.after_compact",
     "driver.before_attach",
     "driver.after_attach",
     "driver.after_seal",

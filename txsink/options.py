@@ -293,8 +293,8 @@ _DECLARED: tuple[Option, ...] = (
     Option(
         "compact_bytes",
         "visibility=batch on plain MergeTree: a batch whose largest partition stages at most "
-        "this many bytes is merged into one part per partition before it is published (0: "
-        "never)",
+        "this many bytes is gathered into one part per partition (one INSERT ... SELECT in "
+        "staging) before it is published (0: never; its parts are copied as they are)",
         "1073741824",
         Kind.INT,
     ),

@@ -179,8 +179,9 @@ class StepRunner:
         elif isinstance(step, ops.CopyIntoBatch):
             self._own_or_unclaimed(step.batch_staging, "copy into")
             wh.copy_into_batch(step.batch_staging, step.sources)
-        elif isinstance(step, ops.CompactBatch):
-            wh.compact_batch(step.batch_staging)
+        elif isinstance(step, ops.GatherBatch):
+            self._own_or_unclaimed(step.batch_staging, "gather into")
+            wh.gather_into_batch(step.batch_staging, step.tables, step.columns, step.rows)
         elif isinstance(step, ops.CreateBatchStaging):
             name = step.table
             if step.claimed:  # created held: no other finisher attaches from this name

@@ -65,6 +65,7 @@ from txsink.protocol.ids import (
     parse_staging,
     staging_prefix,
 )
+from txsink.protocol.ops import Gather
 from txsink.protocol.states import Epoch, Mode, StagedPart, Visibility, XidRecord, XidState
 from txsink.protocol.steps import PublishBounds
 from txsink.publisher import StepRunner
@@ -221,7 +222,7 @@ class Transactor:
         visibility: Visibility = Visibility.PARTITION,
         own_batches: bool = False,
         first_batch: int | None = None,
-        compact: frozenset[str] = frozenset(),
+        gather: Gather | None = None,
         synced: bool = False,
         seen: tuple[XidRecord | None, Ledger] | None = None,
     ) -> CommitResult:
@@ -234,9 +235,10 @@ class Transactor:
 
         Several tables in one xid: ``target`` is the job's own table and each part names
         its table in ``StagedPart.target`` (normalised to ``""`` when it is ``target``, so
-        the manifest stays small); ``tables`` lists every table written. ``compact``: the
-        tables whose batch staging a fresh ``visibility=batch`` publish merges into one
-        part per partition (:func:`txsink.protocol.visibility.compaction`). ``synced``:
+        the manifest stays small); ``tables`` lists every table written. ``gather``: the
+        tables (with their stored columns) whose batch a fresh ``visibility=batch``
+        publish gathers into one part per partition
+        (:func:`txsink.protocol.visibility.compaction`). ``synced``:
         the caller synced this registry's session since the batch began (its epoch read),
         so the decisive reads need no sync of their own; ``seen``: the xid's record and
         the ledger as the caller read them after that sync (no reads of their own)."""
@@ -316,7 +318,7 @@ class Transactor:
         fresh = decision.action is plans.BatchAction.PREPARE
         rest = self._resting(record, streaming=streaming)
         done = self.publish(
-            epoch, record, resumed=not fresh, compact=compact if fresh else frozenset(), rest=rest
+            epoch, record, resumed=not fresh, gather=gather if fresh else None, rest=rest
         )
         action = "committed" if decision.action is plans.BatchAction.PREPARE else "rolled_forward"
         finished = self.clock()
@@ -336,7 +338,7 @@ class Transactor:
         record: XidRecord,
         *,
         resumed: bool = True,
-        compact: frozenset[str] = frozenset(),
+        gather: Gather | None = None,
         rest: Mapping[str, Any] | None = None,
     ) -> XidRecord:
         """Finish ``record`` (:func:`sequence.finish`), re-observed after ClickHouse
@@ -363,7 +365,7 @@ class Transactor:
             nonlocal failure, resumed
             steps = sequence.publish_attempt(
                 record, self.prefix, bounds, resumed=resumed, after_failure=failure is not None,
-                compact=compact,
+                gather=gather,
             )  # fmt: skip
             try:
                 return self.runner.run(

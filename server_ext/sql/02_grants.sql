@@ -16,8 +16,7 @@ GRANT ALTER MOVE PARTITION, ALTER DELETE ON analytics.* TO txsink_writer;
 -- protect a fresh staging table (REMOVE TTL, MODIFY SETTING) and the column catch-up
 -- before a MOVE (ADD COLUMN) after the target gained a column. Dedup mode keeps its
 -- seal table txsink_seals there (docs/modes.md#attempts-that-outlive-their-batch).
--- OPTIMIZE: visibility=batch merges a batch to one part per partition there (compact_bytes).
-GRANT CREATE TABLE, DROP TABLE, SELECT, INSERT, ALTER, OPTIMIZE ON txsink_staging.* TO txsink_writer;
+GRANT CREATE TABLE, DROP TABLE, SELECT, INSERT, ALTER ON txsink_staging.* TO txsink_writer;
 -- dedup mode sends each block as INSERT ... SELECT FROM input(): a table function,
 -- which ClickHouse allows to users holding CREATE TEMPORARY TABLE
 GRANT CREATE TEMPORARY TABLE ON *.* TO txsink_writer;

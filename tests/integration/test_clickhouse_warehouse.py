@@ -568,3 +568,49 @@ def test_a_target_that_lost_or_retyped_a_staged_column_is_refused_with_the_next_
         wh.move_partition(name, "202401", target)
     assert target in str(e.value) and "txsink recover" in str(e.value)
     assert count(ch, target) == 0 and wh.staging_view([name])[name] == {"202401": 10}
+
+
+def test_a_gather_copies_every_stored_value_and_refuses_tables_that_store_other_columns(
+    wh: ClickHouseWarehouse, ch: Any, fresh_db: str
+) -> None:
+    """The batch's INSERT ... SELECT writes what the task staging holds, MATERIALIZED
+    values included (not computed again: ``m`` would differ), leaves ALIAS and
+    EPHEMERAL columns alone, and one part per partition; a task staging whose column
+    type changed (a value would be converted) is refused before any row, as is one
+    that lacks a column."""
+    target = f"{fresh_db}.tgt"
+    ch.command(
+        f"CREATE TABLE {target} ({COLS}, m UInt64 MATERIALIZED rand64(), "
+        "a String ALIAS concat(v, '!'), e UInt8 EPHEMERAL) "
+        "ENGINE = MergeTree PARTITION BY toYYYYMM(d) ORDER BY k"
+    )
+    one, two = stg(1), stg(2)
+    for t, start in ((one, 0), (two, 100)):
+        wh.create_staging(target, t)
+        wh.insert_blocks(t, iter([rows_batch(40, start)]), block_rows=15, block_bytes=1 << 30)
+    look = wh.commit_look([one, two], views_of=target)
+    assert look.columns == ("d", "k", "v", "m")
+    batch = ids.batch_staging_name(ids.staging_prefix(JOB), "b1", target)
+    wh.create_batch_staging(batch, "", target)
+    wh.gather_into_batch(batch, [one, two], look.columns, 80)
+    sdb = wh.staging_db
+    source = f"SELECT d, k, v, m FROM {sdb}.`{one}` UNION ALL SELECT d, k, v, m FROM {sdb}.`{two}`"
+    mine = f"SELECT d, k, v, m FROM {sdb}.`{batch}`"
+    assert count(ch, f"({source} EXCEPT {mine})") == 0
+    assert count(ch, f"({mine} EXCEPT {source})") == 0 and count(ch, f"{sdb}.`{batch}`") == 80
+    parts = ch.query(
+        "SELECT partition_id, count() FROM system.parts WHERE active AND database = "
+        "{d:String} AND table = {t:String} GROUP BY partition_id",
+        parameters={"d": sdb, "t": batch},
+    ).result_rows  # fmt: skip
+    assert sorted(n for _, n in parts) == [1, 1]  # two months, one part each
+
+    ch.command(f"ALTER TABLE {sdb}.`{two}` MODIFY COLUMN m UInt32 SETTINGS mutations_sync = 2")
+    again = ids.batch_staging_name(ids.staging_prefix(JOB), "b2", target)
+    wh.create_batch_staging(again, "", target)
+    with pytest.raises(RetryableConflict, match="do not store the same columns"):
+        wh.gather_into_batch(again, [one, two], look.columns, 80)
+    ch.command(f"ALTER TABLE {sdb}.`{two}` DROP COLUMN m SETTINGS mutations_sync = 2")
+    with pytest.raises(RetryableConflict, match="do not store the same columns"):
+        wh.gather_into_batch(again, [one, two], look.columns, 80)
+    assert count(ch, f"{sdb}.`{again}`") == 0  # refused before any row

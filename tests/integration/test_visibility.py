@@ -29,7 +29,6 @@ FAULTS = (
     "driver.after_prepare",
     "driver.after_batch_create",
     "driver.after_copy",
-    "driver.after_compact",
     "driver.before_attach",
     "driver.after_attach",
     "driver.after_commit",

@@ -9,8 +9,9 @@ ACCESS_STORAGE_FOR_INSERTION_NOT_FOUND), so the grants live in the file; the eng
 checks them as a server does. Database ``p`` lets the user MOVE partitions in (INSERT)
 but not ATTACH them from another table (no ALTER DELETE, which ClickHouse asks for
 ``ATTACH PARTITION ... FROM``); ``q`` lets it do both. Staging database ``stg_noopt``
-lacks OPTIMIZE (the compaction of a batch). Before the probes, a batch into ``p`` was
-PREPARED and its ATTACH refused after the prepare, for good; likewise its OPTIMIZE.
+lacks OPTIMIZE, which a batch no longer needs (it is gathered by an INSERT). Before the
+probes, a batch into ``p`` was PREPARED and its ATTACH refused after the prepare, for
+good.
 """
 
 from __future__ import annotations
@@ -136,14 +137,10 @@ def test_the_server_refuses_the_probes_without_their_grants_and_nothing_changes(
     denied, allowed = new_table(granted, "p"), new_table(granted, "q")
     granted.ch.command(f"INSERT INTO {denied} VALUES (1, 1), (2, 2)")
     wh = ClickHouseWarehouse(connect(granted.url))
-    unoptimized = ClickHouseWarehouse(wh.client, staging_db=NO_OPTIMIZE)
     try:
         said = wh.attach_refusal(denied)
         assert "Not enough privileges" in said and "ALTER DELETE" in said, said
         assert wh.attach_refusal(allowed) == ""
-        assert wh.compact_refusal() == ""  # its staging database need not exist yet
-        said = unoptimized.compact_refusal()
-        assert "Not enough privileges" in said and "OPTIMIZE" in said, said
     finally:
         wh.client.close()
     assert counts(granted, denied) == [(2, 2)]
@@ -211,16 +208,20 @@ def test_auto_with_the_grants_publishes_the_batch_in_one_attach(spark: Any, gran
 
 
 @pytest.mark.spark
-def test_without_optimize_in_staging_auto_publishes_by_move_unless_compaction_is_off(
+def test_without_optimize_in_staging_a_batch_is_still_gathered_into_one_part_per_partition(
     spark: Any, granted: Any
 ) -> None:
+    """The batch's one part per partition is an INSERT into the batch staging (the grants
+    the tasks' inserts need already), not an OPTIMIZE: a staging database without that
+    grant publishes batches as any other."""
     table = new_table(granted, "q")
     job = f"grant-{uuid.uuid4().hex[:8]}"
-    with pytest.raises(Exception, match=rf"GRANT OPTIMIZE ON {NO_OPTIMIZE}\.\* TO default"):
-        write(spark, granted, table, job, staging_database=NO_OPTIMIZE, visibility="batch")
-    assert visibilities(granted, table, job) == []
-    write(spark, granted, table, f"{job}-auto", staging_database=NO_OPTIMIZE)
-    assert visibilities(granted, table, f"{job}-auto") == [Visibility.PARTITION]
-    write(spark, granted, table, f"{job}-nc", staging_database=NO_OPTIMIZE, compact_bytes="0")
-    assert visibilities(granted, table, f"{job}-nc") == [Visibility.BATCH]
-    assert counts(granted, table) == [(60, 30)]
+    write(spark, granted, table, job, staging_database=NO_OPTIMIZE)
+    assert visibilities(granted, table, job) == [Visibility.BATCH]
+    assert counts(granted, table) == [(30, 30)]
+    db, name = table.split(".")
+    parts = granted.ch.query(
+        "SELECT count() FROM system.parts WHERE active AND database = {d:String} "
+        "AND table = {t:String}", parameters={"d": db, "t": name},
+    ).result_rows  # fmt: skip
+    assert parts == [(3,)]  # two tasks' rows over three values: one part per value

@@ -62,11 +62,14 @@ class World:
     record: XidRecord
     tables: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
     query_log: set[tuple[str, str]] = field(default_factory=set)
+    gather: dict[str, tuple[str, ...]] = field(default_factory=dict)  # a fresh publish's
 
     @classmethod
     def fresh(cls, visibility: str) -> World:
+        """``gathered``: a batch whose fresh publish gathers it (GatherBatch)."""
         tables = {t: {p: dict(parts) for p, parts in pids.items()} for t, pids in STAGED.items()}
-        return cls(make_record(visibility), tables)
+        gather = {TARGET: ("p", "id")} if visibility == "gathered" else {}
+        return cls(make_record("batch" if gather else visibility), tables, gather=gather)
 
     def view(self, tables: tuple[str, ...]) -> dict[str, dict[str, int] | None]:
         out: dict[str, dict[str, int] | None] = {}
@@ -131,9 +134,13 @@ class Executor:
                 for p, parts in w.tables[table].items():
                     if pid in ("", p):
                         w.tables[step.batch_staging].setdefault(p, {}).update(parts)
-        elif isinstance(step, ops.CompactBatch):
-            for pid, parts in w.tables[step.batch_staging].items():
-                w.tables[step.batch_staging][pid] = {f"m{self.acts}{pid}": sum(parts.values())}
+        elif isinstance(step, ops.GatherBatch):  # new parts: one per partition
+            rows: dict[str, int] = {}
+            for table in step.tables:
+                for p, parts in w.tables[table].items():
+                    rows[p] = rows.get(p, 0) + sum(parts.values())
+            for p, n in rows.items():
+                w.tables[step.batch_staging].setdefault(p, {})[f"g{self.acts}{p}"] = n
         elif isinstance(step, steps.DropTables):
             for t in step.tables:
                 w.tables.pop(t, None)
@@ -202,8 +209,9 @@ def drive(
 
 def attempt(world: World, *, resumed: bool, after_failure: bool = False) -> steps.Run:
     return sequence.publish_attempt(
-        world.record, PREFIX, BOUNDS, resumed=resumed, after_failure=after_failure
-    )
+        world.record, PREFIX, BOUNDS, resumed=resumed, after_failure=after_failure,
+        gather=world.gather,
+    )  # fmt: skip
 
 
 def assert_published_once(world: World) -> None:
@@ -229,7 +237,7 @@ def full_run(visibility: str) -> list[steps.Step]:
 
 
 @pytest.mark.parametrize("how", ["before", "after"])
-@pytest.mark.parametrize("visibility", ["partition", "batch"])
+@pytest.mark.parametrize("visibility", ["partition", "batch", "gathered"])
 def test_a_crash_after_any_step_converges_from_a_fresh_sequence(visibility: str, how: str) -> None:
     """The runner dies at step k; a new runner (no claims) starts a fresh, resumed
     sequence on what the stores show. Same end for every k."""
@@ -242,7 +250,7 @@ def test_a_crash_after_any_step_converges_from_a_fresh_sequence(visibility: str,
         assert_published_once(world)
 
 
-@pytest.mark.parametrize("visibility", ["partition", "batch"])
+@pytest.mark.parametrize("visibility", ["partition", "batch", "gathered"])
 def test_a_lost_reply_of_any_act_is_re_observed_never_repeated(visibility: str) -> None:
     """The act landed and the runner got an error: the same runner (its claims kept)
     looks again from a fresh sequence after a failure; nothing lands twice."""
@@ -280,15 +288,16 @@ def test_a_fresh_batch_publish_sends_the_same_statements_whatever_the_tasks() ->
     200 on the real engine)."""
     kinds = [type(s).__name__ for s in full_run("batch") if is_act(s)]
     assert kinds == ["CreateBatchStaging", "CopyIntoBatch", "Attach", "Write", "DropTables"]
-    compacted = World.fresh("batch")
+    gathered = World.fresh("batch")
     run = sequence.publish_attempt(
-        compacted.record, PREFIX, BOUNDS, resumed=False, after_failure=False,
-        compact=frozenset({TARGET}),
+        gathered.record, PREFIX, BOUNDS, resumed=False, after_failure=False,
+        gather={TARGET: ("p", "id")},
     )  # fmt: skip
-    _, seen = drive(run, Executor(compacted))
-    assert "CompactBatch" in [type(s).__name__ for s in seen]
-    assert_published_once(compacted)
-    assert all(len(parts) == 1 for parts in compacted.tables[TARGET].values())
+    _, seen = drive(run, Executor(gathered))
+    kinds = [type(s).__name__ for s in seen if is_act(s)]
+    assert kinds == ["CreateBatchStaging", "GatherBatch", "Attach", "Write", "DropTables"]
+    assert_published_once(gathered)
+    assert all(len(parts) == 1 for parts in gathered.tables[TARGET].values())
 
 
 def test_only_the_drop_after_a_committed_batch_publish_leaves_out_sync() -> None:

@@ -76,22 +76,6 @@ def test_an_explicit_batch_without_the_grant_is_refused_naming_table_privilege_a
     assert wh.staging == {} and not wh.staging_db_created  # nothing staged
 
 
-def test_a_batch_that_would_be_compacted_needs_optimize_in_staging_too() -> None:
-    """A plain MergeTree target's batch is merged (OPTIMIZE ... FINAL) in the staging
-    database before its ATTACH: without that grant auto chooses partition, an explicit
-    batch is refused naming the grant and compact_bytes=0, which needs no OPTIMIZE."""
-    wh = twin(denied=False)
-    wh.compact_denied = True
-    assert choose("auto", wh) == "partition"
-    with pytest.raises(ConfigError) as refused:
-        choose("batch", wh)
-    text = str(refused.value)
-    assert "GRANT OPTIMIZE ON txsink_staging.* TO etl" in text, text
-    assert "or set compact_bytes=0" in text and "or use visibility=partition" in text, text
-    assert choose("auto", wh, compact_bytes="0") == "batch"
-    assert wh.staging == {}
-
-
 def test_the_grants_are_asked_once_not_per_batch(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every probe is a statement the server refuses and logs as an error: a stream that
     revalidates each micro-batch asks again only after GRANT_CACHE_SECONDS."""

@@ -66,7 +66,7 @@ def test_an_exact_copy_is_claimed_then_attached_and_a_wrong_one_built_again() ->
     assert [type(o) for o in copied(exact)] == [plan_ops.ClaimBatch, plan_ops.Reobserve]
     ops = copied(exact, claimed={"db.t"})
     assert isinstance(ops[0], plan_ops.AttachAll) and isinstance(ops[1], RecordCommitted)
-    compacted = {"0": ("m0",), "1": ("m1",)}  # merged by OPTIMIZE FINAL once found exact
+    compacted = {"0": ("m0",), "1": ("m1",)}  # gathered: one new part per partition
     assert isinstance(copied(compacted, claimed={"db.t"})[0], plan_ops.AttachAll)
     for wrong in ({"0": ("aa", "aa"), "1": ("bb",)}, {"0": ("aa",)}, {"0": ("aa", "zz")}):
         assert [type(o) for o in copied(wrong)] == [plan_ops.DropStaging, plan_ops.Reobserve]

@@ -72,6 +72,13 @@ ATTACH_LOG_SETTINGS: dict[str, Any] = {
     "log_queries_min_query_duration_ms": 0,
     "log_queries_probability": 1,
 }
+# The INSERT that gathers a batch's task staging into its batch staging (visibility=batch,
+# a plain MergeTree below compact_bytes): staging's insert settings, and `*` reading the
+# MATERIALIZED columns too (the statement checks that every table stores the same ones).
+GATHER_SETTINGS: dict[str, Any] = {
+    **STAGING_INSERT_SETTINGS,
+    "asterisk_include_materialized_columns": 1,
+}
 # Every write of the state store with state=clickhouse (txsink.keeper.keepermap): strict
 # mode is the compare-and-set; a node's value travels hex-encoded inside the statement
 # (room for a 1 MiB node, twice over). The COMMITTED record is such a write.
@@ -94,6 +101,13 @@ def after_prepare_settings(
                 "the ATTACH that publishes a batch (visibility=batch)",
                 "use visibility=partition",
                 ATTACH_LOG_SETTINGS,
+            )
+        )
+        out.append(
+            (
+                "the INSERT that gathers a batch into one part per partition (visibility=batch)",
+                "set compact_bytes=0 or use visibility=partition",
+                {"asterisk_include_materialized_columns": 1},
             )
         )
     if state == "clickhouse":

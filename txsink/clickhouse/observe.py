@@ -147,9 +147,9 @@ class Observer:
     ) -> CommitLook:
         """:meth:`staged_partitions_of` with the bytes per partition id, the views reading
         ``views_of`` and the staging tables named ``listing*``: one statement."""
-        found, views, listed = self._looked(tables, views_of, listing)
+        found, views, listed, columns = self._looked(tables, views_of, listing)
         read, sizes = self._sums(found, MAX_PART_UUIDS)
-        return CommitLook(read, sizes, views, listed)
+        return CommitLook(read, sizes, views, listed, columns)
 
     def _summed(
         self, tables: Iterable[str], limit: int | None
@@ -189,10 +189,11 @@ class Observer:
 
     def _looked(
         self, tables: Iterable[str], views_of: str | None, listing: str | None
-    ) -> tuple[PartsOf, tuple[str, ...], tuple[str, ...]]:
+    ) -> tuple[PartsOf, tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
         """:meth:`_staged_parts_of`, the views reading ``views_of`` (as
-        :meth:`dependent_views` finds them) and the staging tables named ``listing*``,
-        from one statement (each branch only when asked)."""
+        :meth:`dependent_views` finds them) and its stored columns (neither ALIAS nor
+        EPHEMERAL) in order, and the staging tables named ``listing*``, from one
+        statement (each branch only when asked)."""
         names = sorted(set(tables))
         for name in names:
             self._staging(name, "read")
@@ -227,6 +228,10 @@ class Observer:
                 "SELECT 3, database, name, toUInt64(0), "
                 "if(as_select != '', as_select, create_table_query), toUInt64(0) "
                 "FROM system.tables WHERE engine = 'MaterializedView'",
+                # 5: a stored column of views_of, with its position
+                "SELECT 5, name, '', position, '', toUInt64(0) FROM system.columns "
+                "WHERE database = {vdb:String} AND table = {vt:String} "
+                "AND default_kind NOT IN ('ALIAS', 'EPHEMERAL')",
             ]
         if listing is not None:
             parameters["l"] = listing
@@ -235,7 +240,7 @@ class Observer:
                 "WHERE database = {db:String} AND startsWith(name, {l:String})"
             )
         if not branches:
-            return {}, (), ()
+            return {}, (), (), ()
         rows = self.client.query_rows(
             " UNION ALL ".join(branches),
             parameters=parameters,
@@ -249,6 +254,7 @@ class Observer:
         found: dict[str, dict[str, list[tuple[int, str, int]]]] = {}
         views: set[str] = set()
         listed: set[str] = set()
+        columns: list[tuple[int, str]] = []
         for kind, name, pid, n, text, size in rows:
             if kind == 0:
                 found.setdefault(str(name), {})
@@ -259,8 +265,11 @@ class Observer:
                 views.add(f"{name}.{pid}")
             elif kind == 4:
                 listed.add(str(name))
+            elif kind == 5:
+                columns.append((int(n), str(name)))
         staged = {name: found.get(name) for name in names}
-        return staged, tuple(sorted(views)), tuple(sorted(listed))
+        stored = tuple(name for _, name in sorted(columns))
+        return staged, tuple(sorted(views)), tuple(sorted(listed)), stored
 
     def published_uuids(self, target: str, uuids: Iterable[str]) -> frozenset[str]:
         """Which evidence ids (short part UUIDs) the target's parts still show, active or

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 
 from txsink.clickhouse.blockers import AddColumn, plan_column_catch_up
 from txsink.clickhouse.error_map import ACCESS_DENIED, UNKNOWN_DATABASE, UNKNOWN_TABLE
-from txsink.clickhouse.insert_settings import ATTACH_LOG_SETTINGS
+from txsink.clickhouse.insert_settings import ATTACH_LOG_SETTINGS, GATHER_SETTINGS
 from txsink.clickhouse.observe import MAX_COMMANDS, PARTITION_ID_RE
 from txsink.clickhouse.staging import Stager
 from txsink.errors import ConfigError, RecoveryAlarm, RetryableConflict, TxSinkError
@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 # copy commands per statement: ~120 bytes each, far below max_query_size (256 KiB)
 MAX_COPIES = 1000
 READONLY = 164  # a readonly profile refuses every ALTER
+# what the server answers a gather whose tables store different columns: the guard's
+# throwIf (FUNCTION_THROW_IF_VALUE_IS_NON_ZERO), or the INSERT's own structure checks
+GATHER_REFUSALS = (395, 20, 36, 47, 53, 122)
 _DENIED_RE = re.compile(r"(?:Not enough privileges|Cannot execute query in readonly mode).*")
 
 
@@ -119,17 +122,55 @@ class Publisher(Stager):
                     f"({exc}); its columns were caught up, re-observing"
                 ) from exc
 
-    def compact_batch(self, batch_staging: str) -> None:
-        """``OPTIMIZE TABLE batch FINAL``: one part per partition (FINAL merges although
-        staging's settings stop background merges). Not resent blindly: the publish
-        must not go on to its ATTACH while a first merge may still run."""
-        fq = self._staging(batch_staging, "compact")
-        self.client.command(
-            f"OPTIMIZE TABLE {fq} FINAL",
-            idempotent=False,
-            table=f"{self.staging_db}.{batch_staging}",
-            what=f"compact batch staging {fq}",
+    def gather_into_batch(
+        self, batch_staging: str, tables: Sequence[str], columns: Sequence[str], rows: int
+    ) -> None:
+        """``INSERT INTO batch (columns) SELECT * FROM (SELECT * FROM s1 UNION ALL ...)``
+        (``*`` with the MATERIALIZED columns: :data:`GATHER_SETTINGS`), guarded by a
+        scalar subquery the server evaluates before it reads a row: every table, the
+        batch staging included, stores exactly ``columns`` in that order, with the same
+        types and kinds in each (``system.columns``), else it throws and nothing is
+        written; so no value is ever converted. The result is one part per partition
+        while the batch fits one insert block. Never retried blindly (a repeat writes
+        the rows again); a refusal of the structure, or a count of rows written other
+        than ``rows``, is a RetryableConflict: the publish re-observes, drops this batch
+        staging (not what the manifest says) and builds it again by copies, which
+        catch older staging up with the target's columns."""
+        fq = self._staging(batch_staging, "gather into")
+        sources = [self._staging(t, "gather from") for t in tables]
+        names = [batch_staging, *tables]
+        cols = ", ".join(quote_ident(c) for c in columns)
+        guard = (
+            "(SELECT throwIf(count() != {n:UInt64} OR uniqExact(sig) != 1 OR any(stored) != "
+            "{cols:Array(String)}, 'txsink: the staging tables of this batch store different "
+            "columns') FROM (SELECT arraySort(groupArray((position, name, type, default_kind))) "
+            "AS sig, arrayMap(c -> c.2, arrayFilter(c -> c.4 NOT IN ('ALIAS', 'EPHEMERAL'), "
+            "sig)) AS stored FROM system.columns WHERE database = {db:String} "
+            "AND table IN {names:Array(String)} GROUP BY table))"
         )
+        union = " UNION ALL ".join(f"SELECT * FROM {s}" for s in sources)
+        try:
+            done = self.client.command(
+                f"INSERT INTO {fq} ({cols}) SELECT * FROM ({union}) WHERE {guard} = 0",
+                parameters={"n": len(names), "cols": list(columns), "db": self.staging_db,
+                            "names": names},
+                settings=GATHER_SETTINGS,
+                idempotent=False,
+                table=f"{self.staging_db}.{batch_staging}",
+                what=f"gather task staging into {fq} ({len(sources)} table(s))",
+            )  # fmt: skip
+        except TxSinkError as exc:
+            if exc.code not in GATHER_REFUSALS:
+                raise
+            raise RetryableConflict(
+                f"gathering into {fq}: the task staging tables and the batch staging do not "
+                f"store the same columns ({exc}); re-observing"
+            ) from exc
+        written = getattr(done, "written_rows", None)
+        if written is not None and int(written) != rows:
+            raise RetryableConflict(
+                f"gathering into {fq} wrote {written} rows, the manifest says {rows}; re-observing"
+            )
 
     def attach_all(self, staging: str, target: str, tag: str = "") -> None:
         """``ATTACH PARTITION ALL FROM`` the batch staging: every part in one commit.
@@ -169,14 +210,6 @@ class Publisher(Stager):
         return self._refusal(
             lambda source: f"ALTER TABLE {qualified(db, name)} ATTACH PARTITION ALL FROM {source}",
             f"ATTACH PARTITION ALL FROM {self.staging_db} into {target}",
-        )
-
-    def compact_refusal(self) -> str:
-        """Why this user may not run :meth:`compact_batch` (``OPTIMIZE TABLE ... FINAL``
-        in the staging database: the OPTIMIZE privilege there), or "" when it may; the
-        same probe as :meth:`attach_refusal`, on a table that does not exist."""
-        return self._refusal(
-            lambda source: f"OPTIMIZE TABLE {source} FINAL", f"OPTIMIZE in {self.staging_db}"
         )
 
     def _refusal(self, statement: Callable[[str], str], what: str) -> str:

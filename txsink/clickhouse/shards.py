@@ -276,6 +276,7 @@ class ShardedWarehouse:
         sizes: dict[str, int] = {}
         views: set[str] = set()
         listed: set[str] = set()
+        columns: tuple[str, ...] = ()
         for k, shard in enumerate(self.shards):
             look = shard.commit_look(grouped.get(k, ()), views_of=views_of, listing=listing)
             staged.update(look.staged)
@@ -283,7 +284,8 @@ class ShardedWarehouse:
                 sizes[pid] = sizes.get(pid, 0) + n
             views |= set(look.views)
             listed |= set(look.listed)
-        return CommitLook(staged, sizes, tuple(sorted(views)), tuple(sorted(listed)))
+            columns = columns or look.columns
+        return CommitLook(staged, sizes, tuple(sorted(views)), tuple(sorted(listed)), columns)
 
     def move_partition(self, staging: str, partition_id: str, target: str) -> None:
         self._on(staging).move_partition(staging, partition_id, target)
@@ -434,9 +436,6 @@ class ShardedWarehouse:
     def attach_refusal(self, target: str) -> str:
         raise self._no_batch(f"probing the ATTACH PARTITION ALL grant on {target}")
 
-    def compact_refusal(self) -> str:
-        raise self._no_batch("probing the OPTIMIZE grant in batch staging")
-
     def attach_logged(self, target: str, tag: str, since: float) -> bool:
         raise self._no_batch(f"the query-log proof of an ATTACH into {target}", "query_log")
 
@@ -446,8 +445,10 @@ class ShardedWarehouse:
     def copy_into_batch(self, batch_staging: str, sources: Sequence[tuple[str, str]]) -> None:
         raise self._no_batch(f"copying into batch staging {batch_staging}")
 
-    def compact_batch(self, batch_staging: str) -> None:
-        raise self._no_batch(f"compacting batch staging {batch_staging}")
+    def gather_into_batch(
+        self, batch_staging: str, tables: Sequence[str], columns: Sequence[str], rows: int
+    ) -> None:
+        raise self._no_batch(f"gathering into batch staging {batch_staging}")
 
     # -- cluster definitions: a sharded job names its shards ------------------------------
 

@@ -15,9 +15,11 @@ is the contract every one of them passes. Invariants every implementation keeps:
 - ``move_partition(s)`` and ``consolidate`` are idempotent (a partition already moved
   moves nothing); ``attach_all`` is not (it copies) and ``claim_staging`` lets exactly one
   of several callers hold a batch staging table;
-- ``attach_refusal`` and ``compact_refusal`` ask the server whether the writer's user
-  may run ``attach_all`` into a target and ``compact_batch`` (roles and wildcard grants
-  included), and change nothing: no table is created, nothing reaches the target;
+- ``attach_refusal`` asks the server whether the writer's user may run ``attach_all``
+  into a target (roles and wildcard grants included), and changes nothing: no table is
+  created, nothing reaches the target;
+- ``gather_into_batch`` never converts a value: it refuses unless every table it reads
+  and the one it writes have the same stored columns and types;
 - ``evidence_life`` answers how long the evidence of a publish into a target survives
   (the server's uptime, the target's ``old_parts_lifetime``, the query log's TTL), never
   erring towards longer; ``detached_parts`` lists every detached part of a staging
@@ -90,12 +92,14 @@ class CommitLook:
     (:meth:`Warehouse.commit_look`): each staging table asked for, its rows and evidence
     ids per partition (None: missing); the bytes staged per partition id over all of
     them (what decides a batch's compaction); the materialized views that read
-    ``views_of`` now; the staging tables whose names start with ``listing``."""
+    ``views_of`` now, and its stored columns in order (what a gathered batch inserts);
+    the staging tables whose names start with ``listing``."""
 
     staged: dict[str, dict[str, tuple[int, tuple[str, ...]]] | None]
     sizes: dict[str, int] = field(default_factory=dict)
     views: tuple[str, ...] = ()
     listed: tuple[str, ...] = ()
+    columns: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -315,7 +319,16 @@ class Warehouse(Protocol):
 
     def copy_into_batch(self, batch_staging: str, sources: Sequence[tuple[str, str]]) -> None: ...
 
-    def compact_batch(self, batch_staging: str) -> None: ...
+    def gather_into_batch(
+        self, batch_staging: str, tables: Sequence[str], columns: Sequence[str], rows: int
+    ) -> None:
+        """Insert every row of ``tables`` (task staging tables, whole) into the batch
+        staging in one statement: one part per partition for a batch below one insert
+        block. Refused before any row unless every table, the batch staging included,
+        has exactly ``columns`` (stored, in order) with the same types: nothing is ever
+        converted. Never retried blindly (it writes new parts); a count of rows written
+        other than ``rows`` is a RetryableConflict (the publish re-observes)."""
+        ...
 
     def claim_staging(self, staging: str, claimed: str) -> None: ...
 
@@ -324,9 +337,4 @@ class Warehouse(Protocol):
     def attach_refusal(self, target: str) -> str:
         """Why the writer's user may not run :meth:`attach_all` into ``target`` (the
         server's words), or "" when it may; changes nothing."""
-        ...
-
-    def compact_refusal(self) -> str:
-        """Why the writer's user may not run :meth:`compact_batch` (the server's words),
-        or "" when it may; changes nothing."""
         ...

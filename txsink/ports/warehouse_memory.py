@@ -15,7 +15,6 @@ no I/O. It models what the protocol's evidence relies on, with ClickHouse's sema
 - grants: a target in ``attach_denied`` is one the user may MOVE into but not ``ATTACH
   PARTITION ... FROM`` into (ClickHouse asks ALTER DELETE there too): ``attach_all``
   into it is refused before anything happens, and ``attach_refusal`` says so;
-  ``compact_denied``: no OPTIMIZE in staging (``compact_batch``, ``compact_refusal``);
 - fault hooks for tests: :meth:`~MemoryWarehouse.fail_next` (refused before anything
   happens), :meth:`~MemoryWarehouse.lose_reply` (it landed, the reply was lost),
   :meth:`~MemoryWarehouse.cut_next_move` (a server crash cut a MOVE between parts: some
@@ -97,7 +96,6 @@ class MemoryWarehouse:
         self.query_log_ttl_s: float | None = None
         self.detached: dict[str, dict[str, int]] = {}  # staging table -> {pid: parts}
         self.attach_denied: set[str] = set()  # targets without the ATTACH ... FROM grant
-        self.compact_denied = False  # no OPTIMIZE grant in the staging database
         self.staging_db_created = False
         self._faults: list[_Fault] = []
         self._seed = seed
@@ -206,7 +204,7 @@ class MemoryWarehouse:
     def commit_look(
         self, tables: Iterable[str], *, views_of: str | None = None, listing: str | None = None
     ) -> CommitLook:
-        """The twin's bytes: ``_ROW_BYTES`` per row."""
+        """The twin's bytes: ``_ROW_BYTES`` per row; its tables' one column: ``value``."""
 
         def act() -> CommitLook:
             read = self.staged_partitions_of(tables)
@@ -218,7 +216,8 @@ class MemoryWarehouse:
             listed = (
                 () if listing is None else sorted(t for t in self.staging if t.startswith(listing))
             )
-            return CommitLook(read, sizes, tuple(views), tuple(listed))
+            columns = ("value",) if views_of is not None else ()
+            return CommitLook(read, sizes, tuple(views), tuple(listed), columns)
 
         return self._call("commit_look", act)
 
@@ -470,20 +469,28 @@ class MemoryWarehouse:
 
         self._call("copy_into_batch", act, cuttable=True)
 
-    def compact_batch(self, batch_staging: str) -> None:
-        self._need_batch(f"compacting {batch_staging}")
+    def gather_into_batch(
+        self, batch_staging: str, tables: Sequence[str], columns: Sequence[str], rows: int
+    ) -> None:
+        """The twin's tables have no columns to compare (``columns`` is not checked):
+        every row of ``tables`` goes into one new part per partition."""
+        self._need_batch(f"gathering into {batch_staging}")
 
         def act() -> None:
-            t = self._staged(batch_staging)
-            if self.compact_denied:
-                raise ConfigError(self._denied("OPTIMIZE", batch_staging), code=ACCESS_DENIED)
-            for pid in sorted({p.partition_id for p in t.parts}):
-                old = [p for p in t.parts if p.partition_id == pid]
-                if len(old) > 1:
-                    t.parts = [p for p in t.parts if p.partition_id != pid]
-                    t.parts.append(self._part(pid, tuple(r for p in old for r in p.rows)))
+            dest = self._staged(batch_staging)
+            by_pid: dict[str, list[Any]] = {}
+            for table in tables:
+                for p in self._staged(table).parts:
+                    by_pid.setdefault(p.partition_id, []).extend(p.rows)
+            written = sum(len(r) for r in by_pid.values())
+            dest.parts.extend(self._part(pid, tuple(r)) for pid, r in sorted(by_pid.items()))
+            if written != rows:
+                raise RetryableConflict(
+                    f"gathering into {batch_staging} wrote {written} rows, the manifest "
+                    f"says {rows}; re-observing"
+                )
 
-        self._call("compact_batch", act)
+        self._call("gather_into_batch", act)
 
     def claim_staging(self, staging: str, claimed: str) -> None:
         self._need_batch(f"claiming {staging}")
@@ -524,14 +531,6 @@ class MemoryWarehouse:
             return ""
 
         return self._call("attach_refusal", act)
-
-    def compact_refusal(self) -> str:
-        self._need_batch("probing the OPTIMIZE grant in batch staging")
-        where = f"{self.staging_db}.txsink_probe"
-        return self._call(
-            "compact_refusal",
-            lambda: self._denied("OPTIMIZE", where) if self.compact_denied else "",
-        )
 
     # ------------------------------------------------------------------ internals
 

@@ -133,14 +133,27 @@ class CopyIntoBatch:
     rows: int
 
 
+#: target -> its stored columns, in order: the targets of an xid whose batch is gathered
+#: into one part per partition (:class:`GatherBatch`) rather than copied part by part
+Gather = Mapping[str, tuple[str, ...]]
+
+
 @dataclass(frozen=True)
-class CompactBatch:
-    """``OPTIMIZE TABLE batch_staging FINAL``: one part per partition before the ATTACH
-    (only where the target's merges keep every row, below ``compact_bytes``:
-    :func:`txsink.protocol.visibility.compaction`)."""
+class GatherBatch:
+    """``INSERT INTO batch_staging (columns) SELECT columns FROM <every task staging
+    table>``: the batch in one part per partition before the ATTACH, in one statement
+    (where :func:`txsink.protocol.visibility.compaction` says so: the target's merges
+    keep every row, below ``compact_bytes``). The server refuses it, before any row,
+    unless every table holds exactly ``columns`` with the same types (nothing is
+    converted). It writes new parts, so like :class:`CopyIntoBatch` it is never repeated
+    into the same table: a batch staging that does not hold exactly the manifest's rows
+    in one part per partition is dropped and built again by copies."""
 
     xid: str
     batch_staging: str
+    tables: tuple[str, ...]  # every task staging table of the target, whole
+    columns: tuple[str, ...]  # the target's stored columns, in order
+    rows: int
 
 
 @dataclass(frozen=True)
@@ -194,7 +207,7 @@ Operation = (
     | CreateBatchStaging
     | Consolidate
     | CopyIntoBatch
-    | CompactBatch
+    | GatherBatch
     | ClaimBatch
     | AttachAll
     | Reobserve

@@ -36,11 +36,12 @@ from txsink.protocol.ops import (
     Alarm,
     AttachAll,
     ClaimBatch,
-    CompactBatch,
     Consolidate,
     CopyIntoBatch,
     CreateBatchStaging,
     DropStaging,
+    Gather,
+    GatherBatch,
     Operation,
     Publish,
     RecordCommitted,
@@ -114,7 +115,7 @@ def publish_attempt(
     *,
     resumed: bool,
     after_failure: bool,
-    compact: frozenset[str] = frozenset(),
+    gather: Gather | None = None,
 ) -> Run:
     """One attempt of a publish. ``resumed`` (the record existed before: an earlier
     attempt, a crashed or superseded writer may have a statement in flight): first wait
@@ -133,7 +134,7 @@ def publish_attempt(
     if after_failure:
         yield CheckFence()  # a writer that lost the job must not go on
         record = (yield ReadRecord(record.xid)) or record
-    return (yield from finish(record, prefix, bounds, resumed=resumed, compact=compact))
+    return (yield from finish(record, prefix, bounds, resumed=resumed, gather=gather))
 
 
 def finish(
@@ -142,14 +143,14 @@ def finish(
     bounds: PublishBounds,
     *,
     resumed: bool = True,
-    compact: frozenset[str] = frozenset(),
+    gather: Gather | None = None,
 ) -> Run:
     """Run the publish plan of a PREPARED (or COMMITTED) record to its end.
 
     ``resumed``: the record existed before this attempt (a MOVE may have run), so the
     target is searched for the part UUIDs of fully staged partitions too."""
     if is_batch(record):
-        return (yield from finish_batch(record, prefix, bounds, resumed=resumed, compact=compact))
+        return (yield from finish_batch(record, prefix, bounds, resumed=resumed, gather=gather))
     view: StagingView = (yield ObserveStaging(record.staging_tables)) if record.manifest else {}
     part_rows: dict[str, int] = {}
     staged = (yield from staged_uuids(record, view, part_rows)) if resumed else {}
@@ -182,7 +183,7 @@ def finish_batch(
     bounds: PublishBounds,
     *,
     resumed: bool = True,
-    compact: frozenset[str] = frozenset(),
+    gather: Gather | None = None,
 ) -> Run:
     """:func:`finish` of a ``visibility=batch`` record: consolidate every task's staging
     of each table into its batch staging, claim it, then one ATTACH PARTITION ALL per
@@ -192,7 +193,7 @@ def finish_batch(
     while its absence is provable (:func:`guard_late`). A fresh publish goes straight
     through (:func:`fresh_batch`)."""
     if not resumed and record.state is XidState.PREPARED and record.manifest:
-        return (yield from fresh_batch(record, prefix, compact))
+        return (yield from fresh_batch(record, prefix, gather or {}))
     ops: list[Operation] = []
     missing: set[str] = set()
     logged: set[str] = set()
@@ -257,14 +258,16 @@ def finish_batch(
     raise AssertionError("the runner never resumes a sequence after Stop")
 
 
-def fresh_batch(record: XidRecord, prefix: str, compact: frozenset[str] = frozenset()) -> Run:
+def fresh_batch(record: XidRecord, prefix: str, gather: Gather | None = None) -> Run:
     """The publish of a record this very attempt prepared, with no observation: its task
     staging holds exactly the manifest's rows (read in the one statement before the
     prepare), and no other finisher knows the xid unless one took the job over since.
     Per target: create the batch staging under a name of this finisher's own (claimed
-    from the start), copy every task staging table into it in one statement, compact it
-    (targets in ``compact``), check the fence, ATTACH it; then COMMITTED and one DROP.
-    The statements are the same whatever the number of tasks and partitions.
+    from the start), fill it in one statement (targets in ``gather``: every task staging
+    table's rows inserted into one part per partition, :class:`GatherBatch`; the others:
+    their parts copied, :class:`CopyIntoBatch`), check the fence, ATTACH it; then
+    COMMITTED and one DROP. The statements are the same whatever the number of tasks
+    and partitions.
 
     Why no look is needed: a finisher that took the job over before the fence check
     makes it fail (nothing of this attempt is attached); one that took it over after
@@ -277,12 +280,13 @@ def fresh_batch(record: XidRecord, prefix: str, compact: frozenset[str] = frozen
         name: str = yield CreateBatchStaging(base, "", parts[0].table, claimed=target)
         yield FaultPoint("driver.after_batch_create")
         tables = tuple(dict.fromkeys(p.table for p in parts))  # each one's every partition
-        sources = tuple((t, ALL_PARTITIONS) for t in tables)
-        yield CopyIntoBatch(record.xid, name, sources, sum(p.rows for p in parts))
+        rows = sum(p.rows for p in parts)
+        columns = (gather or {}).get(target)
+        if columns:
+            yield GatherBatch(record.xid, name, tables, columns, rows)
+        else:
+            yield CopyIntoBatch(record.xid, name, tuple((t, ALL_PARTITIONS) for t in tables), rows)
         yield FaultPoint("driver.after_copy")
-        if target in compact:
-            yield CompactBatch(record.xid, name)
-            yield FaultPoint("driver.after_compact")
         yield CheckFence()
         yield FaultPoint("driver.before_attach")
         yield Attach(record.xid, name, target, attach_tag(prefix, record, target))

@@ -2,13 +2,14 @@
 
 Mechanism (per target table of an xid): every task's staging table is copied (``ATTACH
 PARTITION ALL FROM``, hard links, invisible to readers) into one *batch staging* table of
-the xid in one statement (:func:`txsink.protocol.ids.batch_staging_name`), merged to one
-part per partition where :func:`compaction` says so, then published by one ``ALTER TABLE
-target ATTACH PARTITION ALL FROM batch_staging``: on non-replicated MergeTree ClickHouse
-commits every cloned part under one lock, so a reader sees all of them or none (measured
-by ``tests/integration/test_visibility.py``). The statements are the same whatever the
-number of tasks. ATTACH copies, so it is not idempotent; the task staging stays whole
-until COMMITTED, and everything is dropped then.
+the xid in one statement (:func:`txsink.protocol.ids.batch_staging_name`), or, where
+:func:`compaction` says so, its rows inserted there in one part per partition (one
+``INSERT ... SELECT``, which refuses tables of different columns), then published by
+one ``ALTER TABLE target ATTACH PARTITION ALL FROM batch_staging``: on non-replicated
+MergeTree ClickHouse commits every cloned part under one lock, so a reader sees all of
+them or none (measured by ``tests/integration/test_visibility.py``). The statements are
+the same whatever the number of tasks. ATTACH copies, so it is not idempotent; the task
+staging stays whole until COMMITTED, and everything is dropped then.
 
 A fresh commit runs straight through (:func:`txsink.protocol.sequence.fresh_batch`:
 the batch staging is created under the committing finisher's own name, the epoch checked
@@ -50,11 +51,9 @@ from txsink.protocol.states import Mode, XidRecord
 __all__ = [
     "ATTACH_PRIVILEGES",
     "batch_refusal",
-    "compact_grant_refusal",
     "compaction",
     "grant_refusal",
     "is_batch",
-    "may_compact",
 ]
 
 # What ClickHouse checks for ALTER TABLE target ATTACH PARTITION ... FROM source (in
@@ -100,20 +99,6 @@ def grant_refusal(table: str, user: str, staging_db: str, server_says: str) -> s
     )
 
 
-def compact_grant_refusal(table: str, user: str, staging_db: str, server_says: str) -> str:
-    """Why ``visibility=batch`` cannot compact ``table``'s batch (:func:`compaction`): the
-    writer's ``user`` may not run ``OPTIMIZE TABLE ... FINAL`` in ``staging_db``
-    (``server_says``: the server's refusal), with the GRANT and the other ways out."""
-    return (
-        f"visibility=batch merges a batch for {table} (a plain MergeTree) into one part per "
-        f"partition with OPTIMIZE TABLE <its batch staging table> FINAL in {staging_db} "
-        f"before the ATTACH, which user {user} may not run ({server_says}): it needs the "
-        f"privilege OPTIMIZE on {staging_db}.*. Run GRANT OPTIMIZE ON {staging_db}.* TO "
-        f"{_grantee(user)}, or set compact_bytes=0 (no compaction), or use "
-        f"visibility=partition (docs/modes.md#visibility)"
-    )
-
-
 def _grantee(user: str) -> str:
     return user if _PLAIN_NAME_RE.match(user) else "`" + user.replace("`", "\\`") + "`"
 
@@ -125,20 +110,15 @@ def is_batch(record: XidRecord) -> bool:
 def compaction(
     engine: str, sizes: Mapping[str, int], limit: int, parts: Mapping[str, int] | None = None
 ) -> bool:
-    """Whether a batch staging is merged into one part per partition (``OPTIMIZE ...
-    FINAL``) before its ATTACH: only on a plain ``MergeTree`` target, whose merges keep
-    every row as it is (the Replacing, Summing, Aggregating, Collapsing families' merges
-    change rows: they keep their parts, and the target merges them as it always does),
-    only while every partition of the batch stages at most ``limit`` bytes (``sizes``:
-    bytes on disk per partition id; ``limit`` 0: never), so that the merge stays a small
-    part of the commit, and only when some partition has more than one part (``parts``:
-    parts per partition id over every task's staging; None: not known)."""
+    """Whether a batch is gathered into one part per partition before its ATTACH (its
+    rows inserted into the batch staging, not its parts copied): only on a plain
+    ``MergeTree`` target, where parts merged keep every row as it is (the Replacing,
+    Summing, Aggregating, Collapsing families' merges change rows: they keep their parts,
+    and the target merges them as it always does), only while every partition of the
+    batch stages at most ``limit`` bytes (``sizes``: bytes on disk per partition id;
+    ``limit`` 0: never), so that rewriting the rows stays a small part of the commit,
+    and only when some partition has more than one part (``parts``: parts per partition
+    id over every task's staging; None: not known)."""
     if parts is not None and max(parts.values(), default=0) <= 1:
-        return False  # one part per partition already: the merge would change nothing
-    return may_compact(engine, limit) and bool(sizes) and max(sizes.values()) <= limit
-
-
-def may_compact(engine: str, limit: int) -> bool:
-    """Whether a batch into a target of ``engine`` can ever be compacted (:func:`compaction`
-    before its sizes are known): what validation asks the OPTIMIZE grant for."""
-    return limit > 0 and engine == "MergeTree"
+        return False  # one part per partition already: copies are cheaper
+    return limit > 0 and engine == "MergeTree" and bool(sizes) and max(sizes.values()) <= limit

@@ -55,9 +55,7 @@ from txsink.protocol.codec import JobMeta
 from txsink.protocol.states import Mode
 from txsink.protocol.visibility import (
     batch_refusal,
-    compact_grant_refusal,
     grant_refusal,
-    may_compact,
 )
 from txsink.spark.messages import WritePlan
 from txsink.spark.validate_settings import check_insert_settings
@@ -66,7 +64,7 @@ log = logging.getLogger(__name__)
 CACHE_SECONDS = 30.0
 _cache: dict[tuple[WriterConfig, str], tuple[float, WritePlan]] = {}
 GRANT_CACHE_SECONDS = 600.0  # a GRANT (or REVOKE) is seen by auto this much later at most
-_grant_cache: dict[tuple[str, str, str, str, bool], tuple[float, str]] = {}
+_grant_cache: dict[tuple[str, str, str, str], tuple[float, str]] = {}
 
 
 def not_nullable(columns: tuple[ColumnInfo, ...]) -> tuple[str, ...]:
@@ -415,8 +413,7 @@ def visibility_choice(
     target can honour (batch: attach mode, one non-replicated MergeTree server, a
     readable query log, the evidence of an ATTACH that outlives the target's merges, a
     profile that lets the ATTACH send its log settings, and a user the server lets run
-    that ATTACH, and the OPTIMIZE that compacts the batch, which MOVE's grants do not
-    cover: :func:`grant_problem`).
+    that ATTACH, which MOVE's grants do not cover: :func:`grant_problem`).
     An explicit ``batch`` it cannot honour is refused here, before anything is staged,
     not found missing after PREPARED. Asked once per validation (cached:
     :func:`validate`), never per task or per publish."""
@@ -455,14 +452,13 @@ def grant_problem(config: WriterConfig, info: TargetInfo, warehouse: Any) -> str
     """Why the writer's user may not run the statements of a batch publish into the
     target ("" when it may), as the server answers them (probes that change nothing):
     the ATTACH PARTITION ALL FROM (ALTER DELETE on the target, which MOVE does not
-    need) and, where the batch may be compacted, the OPTIMIZE in the staging database.
+    need).
 
     Remembered per process for :data:`GRANT_CACHE_SECONDS`: each probe is a statement
     the server refuses (no such table, or not enough privileges), which it logs as an
     error; a stream revalidating every :data:`CACHE_SECONDS` would fill its error log."""
     user = config.user or "default"
-    compact = may_compact(info.engine, config.compact_bytes)
-    key = (config.url, user, config.table, config.staging_database, compact)
+    key = (config.url, user, config.table, config.staging_database)
     hit = _grant_cache.get(key)
     if hit is not None and time.monotonic() - hit[0] < GRANT_CACHE_SECONDS:
         return hit[1]
@@ -470,10 +466,6 @@ def grant_problem(config: WriterConfig, info: TargetInfo, warehouse: Any) -> str
     denied = warehouse.attach_refusal(config.table)
     if denied:
         why = grant_refusal(config.table, user, config.staging_database, denied)
-    elif compact:
-        denied = warehouse.compact_refusal()
-        if denied:
-            why = compact_grant_refusal(config.table, user, config.staging_database, denied)
     _grant_cache[key] = (time.monotonic(), why)
     return why
 
