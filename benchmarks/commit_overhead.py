@@ -1,6 +1,6 @@
 """Commit overhead per batch: prepare + publish + record, for batches touching 1, 4, 16,
 64 target partitions, published as the default does on a MergeTree target
-(``visibility=batch``: copy into the batch staging, compaction, one ATTACH), measured two
+(``visibility=batch``: the batch gathered into the batch staging, one ATTACH), measured two
 ways (end to end in streaming queries: benchmarks/micro_batch.py).
 
 1. ``Transactor.commit_batch`` driven directly (the protocol path alone): staging is
@@ -27,6 +27,7 @@ from txsink import committer
 from txsink.config import WriterConfig
 from txsink.driver import open_job
 from txsink.protocol.ids import batch_xid, run_tag, staging_name
+from txsink.protocol.ops import Gathered
 from txsink.protocol.states import StagedPart, Visibility
 from txsink.spark import writer
 
@@ -78,6 +79,7 @@ def transactor_path(bench: Bench, partitions: int, batches: int) -> dict[str, An
     try:
         handle.warehouse.ensure_staging_db()
         epoch = handle.transactor.begin(run_id)
+        columns = handle.warehouse.commit_look([], views_of=cfg.table).columns
         results, walls = [], []
         for b in range(batches):
             xid = batch_xid(b)
@@ -85,7 +87,7 @@ def transactor_path(bench: Bench, partitions: int, batches: int) -> dict[str, An
             started = time.perf_counter()
             result = handle.transactor.commit_batch(
                 epoch, xid, b, cfg.table, parts, visibility=Visibility.BATCH,
-                compact=frozenset({cfg.table}),
+                gather={cfg.table: Gathered(columns)},
             )  # fmt: skip
             walls.append(time.perf_counter() - started)
             results.append(result)

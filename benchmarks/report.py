@@ -206,7 +206,7 @@ def _shape_floor(r: dict[str, Any], target: str) -> str:
             + (
                 "the commit: one MOVE per task's staging)"
                 if s["visibility"] == "partition"
-                else "the commit: copy, compaction, ATTACH)"
+                else "the commit: the batch gathered or copied, one ATTACH)"
             )
         )
     return ""
@@ -407,8 +407,8 @@ def section_commit(r: dict[str, Any]) -> list[str]:
         "## 2. Commit overhead per batch",
         "",
         f"{co['batches']} batches per row, each one staging table holding k partitions of "
-        f"{co['rows_per_partition']:,} rows, published with visibility=batch (the copy "
-        "into the batch staging, its compaction, one ATTACH). "
+        f"{co['rows_per_partition']:,} rows, published with visibility=batch (the batch "
+        "gathered into its batch staging, one ATTACH). "
         "*Transactor*: "
         "`CommitResult.seconds` of `Transactor.commit_batch` (prepare + publish + record, incl. "
         "the staging drop); staging created outside the timing. *Driver commit*: "
@@ -703,16 +703,18 @@ NOTES = """## Where the time goes
   first rows, off its critical path, then reads nothing more. The driver's commit
   (`visibility=batch`, the default where the target allows it) sends the same statements
   whatever the number of tasks and partition values: one read (the staged parts, the
-  target's views, losing attempts' staging), the batch staging's CREATE, one copy of
-  every task's staging into it, its compaction to one part per partition value, the
-  ATTACH that publishes it, one DROP. Keeper: a sync, one read of the job's state, the
-  prepare, the fence check and the commit (7 requests in 5 round trips).
+  target's views and stored columns, losing attempts' staging), the batch staging's
+  CREATE, one statement that fills it (every task's rows inserted in one part per
+  partition value, or their parts copied where the batch is large), the ATTACH that
+  publishes it, one DROP (without SYNC: the names go at once, the disk later). Keeper: a
+  sync, one read of the job's state, the prepare, the fence check and the commit (7
+  requests in 5 round trips).
 - **What is left is round trips the protocol needs:** a staging table per task attempt
   (a failed or zombie attempt's rows never reach a published table); the read before the
   prepare (the manifest must be what the tasks staged, and a view made since validation
   must stop an attach publish); a batch staging table under the finisher's own name (one
   ATTACH is atomic, several are not; the name is its claim against a second finisher);
-  the compaction (one part per partition value); the drop. On this machine one statement
+  the drop. On this machine one statement
   costs at least the `SELECT 1` floor shown below, and ClickHouse and ZooKeeper share two
   cores with Spark; a real server answers these on its own cores.
 - Figures on this machine are noisy: two cores are shared with other engineers' test

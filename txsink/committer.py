@@ -38,8 +38,9 @@ from txsink.ports.warehouse import CommitLook
 from txsink.protocol import job as rules
 from txsink.protocol.codec import JobMeta
 from txsink.protocol.ids import batch_xid, parse_staging, run_tag
+from txsink.protocol.ops import Gathered
 from txsink.protocol.states import Epoch, Mode, StagedPart, Visibility
-from txsink.protocol.visibility import compaction
+from txsink.protocol.visibility import compaction, gather_fits
 
 log = logging.getLogger(__name__)
 
@@ -304,7 +305,7 @@ def _commit_writes(
             if refusal:
                 raise ConfigError(refusal)
         parts: list[StagedPart] = []
-        gather: dict[str, tuple[str, ...]] = {}
+        gather: dict[str, Gathered] = {}
         strays: list[str] = []
         # attach mode: the job's staging, listed by the first write's read; what no task
         # message names of this xid and of the stream's previous batch (losing attempts,
@@ -318,8 +319,12 @@ def _commit_writes(
             listing = None
             engine = plan.target_info.engine if plan.target_info is not None else ""
             parts_in = parts_per_partition(found)
-            if look.columns and compaction(engine, look.sizes, plan.config.compact_bytes, parts_in):
-                gather[plan.config.table] = look.columns
+            tables = len({p.table for p in found})
+            if (
+                gather_fits(tables, look.columns)
+                and compaction(engine, look.sizes, plan.config.compact_bytes, parts_in)
+            ):  # fmt: skip
+                gather[plan.config.table] = Gathered(look.columns, sum(look.sizes.values()))
         # one xid is published one way: batch only if every table's validation chose it
         batch_visible = mode is Mode.ATTACH and all(
             plan.config.visibility == Visibility.BATCH for plan, _ in writes

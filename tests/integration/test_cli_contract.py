@@ -210,6 +210,39 @@ def test_status_watch_redraws_until_interrupted(
     assert (seen + out).count(env.job) >= 2
 
 
+def test_ctrl_c_ends_a_watch_whose_keeper_went_silent(env: Env) -> None:
+    """Ctrl-C while the watch waits on a Keeper that answers nothing (a black hole): the
+    sessions cannot close in time, and kazoo's own stop at interpreter exit would wait
+    for them; the watch leaves within its close bound, with 0."""
+    from tests.nemesis.proxy import FaultProxy
+
+    begin(env.open(), "run-A")
+    host, port = env.stack.keeper.rsplit(":", 1)
+    proxy = FaultProxy((host, int(port)), name="keeper").start()
+    try:
+        flags = [*env.flags()]
+        flags[flags.index("--keeper") + 1] = proxy.address
+        proc = subprocess.Popen(
+            [TXSINK, "status", *flags, "--watch", "0.5"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            preexec_fn=_ignoring_sigint,  # noqa: PLW1509 - a signal disposition, no threads
+        )  # fmt: skip
+        seen = ""
+        while seen.count("txsink status, every 0.5s") < 2:
+            line = proc.stdout.readline()  # type: ignore[union-attr]
+            assert line, (seen, proc.poll())
+            seen += line
+        proxy.blackhole(True)
+        time.sleep(1.5)  # the next draw now waits on Keeper
+        proc.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err[-2000:]
+        assert time.monotonic() - sent < 8, err[-2000:]
+    finally:
+        proxy.stop()
+
+
 def test_ctrl_c_ends_a_command_inside_a_keeper_retry_at_once(tmp_path: Path) -> None:
     # nothing listens on a freshly closed port: kazoo's connect loop retries until the
     # 120 s timeout; Ctrl-C inside it ends the command with 130 at once

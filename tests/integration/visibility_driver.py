@@ -18,6 +18,7 @@ from txsink.config import WriterConfig
 from txsink.driver import open_job
 from txsink.names import qualified
 from txsink.protocol.ids import batch_xid, run_tag, staging_name
+from txsink.protocol.ops import Gathered
 from txsink.protocol.states import Mode, StagedPart, Visibility
 
 ROWS = 50  # per task and partition
@@ -51,7 +52,7 @@ def main(argv: list[str]) -> None:
         t0 = time.perf_counter()
         tx.commit_batch(
             epoch, batch_xid(b), b, table, parts, Mode.ATTACH, streaming=True, visibility=shown,
-            compact=frozenset({table}),  # a small batch of a plain MergeTree target
+            gather={table: Gathered(("p", "b", "x"))},  # a small batch of a plain MergeTree
         )  # fmt: skip
         latencies.append(time.perf_counter() - t0)
     handle.close()

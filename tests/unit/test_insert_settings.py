@@ -210,7 +210,7 @@ def test_a_profile_that_forbids_a_setting_of_the_batch_publish_refuses_the_job(
     (sender, fix, settings), gather = after_prepare_settings("attach", "batch", "keeper")
     (msg,) = statement_settings_problems(effective, settings, user="etl", sender=sender, fix=fix)
     assert name in msg and "user etl" in msg and "use visibility=partition" in msg
-    assert dict(gather[2]) == {"asterisk_include_materialized_columns": 1}
+    assert dict(gather[2]) == {"insert_allow_materialized_columns": 1}
     forbids = {k: SettingValue(k, "0", True, True, None, None) for k in gather[2]}
     (msg,) = statement_settings_problems(
         forbids, gather[2], user="etl", sender=gather[0], fix=gather[1]

@@ -62,13 +62,13 @@ class World:
     record: XidRecord
     tables: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
     query_log: set[tuple[str, str]] = field(default_factory=set)
-    gather: dict[str, tuple[str, ...]] = field(default_factory=dict)  # a fresh publish's
+    gather: dict[str, ops.Gathered] = field(default_factory=dict)  # a fresh publish's
 
     @classmethod
     def fresh(cls, visibility: str) -> World:
         """``gathered``: a batch whose fresh publish gathers it (GatherBatch)."""
         tables = {t: {p: dict(parts) for p, parts in pids.items()} for t, pids in STAGED.items()}
-        gather = {TARGET: ("p", "id")} if visibility == "gathered" else {}
+        gather = {TARGET: ops.Gathered(("p", "id"), 1)} if visibility == "gathered" else {}
         return cls(make_record("batch" if gather else visibility), tables, gather=gather)
 
     def view(self, tables: tuple[str, ...]) -> dict[str, dict[str, int] | None]:
@@ -291,7 +291,7 @@ def test_a_fresh_batch_publish_sends_the_same_statements_whatever_the_tasks() ->
     gathered = World.fresh("batch")
     run = sequence.publish_attempt(
         gathered.record, PREFIX, BOUNDS, resumed=False, after_failure=False,
-        gather={TARGET: ("p", "id")},
+        gather={TARGET: ops.Gathered(("p", "id"), 1)},
     )  # fmt: skip
     _, seen = drive(run, Executor(gathered))
     kinds = [type(s).__name__ for s in seen if is_act(s)]
@@ -307,6 +307,12 @@ def test_only_the_drop_after_a_committed_batch_publish_leaves_out_sync() -> None
     partition path (replicated staging, whose Keeper path must go with it) waits."""
     drops = [s for s in full_run("batch") if isinstance(s, steps.DropTables)]
     assert [d.wait for d in drops] == [False]
+    drops = [s for s in full_run("gathered") if isinstance(s, steps.DropTables)]
+    assert [d.wait for d in drops] == [False]  # a small gathered batch
+    big = World.fresh("gathered")  # its task staging's data is in no target part
+    big.gather = {TARGET: ops.Gathered(("p", "id"), ops.DROP_WAIT_BYTES + 1)}
+    _, seen = drive(attempt(big, resumed=False), Executor(big))
+    assert [s.wait for s in seen if isinstance(s, steps.DropTables)] == [True]
     assert all(s.wait for s in full_run("partition") if isinstance(s, steps.DropTables))
     world = World.fresh("batch")  # a finisher that created its batch staging, then died
     seen = full_run("batch")

@@ -201,3 +201,36 @@ def test_batch_visibility_is_refused_on_replicated_distributed_and_dedup() -> No
     assert "non-replicated" in v.batch_refusal("db.t", "Distributed", "attach")
     assert "attach mode" in v.batch_refusal("db.t", "MergeTree", "dedup")
     assert v.batch_refusal("db.t", "ReplacingMergeTree", "attach") == ""
+
+
+def test_a_gather_names_at_most_so_many_tables_and_bytes_of_columns() -> None:
+    assert v.gather_fits(4, ("p", "id"))
+    assert not v.gather_fits(4, ())  # columns unknown
+    assert v.gather_fits(v.MAX_GATHER_TABLES, ("p", "id"))
+    assert not v.gather_fits(v.MAX_GATHER_TABLES + 1, ("p", "id"))
+    wide = tuple(f"column_{i:04d}" for i in range(400))  # 200 tables of it: ~1.2 MB
+    assert v.gather_fits(10, wide) and not v.gather_fits(200, wide)
+
+
+def _gathered(parts: dict[str, tuple[str, ...]], rows: dict[str, int]) -> list[str]:
+    """What the resumed planner does with a claimed batch staging a gather left as
+    ``parts`` (new part ids per partition) holding ``rows``."""
+    uuids = tuple(dict.fromkeys(u for ids in parts.values() for u in ids))
+    out = planner.plan_batch_publish(
+        record(), TABLES, {**WHOLE, B: rows}, STAGED, {B: uuids}, {"db.t": set()},
+        claimed={"db.t"}, batch_parts={B: parts},
+    )  # fmt: skip
+    assert not isinstance(out, Alarm)
+    return [type(x).__name__ for x in out]
+
+
+def test_a_gathered_batch_staging_is_attached_only_whole_in_one_part_per_partition() -> None:
+    """A gather cut short, doubled by a late one, or whole but in several parts of a
+    partition (several insert blocks) is dropped and built again by copies; only the
+    whole batch in one new part per partition is attached."""
+    rebuilt = ["DropStaging", "Reobserve"]
+    assert _gathered({"0": ("g0",), "1": ("g1",)}, {"0": 5, "1": 3}) == rebuilt  # partial
+    assert _gathered({"0": ("g0",)}, {"0": 5}) == rebuilt  # a partition missing
+    assert _gathered({"0": ("g0", "h0"), "1": ("g1", "h1")}, {"0": 10, "1": 14}) == rebuilt
+    assert _gathered({"0": ("g0", "h0"), "1": ("g1",)}, {"0": 5, "1": 7}) == rebuilt
+    assert _gathered({"0": ("g0",), "1": ("g1",)}, {"0": 5, "1": 7})[0] == "AttachAll"

@@ -73,11 +73,11 @@ ATTACH_LOG_SETTINGS: dict[str, Any] = {
     "log_queries_probability": 1,
 }
 # The INSERT that gathers a batch's task staging into its batch staging (visibility=batch,
-# a plain MergeTree below compact_bytes): staging's insert settings, and `*` reading the
-# MATERIALIZED columns too (the statement checks that every table stores the same ones).
+# a plain MergeTree below compact_bytes): staging's insert settings, and the MATERIALIZED
+# columns written with the values staging holds (never computed again).
 GATHER_SETTINGS: dict[str, Any] = {
     **STAGING_INSERT_SETTINGS,
-    "asterisk_include_materialized_columns": 1,
+    "insert_allow_materialized_columns": 1,
 }
 # Every write of the state store with state=clickhouse (txsink.keeper.keepermap): strict
 # mode is the compare-and-set; a node's value travels hex-encoded inside the statement
@@ -107,7 +107,7 @@ def after_prepare_settings(
             (
                 "the INSERT that gathers a batch into one part per partition (visibility=batch)",
                 "set compact_bytes=0 or use visibility=partition",
-                {"asterisk_include_materialized_columns": 1},
+                {"insert_allow_materialized_columns": 1},
             )
         )
     if state == "clickhouse":

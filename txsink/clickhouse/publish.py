@@ -23,19 +23,26 @@ from collections.abc import Callable, Sequence
 
 from txsink.clickhouse.blockers import AddColumn, plan_column_catch_up
 from txsink.clickhouse.error_map import ACCESS_DENIED, UNKNOWN_DATABASE, UNKNOWN_TABLE
-from txsink.clickhouse.insert_settings import ATTACH_LOG_SETTINGS, GATHER_SETTINGS
+from txsink.clickhouse.insert_settings import (
+    ATTACH_LOG_SETTINGS,
+    GATHER_SETTINGS,
+    OPTIONAL_INSERT_SETTINGS,
+)
 from txsink.clickhouse.observe import MAX_COMMANDS, PARTITION_ID_RE
 from txsink.clickhouse.staging import Stager
-from txsink.errors import ConfigError, RecoveryAlarm, RetryableConflict, TxSinkError
+from txsink.errors import (
+    ConfigError,
+    RecoveryAlarm,
+    RetryableConflict,
+    TxSinkError,
+    UnavailableError,
+)
 from txsink.names import qualified, quote_ident, quote_literal, split_table
 
 log = logging.getLogger(__name__)
 # copy commands per statement: ~120 bytes each, far below max_query_size (256 KiB)
 MAX_COPIES = 1000
 READONLY = 164  # a readonly profile refuses every ALTER
-# what the server answers a gather whose tables store different columns: the guard's
-# throwIf (FUNCTION_THROW_IF_VALUE_IS_NON_ZERO), or the INSERT's own structure checks
-GATHER_REFUSALS = (395, 20, 36, 47, 53, 122)
 _DENIED_RE = re.compile(r"(?:Not enough privileges|Cannot execute query in readonly mode).*")
 
 
@@ -125,17 +132,18 @@ class Publisher(Stager):
     def gather_into_batch(
         self, batch_staging: str, tables: Sequence[str], columns: Sequence[str], rows: int
     ) -> None:
-        """``INSERT INTO batch (columns) SELECT * FROM (SELECT * FROM s1 UNION ALL ...)``
-        (``*`` with the MATERIALIZED columns: :data:`GATHER_SETTINGS`), guarded by a
-        scalar subquery the server evaluates before it reads a row: every table, the
-        batch staging included, stores exactly ``columns`` in that order, with the same
-        types and kinds in each (``system.columns``), else it throws and nothing is
-        written; so no value is ever converted. The result is one part per partition
-        while the batch fits one insert block. Never retried blindly (a repeat writes
-        the rows again); a refusal of the structure, or a count of rows written other
-        than ``rows``, is a RetryableConflict: the publish re-observes, drops this batch
-        staging (not what the manifest says) and builds it again by copies, which
-        catch older staging up with the target's columns."""
+        """``INSERT INTO batch (c1, ...) SELECT * FROM (SELECT c1, ... FROM s1 UNION ALL
+        SELECT c1, ... FROM s2 ...) WHERE <guard> = 0``: the guard is a scalar subquery the
+        server evaluates before it reads a row: every table, the batch staging included,
+        stores exactly ``columns`` in that order, with the same types and kinds in each
+        (``system.columns``), else it throws and nothing is written; so no value is ever
+        converted, and MATERIALIZED values are written as staging holds them
+        (:data:`GATHER_SETTINGS`). One part per partition while the batch fits one insert
+        block. Never retried blindly (a repeat writes the rows again). Any refusal, or a
+        count of rows written other than ``rows`` (a profile's ``limit`` or overflow
+        mode ``break`` would cut the SELECT short), is a RetryableConflict: the publish
+        re-observes, drops this batch staging (not what the manifest says) and builds it
+        again by copies, which catch older staging up with the target's columns."""
         fq = self._staging(batch_staging, "gather into")
         sources = [self._staging(t, "gather from") for t in tables]
         names = [batch_staging, *tables]
@@ -148,28 +156,29 @@ class Publisher(Stager):
             "sig)) AS stored FROM system.columns WHERE database = {db:String} "
             "AND table IN {names:Array(String)} GROUP BY table))"
         )
-        union = " UNION ALL ".join(f"SELECT * FROM {s}" for s in sources)
+        union = " UNION ALL ".join(f"SELECT {cols} FROM {s}" for s in sources)
         try:
             done = self.client.command(
                 f"INSERT INTO {fq} ({cols}) SELECT * FROM ({union}) WHERE {guard} = 0",
                 parameters={"n": len(names), "cols": list(columns), "db": self.staging_db,
                             "names": names},
-                settings=GATHER_SETTINGS,
+                settings=self.client.known(GATHER_SETTINGS, OPTIONAL_INSERT_SETTINGS),
                 idempotent=False,
                 table=f"{self.staging_db}.{batch_staging}",
                 what=f"gather task staging into {fq} ({len(sources)} table(s))",
             )  # fmt: skip
+        except (UnavailableError, RetryableConflict):
+            raise  # outcome unknown, or busy: re-observed as it is
         except TxSinkError as exc:
-            if exc.code not in GATHER_REFUSALS:
-                raise
             raise RetryableConflict(
-                f"gathering into {fq}: the task staging tables and the batch staging do not "
-                f"store the same columns ({exc}); re-observing"
+                f"gathering into {fq} was refused ({exc}); re-observing: the batch is "
+                f"copied instead"
             ) from exc
-        written = getattr(done, "written_rows", None)
-        if written is not None and int(written) != rows:
+        summary = getattr(done, "summary", None) or {}
+        if "written_rows" in summary and int(summary["written_rows"]) != rows:
             raise RetryableConflict(
-                f"gathering into {fq} wrote {written} rows, the manifest says {rows}; re-observing"
+                f"gathering into {fq} wrote {summary['written_rows']} rows, the manifest "
+                f"says {rows}; re-observing: the batch is copied instead"
             )
 
     def attach_all(self, staging: str, target: str, tag: str = "") -> None:

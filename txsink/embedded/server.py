@@ -90,6 +90,14 @@ MAX_HEADER_SCAN = 1 << 20  # the INSERT ... FORMAT X header must fit in this pre
 KEEP_ALIVE_SECONDS = 120
 
 
+# statements that return no result set: ClickHouse sends them no X-ClickHouse-Format (a
+# client then reads the summary: clickhouse-connect's command() returns a QuerySummary)
+NO_RESULT = frozenset(
+    ("INSERT", "CREATE", "DROP", "ALTER", "RENAME", "TRUNCATE", "OPTIMIZE", "SYSTEM", "SET",
+     "USE", "GRANT", "REVOKE", "ATTACH", "DETACH", "DELETE", "EXCHANGE", "UPDATE")
+)  # fmt: skip
+
+
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     # Headers and body go out in separate writes; with Nagle's algorithm on, the body
@@ -299,7 +307,8 @@ class Handler(BaseHTTPRequestHandler):
             payload = comp.compress(data) + comp.flush()
         self.send_response(200)
         self._common_headers(query_id)
-        self.send_header("X-ClickHouse-Format", fmt)
+        if kind not in NO_RESULT:  # as ClickHouse: an INSERT or DDL names no output format
+            self.send_header("X-ClickHouse-Format", fmt)
         self.send_header("X-ClickHouse-Summary", json.dumps(summary))
         self.send_header("Content-Type", content_type_for(fmt))
         if encoding and len(data):

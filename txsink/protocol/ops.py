@@ -133,9 +133,23 @@ class CopyIntoBatch:
     rows: int
 
 
-#: target -> its stored columns, in order: the targets of an xid whose batch is gathered
-#: into one part per partition (:class:`GatherBatch`) rather than copied part by part
-Gather = Mapping[str, tuple[str, ...]]
+@dataclass(frozen=True)
+class Gathered:
+    """How one target's batch is gathered (:class:`GatherBatch`): its stored columns in
+    order, and the bytes its task staging holds (which, unlike copied parts, nothing in
+    the target shares: :func:`txsink.protocol.sequence.fresh_batch` drops them waiting
+    for the disk to be freed past :data:`DROP_WAIT_BYTES`)."""
+
+    columns: tuple[str, ...]
+    staged_bytes: int = 0
+
+
+#: target -> how its batch is gathered: the targets of an xid whose batch goes into one
+#: part per partition (:class:`GatherBatch`) rather than copied part by part
+Gather = Mapping[str, Gathered]
+#: a batch that gathered more than this leaves its task staging's data on disk after a
+#: DROP without SYNC (Atomic databases delete it minutes later): its DROP waits instead
+DROP_WAIT_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)

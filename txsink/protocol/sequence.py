@@ -33,6 +33,7 @@ from txsink.protocol.evidence_life import EvidenceLife, guard_late_publish, movi
 from txsink.protocol.ids import batch_staging_name, seal_tag
 from txsink.protocol.ops import (
     ALL_PARTITIONS,
+    DROP_WAIT_BYTES,
     Alarm,
     AttachAll,
     ClaimBatch,
@@ -275,15 +276,17 @@ def fresh_batch(record: XidRecord, prefix: str, gather: Gather | None = None) ->
     and waits out an ATTACH already sent before it looks for evidence. Any failure
     sends the publish to the resumed path, which observes everything."""
     claimed: list[str] = []
+    gathered = 0
     for target, parts in by_target(record).items():
         base = batch_staging_name(prefix, record.xid, target)
         name: str = yield CreateBatchStaging(base, "", parts[0].table, claimed=target)
         yield FaultPoint("driver.after_batch_create")
         tables = tuple(dict.fromkeys(p.table for p in parts))  # each one's every partition
         rows = sum(p.rows for p in parts)
-        columns = (gather or {}).get(target)
-        if columns:
-            yield GatherBatch(record.xid, name, tables, columns, rows)
+        how = (gather or {}).get(target)
+        if how is not None and how.columns:
+            yield GatherBatch(record.xid, name, tables, how.columns, rows)
+            gathered += how.staged_bytes
         else:
             yield CopyIntoBatch(record.xid, name, tuple((t, ALL_PARTITIONS) for t in tables), rows)
         yield FaultPoint("driver.after_copy")
@@ -296,7 +299,7 @@ def fresh_batch(record: XidRecord, prefix: str, gather: Gather | None = None) ->
     yield FaultPoint("driver.after_commit")
     record = yield Write(record, RecordCommitted(record.xid))
     yield FaultPoint("driver.after_record")
-    yield DropTables((*record.staging_tables, *claimed), wait=False)
+    yield DropTables((*record.staging_tables, *claimed), wait=gathered > DROP_WAIT_BYTES)
     return record
 
 

@@ -44,7 +44,7 @@ before the roll-forward looks; or a hand dropping the attached batch staging the
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from txsink.protocol.states import Mode, XidRecord
 
@@ -52,6 +52,7 @@ __all__ = [
     "ATTACH_PRIVILEGES",
     "batch_refusal",
     "compaction",
+    "gather_fits",
     "grant_refusal",
     "is_batch",
 ]
@@ -105,6 +106,21 @@ def _grantee(user: str) -> str:
 
 def is_batch(record: XidRecord) -> bool:
     return record.mode is Mode.ATTACH and record.batch_visible
+
+
+# a gather names every task staging table and every column of each: beyond these its
+# statement nears the server's parser limits (max_query_size 256 KiB; query plans of
+# thousands of UNION branches): such a batch is copied part by part instead
+MAX_GATHER_TABLES = 200
+MAX_GATHER_SQL = 192 * 1024
+
+
+def gather_fits(tables: int, columns: Sequence[str]) -> bool:
+    """Whether a batch of ``tables`` task staging tables storing ``columns`` can be
+    gathered in one statement (:data:`MAX_GATHER_TABLES`, :data:`MAX_GATHER_SQL`);
+    no columns known: it cannot."""
+    width = sum(len(c) + 4 for c in columns) + 64  # quoted, separated, SELECT ... FROM s
+    return bool(columns) and 0 < tables <= MAX_GATHER_TABLES and tables * width <= MAX_GATHER_SQL
 
 
 def compaction(
