@@ -119,7 +119,7 @@ def _commit_targets(co: dict[str, Any]) -> list[Target]:
 # issue 39's per-batch counts: (target, the count, its limit at a shape, what it counts)
 COUNT_TARGETS = (
     (
-        "task statements besides inserts <= 1 per task",
+        "task statements besides inserts on its critical path <= 1 per task",
         "task_statements",
         lambda s: s["tasks"],
         "tasks/ClickHouse/",
@@ -836,6 +836,14 @@ def render(r: dict[str, Any], plot_name: str = "trigger_sweep.png") -> str:
         f"took {r.get('total_seconds', 0) / 60:.1f} min.",
         "",
     ]
+    if r.get("merged"):
+        m = r["merged"]
+        lines += [
+            f"Sections {', '.join(m['sections'])} were measured again by a later run "
+            f"(`{m['command']}`, started {m['started']}, {m['total_seconds'] / 60:.1f} min) "
+            "and replace the first run's; the others are the first run's.",
+            "",
+        ]
     lines += section_targets(r)
     lines += section_machine(r)
     lines += section_throughput(r)

@@ -38,6 +38,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--results", default=str(ROOT / "benchmarks" / "results.json"))
     parser.add_argument("--doc", default=str(ROOT / "docs" / "benchmarks.md"))
     parser.add_argument("--plot", default=str(ROOT / "docs" / "trigger_sweep.png"))
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="replace only the sections run in the existing results (the report names the "
+        "sections measured by this later run)",
+    )
     return parser.parse_args(argv)
 
 
@@ -76,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"unknown section(s) {sorted(unknown)}; known: {', '.join(MODULES)}")
     command = "benchmarks/run.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    earlier: dict[str, Any] = json.loads(Path(args.results).read_text()) if args.merge else {}
     results: dict[str, Any] = {
         "command": f".venv/bin/python {command.strip()}",
         "sizes": sizes.__dict__,
@@ -105,6 +112,12 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 spark.stop()
     results["total_seconds"] = round(time.monotonic() - started, 1)
+    if earlier:  # the earlier run, with this run's sections in place of its own
+        later = {k: results[k] for k in ("command", "started", "total_seconds")}
+        merged_load = {**earlier.get("load", {}), **results.get("load", {})}
+        results = {**earlier, **{k: v for k, v in results.items() if k not in later}}
+        results["load"] = merged_load
+        results["merged"] = {**later, "sections": wanted}
     write_json(args.results, results)
     report.write(results, Path(args.doc), Path(args.plot))
     log(f"wrote {args.results}, {args.doc} in {results['total_seconds']:.0f}s")

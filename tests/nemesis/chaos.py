@@ -392,10 +392,17 @@ FAULTS: dict[str, Any] = {
     ),
     "lost-reply-insert": _drop(CH, fp.http_request(r"INSERT\s+INTO"), "INSERT block"),
     "lost-reply-move": _drop(CH, fp.http_request(r"MOVE\s+PARTITION"), "MOVE PARTITION"),
-    # visibility=batch: the copy of every task's staging into the batch staging (the
-    # statement names the batch staging, then ATTACH), and the ATTACH into the target
-    "lost-reply-copy": _drop(
-        CH, fp.http_request(r"__all_[0-9a-f]+_c[0-9a-f]+`?\s+ATTACH\s+PARTITION"), "copy"
+    # visibility=batch: the statement that fills the batch staging (held under the
+    # finisher's own name: __all_..._c...): the copy of every task's staging (ALTER ...
+    # ATTACH PARTITION) or the gather of their rows (INSERT INTO ... SELECT); the ATTACH
+    # into the target
+    "lost-reply-fill": _drop(
+        CH,
+        fp.http_request(
+            r"(__all_[0-9a-f]+_c[0-9a-f]+`?\s+ATTACH\s+PARTITION)"
+            r"|(INSERT\s+INTO\s+\S*__all_[0-9a-f]+_c[0-9a-f]+`?\s+\()"
+        ),
+        "copy or gather",
     ),
     "lost-reply-attach": _drop(
         CH, fp.http_request(r"ATTACH\s+PARTITION\s+ALL\s+FROM\s+\S*__all_"), "ATTACH"
@@ -431,7 +438,7 @@ FAULTS: dict[str, Any] = {
 ATTACH_ONLY = {
     "lost-reply-create-staging",
     "lost-reply-move",
-    "lost-reply-copy",
+    "lost-reply-fill",
     "lost-reply-attach",
     "lost-reply-drop-staging",
     "clickhouse-crash-inside-move",

@@ -26,7 +26,7 @@ ATTACH = [
     "lost-reply-keeper-prepare",
     "lost-reply-keeper-commit",
     "lost-reply-drop-staging",
-    "lost-reply-copy",
+    "lost-reply-fill",
     "lost-reply-attach",
     "zookeeper-kill",
     "executor-worker-kill",
