@@ -102,6 +102,7 @@ def run(bench: Bench, progress: Any) -> dict[str, Any]:
                 "median": round(statistics.median(v) * 1000, 1),
                 "min": round(min(v) * 1000, 1),
                 "max": round(max(v) * 1000, 1),
+                "rounds": [round(x * 1000, 1) for x in v],
             }
             for k, v in paired.items()
         },
