@@ -773,23 +773,25 @@ def section_state(r: dict[str, Any]) -> list[str]:
             f"{ms(c, 'p99_ms')} | {d['median']:+.1f} ({d['min']:+.1f}..{d['max']:+.1f}) |"
         )
     rounds = {k: st["paired_ms"][k].get("rounds") for k in names}
-    if all(rounds.values()):
-        shown = "; ".join(
-            f"{names[k]} {', '.join(f'{x:+.0f}' for x in v or ())}" for k, v in rounds.items()
-        )
-        out += [
-            "",
-            f"Paired difference per round, in order (ms): {shown}. Every round adds jobs' "
-            "state to the one KeeperMap table; KeeperMap reads a key by equality in one "
-            "Keeper request, but lists children (the takeover's listing of records, the "
-            "delete of a dedup batch's state) by reading every row of the table: measured "
-            "on this stack, a read by key stays at 7-8 ms from 10 to 4,000 rows, a listing "
-            "takes 16 ms at 10 rows, 186 ms at 1,000 and 384 ms at 4,000. Each save here is a "
-            "new run, whose takeover lists, and a dedup batch's state is deleted by a "
-            "listing; a stream's commit lists once every 50 batches (retention). A listing "
-            "bounded by the job's own state (a table per job, or an index of children) is "
-            "not built yet.",
-        ]
+    shown = "; ".join(
+        f"{names[k]} {', '.join(f'{x:+.0f}' for x in v or ())}" for k, v in rounds.items()
+    )
+    per_round = f"Paired difference per round, in order (ms): {shown}. "
+    out += [
+        "",
+        (per_round if all(rounds.values()) else "")
+        + "The differences grow with the rows of the state table: every round (and every "
+        "earlier section with state=clickhouse) adds jobs' state to the one KeeperMap "
+        "table; KeeperMap reads a key by equality in one "
+        "Keeper request, but lists children (the takeover's listing of records, the "
+        "delete of a dedup batch's state) by reading every row of the table: measured "
+        "on this stack, a read by key stays at 7-8 ms from 10 to 4,000 rows, a listing "
+        "takes 16 ms at 10 rows, 186 ms at 1,000 and 384 ms at 4,000. Each save here is a "
+        "new run, whose takeover lists, and a dedup batch's state is deleted by a "
+        "listing; a stream's commit lists once every 50 batches (retention). A listing "
+        "bounded by the job's own state (a table per job, or an index of children) is "
+        "not built yet.",
+    ]
     return [*out, ""]
 
 

@@ -89,6 +89,10 @@ def test_a_missing_table_fails_the_check(
     assert code == 1 and statuses(report)["table"] == "fail"
     detail = next(c["detail"] for c in report["checks"] if c["name"] == "table")
     assert "create_table=if_missing" in detail
+    code, report = check(stack, capsys, "--table", "no_such_db_here.t")
+    detail = next(c["detail"] for c in report["checks"] if c["name"] == "table")
+    assert code == 1 and "CREATE DATABASE no_such_db_here" in detail, detail
+    assert "create_table=if_missing" not in detail  # it would not help
 
 
 @pytest.mark.parametrize("state", ["keeper", "clickhouse"])

@@ -61,7 +61,7 @@ class CheckReport:
 
 def run_check(config: WriterConfig, clock: Callable[[], float] = time.perf_counter) -> CheckReport:
     """Every check for ``config``'s server, target and state store (see the module doc)."""
-    from txsink.clickhouse.error_map import UNKNOWN_TABLE
+    from txsink.clickhouse.error_map import UNKNOWN_DATABASE, UNKNOWN_TABLE
     from txsink.driver import open_warehouse
 
     checks: list[Check] = []
@@ -74,12 +74,26 @@ def run_check(config: WriterConfig, clock: Callable[[], float] = time.perf_count
         try:
             info = warehouse.target_info(config.table)
         except TxSinkError as exc:
-            hint = (
-                "; a writer given create_table=if_missing (with order_by) creates it from "
-                "its DataFrame, then check it again"
-                if exc.code == UNKNOWN_TABLE
-                else ""
+            db = config.table.split(".", 1)[0]
+            missing_db = exc.code == UNKNOWN_DATABASE or (
+                exc.code == UNKNOWN_TABLE
+                and not client.query_rows(
+                    "SELECT 1 FROM system.databases WHERE name = {d:String}",
+                    parameters={"d": db},
+                )
             )
+            if missing_db:
+                hint = (
+                    f"; database {db} does not exist either: create it first (CREATE "
+                    f"DATABASE {db}); create_table makes tables, not databases"
+                )
+            elif exc.code == UNKNOWN_TABLE:
+                hint = (
+                    "; a writer given create_table=if_missing (with order_by) creates it "
+                    "from its DataFrame, then check it again"
+                )
+            else:
+                hint = ""
             checks.append(Check("table", FAIL, f"{exc}{hint}"))
             info = None
         if info is not None:
