@@ -240,6 +240,10 @@ COMMIT_WHY = {
     "number of tasks (where the batch is not gathered)",
     "gather task staging into": "every task's rows inserted into the batch staging, one "
     "part per partition value (a plain MergeTree target below compact_bytes; else the copy)",
+    "create gathered batch staging": "the batch staging made from the target's CREATE (read "
+    "in the one read) and filled with every task's rows in the same statement, one part per "
+    "partition value, under this finisher's own name (a plain MergeTree target below "
+    "compact_bytes without MATERIALIZED columns, TTL or comment)",
     "ATTACH PARTITION ALL FROM": "the publish: the whole batch visible at once",
     "DROP TABLE IF EXISTS": "the batch's staging, every table in one statement",
     "MOVE PARTITION ID": "visibility=partition: one per staging table",

@@ -23,7 +23,7 @@ from typing import Protocol
 import pyarrow as pa
 import pytest
 
-from txsink.errors import ConfigError, RetryableConflict
+from txsink.errors import ConfigError, RetryableConflict, TxSinkError
 from txsink.ports.warehouse import Warehouse, WarehouseCapabilityMissing
 from txsink.protocol.ids import batch_claim_name, batch_staging_name, run_tag, staging_name
 
@@ -323,6 +323,15 @@ class WarehouseContract:
         assert harness.wh.staging_view([one, two]) == {one: {JAN: 3, FEB: 2}, two: {JAN: 4}}
         with pytest.raises(RetryableConflict):  # rows written other than the manifest's
             harness.wh.gather_into_batch(gathered, [two], columns, 5)
+        shape = harness.wh.commit_look([], views_of=target).shape
+        assert shape is not None  # a plain target: created and filled in one statement
+        made = batch_staging_name(_prefix(one), "b3", target)
+        harness.wh.gather_into_batch(made, [one, two], columns, 9, create=shape)
+        merged = harness.wh.staged_partitions(made, every_part=True)
+        assert {p: (n, len(u)) for p, (n, u) in merged.items()} == {JAN: (7, 1), FEB: (2, 1)}
+        with pytest.raises(TxSinkError):  # made already: never made twice
+            harness.wh.gather_into_batch(made, [one, two], columns, 9, create=shape)
+        assert harness.wh.staging_view([made])[made] == {JAN: 7, FEB: 2}
 
     def test_the_attach_probe_lets_a_writer_with_the_grants_through_and_changes_nothing(
         self, harness: Harness

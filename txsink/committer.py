@@ -40,7 +40,7 @@ from txsink.protocol.codec import JobMeta
 from txsink.protocol.ids import batch_xid, parse_staging, run_tag
 from txsink.protocol.ops import Gathered
 from txsink.protocol.states import Epoch, Mode, StagedPart, Visibility
-from txsink.protocol.visibility import compaction, gather_fits
+from txsink.protocol.visibility import gathering
 
 log = logging.getLogger(__name__)
 
@@ -318,13 +318,11 @@ def _commit_writes(
             strays += [t for t in look.listed if t not in incoming]
             listing = None
             engine = plan.target_info.engine if plan.target_info is not None else ""
-            parts_in = parts_per_partition(found)
-            tables = len({p.table for p in found})
-            if (
-                gather_fits(tables, look.columns)
-                and compaction(engine, look.sizes, plan.config.compact_bytes, parts_in)
-            ):  # fmt: skip
-                gather[plan.config.table] = Gathered(look.columns, sum(look.sizes.values()))
+            how = gathering(
+                engine, found, look.columns, look.sizes, plan.config.compact_bytes, look.shape
+            )
+            if how is not None:
+                gather[plan.config.table] = how
         # one xid is published one way: batch only if every table's validation chose it
         batch_visible = mode is Mode.ATTACH and all(
             plan.config.visibility == Visibility.BATCH for plan, _ in writes
@@ -344,16 +342,6 @@ def _commit_writes(
     sweep_strays(handle, (xid, previous) if previous else (xid,), strays)
     record_commit(config, result)
     return dict(result.__dict__)
-
-
-def parts_per_partition(parts: Iterable[StagedPart]) -> dict[str, int]:
-    """How many parts each partition id has over every task's staging (what decides
-    whether compaction would change anything): one evidence id per part; an entry without
-    any (a part without a UUID) counts as several, so that it is merged."""
-    count: dict[str, int] = {}
-    for p in parts:
-        count[p.partition_id] = count.get(p.partition_id, 0) + (len(p.uuids) or 2)
-    return count
 
 
 def rolled_forward_at_takeover(handle: JobHandle) -> dict[str, int]:

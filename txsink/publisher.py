@@ -182,6 +182,11 @@ class StepRunner:
         elif isinstance(step, ops.GatherBatch):
             self._own_or_unclaimed(step.batch_staging, "gather into")
             wh.gather_into_batch(step.batch_staging, step.tables, step.columns, step.rows)
+        elif isinstance(step, ops.CreateGathered):  # created held, as below
+            name = batch_claim_name(step.table, uuid.uuid4().hex)
+            self.claims[(step.xid, step.claimed)] = name
+            wh.gather_into_batch(name, step.tables, step.columns, step.rows, create=step.shape)
+            return name
         elif isinstance(step, ops.CreateBatchStaging):
             name = step.table
             if step.claimed:  # created held: no other finisher attaches from this name

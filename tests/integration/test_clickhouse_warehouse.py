@@ -615,3 +615,63 @@ def test_a_gather_copies_every_stored_value_and_refuses_tables_that_store_other_
     with pytest.raises(RetryableConflict, match="was refused"):
         wh.gather_into_batch(again, [one, two], look.columns, 80)
     assert count(ch, f"{sdb}.`{again}`") == 0  # refused before any row
+
+
+def test_a_batch_staging_made_and_gathered_in_one_statement_is_the_target_s_twin(
+    wh: ClickHouseWarehouse, ch: Any, fresh_db: str
+) -> None:
+    """``CREATE TABLE batch <the target's CREATE> AS SELECT``: the look reproduces the
+    target's columns (ALIAS, EPHEMERAL, DEFAULT, a codec), index, projection and keys
+    with the staging settings, the rows land unchanged in one part per partition with
+    part UUIDs, and the ATTACH into the target takes it. A task staging whose column
+    type changed is refused before any row and nothing is created; a target the CREATE
+    cannot reproduce (MATERIALIZED, TTL, comment) has no shape (created apart)."""
+    target = f"{fresh_db}.`tg t`"
+    ch.command(
+        f"CREATE TABLE {target} (d Date, k UInt64 CODEC(Delta, ZSTD), v String DEFAULT 'x', "
+        "a String ALIAS concat(v, '!'), e UInt8 EPHEMERAL, INDEX iv v TYPE bloom_filter "
+        "GRANULARITY 1, PROJECTION pk (SELECT d, count() GROUP BY d)) ENGINE = MergeTree "
+        "PARTITION BY toYYYYMM(d) ORDER BY k SETTINGS index_granularity = 1024, "
+        "non_replicated_deduplication_window = 10"
+    )
+    one, two = stg(1), stg(2)
+    for t, start in ((one, 0), (two, 100)):
+        wh.create_staging(target, t)
+        wh.insert_blocks(t, iter([rows_batch(40, start)]), block_rows=15, block_bytes=1 << 30)
+    look = wh.commit_look([one, two], views_of=target)
+    assert look.shape is not None and "assign_part_uuids = 1" in look.shape.ddl
+    assert "non_replicated_deduplication_window = 10" not in look.shape.ddl
+    batch = ids.batch_staging_name(ids.staging_prefix(JOB), "b1", target)
+    wh.gather_into_batch(batch, [one, two], look.columns, 80, create=look.shape)
+    sdb = wh.staging_db
+    both = f"SELECT d, k, v FROM {sdb}.`{one}` UNION ALL SELECT d, k, v FROM {sdb}.`{two}`"
+    mine = f"SELECT d, k, v FROM {sdb}.`{batch}`"
+    assert count(ch, f"(SELECT * FROM ({both}) EXCEPT {mine})") == 0
+    assert count(ch, f"({mine} EXCEPT SELECT * FROM ({both}))") == 0
+    parts = ch.query(
+        "SELECT partition_id, count(), countIf(uuid != toUUID('00000000-0000-0000-0000-"
+        "000000000000')) FROM system.parts WHERE active AND database = {d:String} AND "
+        "table = {t:String} GROUP BY partition_id",
+        parameters={"d": sdb, "t": batch},
+    ).result_rows  # fmt: skip
+    assert sorted((n, u) for _, n, u in parts) == [(1, 1), (1, 1)]  # a part a month, UUIDs
+    wh.attach_all(batch, target)
+    assert count(ch, target) == 80
+
+    retype = "MODIFY COLUMN v LowCardinality(String) SETTINGS mutations_sync = 2"
+    ch.command(f"ALTER TABLE {sdb}.`{two}` {retype}")
+    again = ids.batch_staging_name(ids.staging_prefix(JOB), "b2", target)
+    with pytest.raises(RetryableConflict, match="store different columns"):
+        wh.gather_into_batch(again, [one, two], look.columns, 80, create=look.shape)
+    assert again not in wh.list_staging(ids.staging_prefix(JOB))  # nothing created
+    with pytest.raises(RetryableConflict, match="wrote 40 rows"):  # the server's count
+        wh.gather_into_batch(again, [one], look.columns, 80, create=look.shape)
+
+    for other in (
+        f"(d Date, k UInt64, m UInt64 MATERIALIZED k) {TARGETS['by_month'].split(')', 1)[1]}",
+        f"({COLS}) ENGINE = MergeTree PARTITION BY toYYYYMM(d) ORDER BY k TTL d + INTERVAL 1 DAY",
+        f"({COLS}) ENGINE = MergeTree PARTITION BY toYYYYMM(d) ORDER BY k COMMENT 'c'",
+    ):
+        ch.command(f"DROP TABLE IF EXISTS {fresh_db}.other SYNC")
+        ch.command(f"CREATE TABLE {fresh_db}.other {other}")
+        assert wh.commit_look([], views_of=f"{fresh_db}.other").shape is None, other

@@ -394,15 +394,17 @@ FAULTS: dict[str, Any] = {
     "lost-reply-move": _drop(CH, fp.http_request(r"MOVE\s+PARTITION"), "MOVE PARTITION"),
     # visibility=batch: the statement that fills the batch staging (held under the
     # finisher's own name: __all_..._c...): the copy of every task's staging (ALTER ...
-    # ATTACH PARTITION) or the gather of their rows (INSERT INTO ... SELECT); the ATTACH
-    # into the target
+    # ATTACH PARTITION) or the gather of their rows (INSERT INTO ... SELECT, or CREATE
+    # TABLE ... AS SELECT where the target's CREATE is reproduced); the ATTACH into the
+    # target
     "lost-reply-fill": _drop(
         CH,
         fp.http_request(
             r"(__all_[0-9a-f]+_c[0-9a-f]+`?\s+ATTACH\s+PARTITION)"
             r"|(INSERT\s+INTO\s+\S*__all_[0-9a-f]+_c[0-9a-f]+`?\s+\()"
+            r"|(CREATE\s+TABLE\s+\S*__all_[0-9a-f]+_c[0-9a-f]+`?\s+\()"
         ),
-        "copy or gather",
+        "copy or gather (into the batch staging, or creating it gathered)",
     ),
     "lost-reply-attach": _drop(
         CH, fp.http_request(r"ATTACH\s+PARTITION\s+ALL\s+FROM\s+\S*__all_"), "ATTACH"

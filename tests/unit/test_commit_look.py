@@ -17,6 +17,7 @@ from txsink.ports.registry_memory import MemoryRegistry
 from txsink.ports.warehouse_memory import MemoryWarehouse
 from txsink.protocol.ids import run_tag, staging_name
 from txsink.protocol.states import Mode, XidState
+from txsink.protocol.visibility import parts_per_partition
 from txsink.spark.messages import TxCommitMessage, WritePlan
 
 JOB, TABLE = "orders", "db.t"
@@ -126,4 +127,4 @@ def test_parts_per_partition_counts_every_tasks_parts_and_an_unknown_as_several(
         StagedPart("s1", "202402", 5, uuids=("d",)),
         StagedPart("s2", "202403", 1),
     ]
-    assert committer.parts_per_partition(found) == {"202401": 3, "202402": 1, "202403": 2}
+    assert parts_per_partition(found) == {"202401": 3, "202402": 1, "202403": 2}

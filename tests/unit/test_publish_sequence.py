@@ -66,9 +66,16 @@ class World:
 
     @classmethod
     def fresh(cls, visibility: str) -> World:
-        """``gathered``: a batch whose fresh publish gathers it (GatherBatch)."""
+        """``gathered``: a batch whose fresh publish gathers it (GatherBatch);
+        ``created``: whose fresh publish creates its batch staging gathered
+        (CreateGathered)."""
         tables = {t: {p: dict(parts) for p, parts in pids.items()} for t, pids in STAGED.items()}
-        gather = {TARGET: ops.Gathered(("p", "id"), 1)} if visibility == "gathered" else {}
+        shape = ops.BatchShape("ddl", (("p", "Int32", ""),)) if visibility == "created" else None
+        gather = (
+            {TARGET: ops.Gathered(("p", "id"), 1, shape)}
+            if shape or visibility == "gathered"
+            else {}
+        )
         return cls(make_record("batch" if gather else visibility), tables, gather=gather)
 
     def view(self, tables: tuple[str, ...]) -> dict[str, dict[str, int] | None]:
@@ -134,13 +141,19 @@ class Executor:
                 for p, parts in w.tables[table].items():
                     if pid in ("", p):
                         w.tables[step.batch_staging].setdefault(p, {}).update(parts)
-        elif isinstance(step, ops.GatherBatch):  # new parts: one per partition
+        elif isinstance(step, (ops.GatherBatch, ops.CreateGathered)):  # one part a partition
+            into = getattr(step, "batch_staging", "")
+            if isinstance(step, ops.CreateGathered):
+                into = batch_claim_name(step.table, f"{self.acts:08x}")
+                self.claims[step.claimed] = into
+                w.tables[into] = {}
             rows: dict[str, int] = {}
             for table in step.tables:
                 for p, parts in w.tables[table].items():
                     rows[p] = rows.get(p, 0) + sum(parts.values())
             for p, n in rows.items():
-                w.tables[step.batch_staging].setdefault(p, {})[f"g{self.acts}{p}"] = n
+                w.tables[into].setdefault(p, {})[f"g{self.acts}{p}"] = n
+            return into
         elif isinstance(step, steps.DropTables):
             for t in step.tables:
                 w.tables.pop(t, None)
@@ -237,7 +250,7 @@ def full_run(visibility: str) -> list[steps.Step]:
 
 
 @pytest.mark.parametrize("how", ["before", "after"])
-@pytest.mark.parametrize("visibility", ["partition", "batch", "gathered"])
+@pytest.mark.parametrize("visibility", ["partition", "batch", "gathered", "created"])
 def test_a_crash_after_any_step_converges_from_a_fresh_sequence(visibility: str, how: str) -> None:
     """The runner dies at step k; a new runner (no claims) starts a fresh, resumed
     sequence on what the stores show. Same end for every k."""
@@ -250,7 +263,7 @@ def test_a_crash_after_any_step_converges_from_a_fresh_sequence(visibility: str,
         assert_published_once(world)
 
 
-@pytest.mark.parametrize("visibility", ["partition", "batch", "gathered"])
+@pytest.mark.parametrize("visibility", ["partition", "batch", "gathered", "created"])
 def test_a_lost_reply_of_any_act_is_re_observed_never_repeated(visibility: str) -> None:
     """The act landed and the runner got an error: the same runner (its claims kept)
     looks again from a fresh sequence after a failure; nothing lands twice."""
@@ -298,6 +311,8 @@ def test_a_fresh_batch_publish_sends_the_same_statements_whatever_the_tasks() ->
     assert kinds == ["CreateBatchStaging", "GatherBatch", "Attach", "Write", "DropTables"]
     assert_published_once(gathered)
     assert all(len(parts) == 1 for parts in gathered.tables[TARGET].values())
+    kinds = [type(s).__name__ for s in full_run("created") if is_act(s)]
+    assert kinds == ["CreateGathered", "Attach", "Write", "DropTables"]  # 4 + the one read
 
 
 def test_only_the_drop_after_a_committed_batch_publish_leaves_out_sync() -> None:

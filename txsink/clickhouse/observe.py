@@ -32,6 +32,7 @@ from txsink.names import qualified, quote_literal, split_table
 from txsink.ports.warehouse import ClusterReplica, ColumnInfo, CommitLook, TargetInfo
 from txsink.protocol.evidence_life import EvidenceLife
 from txsink.protocol.ids import parse_staging
+from txsink.protocol.ops import BatchShape
 from txsink.protocol.states import MAX_PART_UUIDS, short_uuids
 
 DEFAULT_STAGING_DB = "txsink_staging"
@@ -56,6 +57,8 @@ MERGE_TREE_SETTING_KEYS = (*DEDUP_SETTING_KEYS, *PARTS_SETTING_KEYS)
 
 # (rows, UUID, bytes on disk) of each active part, per partition id, per staging table
 PartsOf = dict[str, dict[str, list[tuple[int, str, int]]] | None]
+#: every column of a table: (name, type, default kind), in order
+Layout = tuple[tuple[str, str, str], ...]
 
 
 class Observer:
@@ -147,9 +150,17 @@ class Observer:
     ) -> CommitLook:
         """:meth:`staged_partitions_of` with the bytes per partition id, the views reading
         ``views_of`` and the staging tables named ``listing*``: one statement."""
-        found, views, listed, columns = self._looked(tables, views_of, listing)
+        found, views, listed, columns, made = self._looked(tables, views_of, listing)
         read, sizes = self._sums(found, MAX_PART_UUIDS)
-        return CommitLook(read, sizes, views, listed, columns)
+        shape = self._batch_shape(views_of, *made) if views_of is not None and made else None
+        return CommitLook(read, sizes, views, listed, columns, shape)
+
+    def _batch_shape(
+        self, target: str, create_query: str, engine_full: str, layout: Layout
+    ) -> BatchShape | None:
+        """How to create a batch staging like ``target`` and fill it in one statement
+        (:class:`~txsink.clickhouse.staging.Stager` knows the staging settings)."""
+        return None
 
     def _summed(
         self, tables: Iterable[str], limit: int | None
@@ -189,11 +200,15 @@ class Observer:
 
     def _looked(
         self, tables: Iterable[str], views_of: str | None, listing: str | None
-    ) -> tuple[PartsOf, tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    ) -> tuple[
+        PartsOf, tuple[str, ...], tuple[str, ...], tuple[str, ...], tuple[str, str, Layout] | None
+    ]:
         """:meth:`_staged_parts_of`, the views reading ``views_of`` (as
         :meth:`dependent_views` finds them) and its stored columns (neither ALIAS nor
         EPHEMERAL) in order, and the staging tables named ``listing*``, from one
-        statement (each branch only when asked)."""
+        statement (each branch only when asked); with ``views_of``, also its
+        ``create_table_query`` and ``engine_full`` and every column's (name, type, kind)
+        (None if it has a comment, which its CREATE would not carry over exactly)."""
         names = sorted(set(tables))
         for name in names:
             self._staging(name, "read")
@@ -228,10 +243,13 @@ class Observer:
                 "SELECT 3, database, name, toUInt64(0), "
                 "if(as_select != '', as_select, create_table_query), toUInt64(0) "
                 "FROM system.tables WHERE engine = 'MaterializedView'",
-                # 5: a stored column of views_of, with its position
-                "SELECT 5, name, '', position, '', toUInt64(0) FROM system.columns "
-                "WHERE database = {vdb:String} AND table = {vt:String} "
-                "AND default_kind NOT IN ('ALIAS', 'EPHEMERAL')",
+                # 5: a column of views_of: its type, position and kind
+                "SELECT 5, name, type, position, default_kind, toUInt64(0) FROM system.columns "
+                "WHERE database = {vdb:String} AND table = {vt:String}",
+                # 6: its CREATE as the server prints it, its engine clause and comment
+                "SELECT 6, create_table_query, engine_full, toUInt64(0), comment, "
+                "toUInt64(0) FROM system.tables "
+                "WHERE database = {vdb:String} AND name = {vt:String}",
             ]
         if listing is not None:
             parameters["l"] = listing
@@ -240,7 +258,7 @@ class Observer:
                 "WHERE database = {db:String} AND startsWith(name, {l:String})"
             )
         if not branches:
-            return {}, (), (), ()
+            return {}, (), (), (), None
         rows = self.client.query_rows(
             " UNION ALL ".join(branches),
             parameters=parameters,
@@ -254,7 +272,8 @@ class Observer:
         found: dict[str, dict[str, list[tuple[int, str, int]]]] = {}
         views: set[str] = set()
         listed: set[str] = set()
-        columns: list[tuple[int, str]] = []
+        columns: list[tuple[int, str, str, str]] = []
+        made: list[tuple[str, str, str]] = []
         for kind, name, pid, n, text, size in rows:
             if kind == 0:
                 found.setdefault(str(name), {})
@@ -266,10 +285,14 @@ class Observer:
             elif kind == 4:
                 listed.add(str(name))
             elif kind == 5:
-                columns.append((int(n), str(name)))
+                columns.append((int(n), str(name), str(pid), str(text)))
+            elif kind == 6:
+                made.append((str(name), str(pid), str(text)))
         staged = {name: found.get(name) for name in names}
-        stored = tuple(name for _, name in sorted(columns))
-        return staged, tuple(sorted(views)), tuple(sorted(listed)), stored
+        layout = tuple((name, ctype, kind) for _, name, ctype, kind in sorted(columns))
+        stored = tuple(name for name, _, kind in layout if kind not in ("ALIAS", "EPHEMERAL"))
+        shape = (made[0][0], made[0][1], layout) if len(made) == 1 and not made[0][2] else None
+        return staged, tuple(sorted(views)), tuple(sorted(listed)), stored, shape
 
     def published_uuids(self, target: str, uuids: Iterable[str]) -> frozenset[str]:
         """Which evidence ids (short part UUIDs) the target's parts still show, active or

@@ -38,6 +38,7 @@ from txsink.errors import (
     UnavailableError,
 )
 from txsink.names import qualified, quote_ident, quote_literal, split_table
+from txsink.protocol.ops import BatchShape
 
 log = logging.getLogger(__name__)
 # copy commands per statement: ~120 bytes each, far below max_query_size (256 KiB)
@@ -130,7 +131,13 @@ class Publisher(Stager):
                 ) from exc
 
     def gather_into_batch(
-        self, batch_staging: str, tables: Sequence[str], columns: Sequence[str], rows: int
+        self,
+        batch_staging: str,
+        tables: Sequence[str],
+        columns: Sequence[str],
+        rows: int,
+        *,
+        create: BatchShape | None = None,
     ) -> None:
         """``INSERT INTO batch (c1, ...) SELECT * FROM (SELECT c1, ... FROM s1 UNION ALL
         SELECT c1, ... FROM s2 ...) WHERE <guard> = 0``: the guard is a scalar subquery the
@@ -138,35 +145,64 @@ class Publisher(Stager):
         stores exactly ``columns`` in that order, with the same types and kinds in each
         (``system.columns``), else it throws and nothing is written; so no value is ever
         converted, and MATERIALIZED values are written as staging holds them
-        (:data:`GATHER_SETTINGS`). One part per partition while the batch fits one insert
-        block. Never retried blindly (a repeat writes the rows again). Any refusal, or a
-        count of rows written other than ``rows`` (a profile's ``limit`` or overflow
-        mode ``break`` would cut the SELECT short), is a RetryableConflict: the publish
-        re-observes, drops this batch staging (not what the manifest says) and builds it
-        again by copies, which catch older staging up with the target's columns."""
+        (:data:`GATHER_SETTINGS`). With ``create``: ``CREATE TABLE batch <create.ddl> AS
+        SELECT ...``, the table made by the same statement (the server evaluates the
+        guard before it creates the table, and drops the table when the statement
+        fails); the guard then wants every task staging table to show exactly
+        ``create.layout``, the columns the new table is made with. One part per
+        partition while the batch fits one insert block. Never retried blindly (a
+        repeat writes the rows again). Any refusal, or a count of rows written other
+        than ``rows`` (a profile's ``limit`` or overflow mode ``break`` would cut the
+        SELECT short), is a RetryableConflict: the publish re-observes, drops this batch
+        staging (not what the manifest says) and builds it again by copies, which catch
+        older staging up with the target's columns."""
         fq = self._staging(batch_staging, "gather into")
         sources = [self._staging(t, "gather from") for t in tables]
-        names = [batch_staging, *tables]
         cols = ", ".join(quote_ident(c) for c in columns)
-        guard = (
-            "(SELECT throwIf(count() != {n:UInt64} OR uniqExact(sig) != 1 OR any(stored) != "
-            "{cols:Array(String)}, 'txsink: the staging tables of this batch store different "
-            "columns') FROM (SELECT arraySort(groupArray((position, name, type, default_kind))) "
-            "AS sig, arrayMap(c -> c.2, arrayFilter(c -> c.4 NOT IN ('ALIAS', 'EPHEMERAL'), "
-            "sig)) AS stored FROM system.columns WHERE database = {db:String} "
-            "AND table IN {names:Array(String)} GROUP BY table))"
-        )
         union = " UNION ALL ".join(f"SELECT {cols} FROM {s}" for s in sources)
+        message = "'txsink: the staging tables of this batch store different columns'"
+        shown = (
+            "FROM (SELECT arraySort(groupArray((position, name, type, default_kind))) AS sig, "
+            "arrayMap(c -> c.2, arrayFilter(c -> c.4 NOT IN ('ALIAS', 'EPHEMERAL'), sig)) "
+            "AS stored FROM system.columns WHERE database = {db:String} "
+            "AND table IN {names:Array(String)} GROUP BY table)"
+        )
+        parameters: dict[str, object] = {"cols": list(columns), "db": self.staging_db}
+        if create is None:
+            names = [batch_staging, *tables]
+            guard = (
+                "(SELECT throwIf(count() != {n:UInt64} OR uniqExact(sig) != 1 OR any(stored) "
+                f"!= {{cols:Array(String)}}, {message}) {shown})"
+            )
+            statement = f"INSERT INTO {fq} ({cols}) SELECT * FROM ({union}) WHERE {guard} = 0"
+            what = f"gather task staging into {fq} ({len(sources)} table(s))"
+        else:
+            names = list(tables)
+            guard = (
+                "(SELECT throwIf(count() != {n:UInt64} OR countIf(arrayMap(c -> c.2, sig) != "
+                "{ln:Array(String)} OR arrayMap(c -> c.3, sig) != {lt:Array(String)} OR "
+                "arrayMap(c -> c.4, sig) != {lk:Array(String)} OR stored != "
+                f"{{cols:Array(String)}}) != 0, {message}) {shown})"
+            )
+            parameters.update(
+                ln=[c[0] for c in create.layout],
+                lt=[c[1] for c in create.layout],
+                lk=[c[2] for c in create.layout],
+            )
+            statement = (
+                f"CREATE TABLE {fq} {create.ddl} AS SELECT * FROM ({union}) WHERE {guard} = 0"
+            )
+            what = f"create gathered batch staging {fq} ({len(sources)} table(s))"
+        parameters.update(n=len(names), names=names)
         try:
             done = self.client.command(
-                f"INSERT INTO {fq} ({cols}) SELECT * FROM ({union}) WHERE {guard} = 0",
-                parameters={"n": len(names), "cols": list(columns), "db": self.staging_db,
-                            "names": names},
+                statement,
+                parameters=parameters,
                 settings=self.client.known(GATHER_SETTINGS, OPTIONAL_INSERT_SETTINGS),
                 idempotent=False,
                 table=f"{self.staging_db}.{batch_staging}",
-                what=f"gather task staging into {fq} ({len(sources)} table(s))",
-            )  # fmt: skip
+                what=what,
+            )
         except (UnavailableError, RetryableConflict):
             raise  # outcome unknown, or busy: re-observed as it is
         except TxSinkError as exc:

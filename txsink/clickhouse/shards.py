@@ -43,6 +43,7 @@ from txsink.ports.warehouse import (
 )
 from txsink.protocol.evidence_life import EvidenceLife
 from txsink.protocol.ids import shard_of
+from txsink.protocol.ops import BatchShape
 
 _SALT = np.uint64(0x4CF2D2BAAE6DA887)  # ClickHouse's IntHash64Impl xors this in first
 _M1 = np.uint64(0xFF51AFD7ED558CCD)
@@ -446,7 +447,13 @@ class ShardedWarehouse:
         raise self._no_batch(f"copying into batch staging {batch_staging}")
 
     def gather_into_batch(
-        self, batch_staging: str, tables: Sequence[str], columns: Sequence[str], rows: int
+        self,
+        batch_staging: str,
+        tables: Sequence[str],
+        columns: Sequence[str],
+        rows: int,
+        *,
+        create: BatchShape | None = None,
     ) -> None:
         raise self._no_batch(f"gathering into batch staging {batch_staging}")
 

@@ -10,7 +10,7 @@ ValueError, never guesses.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 _TTL_RE = re.compile(r"\sTTL\s", re.IGNORECASE)
 _QUOTED_RE = re.compile(r"'(?:[^'\\]|\\.)*'")
@@ -193,3 +193,82 @@ def log_ttl_seconds(engine_full: str) -> float | None:
             seconds -= 86400.0
         least = max(0.0, seconds) if least is None else min(least, max(0.0, seconds))
     return least
+
+
+_BARE_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_KINDS = ("DEFAULT", "MATERIALIZED", "ALIAS", "EPHEMERAL")
+
+
+def _name_forms(name: str) -> tuple[str, ...]:
+    """How the server may print an identifier: backquoted, or bare where it can be."""
+    quoted = "`" + name.replace("\\", "\\\\").replace("`", "\\`") + "`"
+    return (name, quoted) if _BARE_NAME_RE.fullmatch(name) else (quoted,)
+
+
+def batch_ddl(
+    create_query: str,
+    engine_full: str,
+    table: tuple[str, str],
+    layout: tuple[tuple[str, str, str], ...],
+    settings: Mapping[str, object],
+) -> str:
+    """What follows the name in a CREATE of a table shaped exactly as ``table`` (db,
+    name), from its ``system.tables`` ``create_query`` and ``engine_full``, with
+    ``settings`` in place of the table's own of the same names: ``(<columns, indexes,
+    projections>) ENGINE = <engine_full, settings merged>``. ``""`` unless the query is
+    read exactly: it names ``table`` and ends with ``engine_full`` (no comment), its
+    columns are ``layout`` ((name, type, kind) in order, from ``system.columns``) and
+    none is MATERIALIZED (a CREATE ... AS SELECT computes those again) or has a TTL,
+    nor has the table (a TTL merge in the new table would drop rows)."""
+    head = "CREATE TABLE "
+    if not engine_full or not create_query.startswith(head):
+        return ""
+    if not create_query.endswith(" ENGINE = " + engine_full) or has_ttl(engine_full):
+        return ""
+    middle = create_query[len(head) : len(create_query) - len(engine_full) - len(" ENGINE = ")]
+    db, name = table
+    start = next(
+        (
+            len(d) + 1 + len(n) + 1
+            for d in _name_forms(db)
+            for n in _name_forms(name)
+            if middle.startswith(f"{d}.{n} (")
+        ),
+        -1,
+    )
+    body = middle[start:] if start > 0 else ""
+    try:
+        if not body or closing_paren(body) != len(body) - 1:
+            return ""
+    except ValueError:
+        return ""
+    if ttl_columns(f"{head}x {body}"):
+        return ""
+    elements = [
+        e
+        for e in split_top_level(body[1:-1])
+        if e.split(" ", 1)[0].upper() not in ("INDEX", "PROJECTION", "CONSTRAINT")
+    ]
+    if len(elements) != len(layout):
+        return ""
+    for element, (column, ctype, kind) in zip(elements, layout, strict=True):
+        if kind == "MATERIALIZED":
+            return ""
+        rest = next(
+            (element[len(f) + 1 :] for f in _name_forms(column) if element.startswith(f + " ")),
+            None,
+        )
+        if rest is None or not (rest == ctype or rest.startswith(ctype + " ")):
+            return ""
+        word = rest[len(ctype) :].split(maxsplit=1)[:1]
+        said = word[0] if word and word[0] in _KINDS else ""
+        if said != kind:
+            return ""
+    at = re.search(r"\sSETTINGS\s", mask_quoted(engine_full))
+    engine, own = engine_full, []
+    if at is not None:
+        engine = engine_full[: at.start()]
+        own = _SETTING_RE.findall(engine_full[at.end() :])
+    merged = [f"{k} = {v}" for k, v in own if k not in settings]
+    merged += [f"{k} = {v}" for k, v in settings.items()]
+    return f"{body} ENGINE = {engine} SETTINGS {', '.join(merged)}"

@@ -27,13 +27,15 @@ from txsink.clickhouse.observe import (
     METADATA_MISMATCH,
     REPLICA_ALREADY_EXISTS,
     TABLE_ALREADY_EXISTS,
+    Layout,
     Observer,
 )
 from txsink.clickhouse.replicated_ddl import staging_engine_clause, staging_keeper_path
-from txsink.clickhouse.sqltext import parse_settings_clause
+from txsink.clickhouse.sqltext import batch_ddl, parse_settings_clause
 from txsink.errors import ConfigError, TxSinkError
 from txsink.names import qualified, quote_ident, quote_literal, split_table
 from txsink.ports.warehouse import TargetInfo
+from txsink.protocol.ops import BatchShape
 
 log = logging.getLogger(__name__)
 # names per DROP TABLE statement, in bytes: far below max_query_size (256 KiB by default)
@@ -188,6 +190,14 @@ class Stager(Observer):
             table=fq,
             what=f"protect staging {fq} (no TTL, no merges, no dedup, part UUIDs)",
         )
+
+    def _batch_shape(
+        self, target: str, create_query: str, engine_full: str, layout: Layout
+    ) -> BatchShape | None:
+        """The target's CREATE with the staging settings (:func:`~.sqltext.batch_ddl`),
+        for a batch staging created and filled in one statement."""
+        ddl = batch_ddl(create_query, engine_full, split_table(target), layout, STAGING_SETTINGS)
+        return BatchShape(ddl, layout) if ddl else None
 
     def drop_staging(self, table: str) -> None:
         self.drop_stagings([table])

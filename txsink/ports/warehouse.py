@@ -38,6 +38,7 @@ from typing import Any, Protocol
 from txsink.errors import ConfigError
 from txsink.protocol.dedup_window import Guard
 from txsink.protocol.evidence_life import EvidenceLife
+from txsink.protocol.ops import BatchShape
 
 MERGE_TREE_SUFFIX = "MergeTree"
 WINDOW_SECONDS_KEY = "replicated_deduplication_window_seconds"
@@ -93,13 +94,16 @@ class CommitLook:
     ids per partition (None: missing); the bytes staged per partition id over all of
     them (what decides a batch's compaction); the materialized views that read
     ``views_of`` now, and its stored columns in order (what a gathered batch inserts);
-    the staging tables whose names start with ``listing``."""
+    the staging tables whose names start with ``listing``; ``shape``: how to create a
+    batch staging like ``views_of`` and fill it in one statement, None where its CREATE
+    cannot be reproduced exactly."""
 
     staged: dict[str, dict[str, tuple[int, tuple[str, ...]]] | None]
     sizes: dict[str, int] = field(default_factory=dict)
     views: tuple[str, ...] = ()
     listed: tuple[str, ...] = ()
     columns: tuple[str, ...] = ()
+    shape: BatchShape | None = None
 
 
 @dataclass(frozen=True)
@@ -320,14 +324,23 @@ class Warehouse(Protocol):
     def copy_into_batch(self, batch_staging: str, sources: Sequence[tuple[str, str]]) -> None: ...
 
     def gather_into_batch(
-        self, batch_staging: str, tables: Sequence[str], columns: Sequence[str], rows: int
+        self,
+        batch_staging: str,
+        tables: Sequence[str],
+        columns: Sequence[str],
+        rows: int,
+        *,
+        create: BatchShape | None = None,
     ) -> None:
         """Insert every row of ``tables`` (task staging tables, whole) into the batch
         staging in one statement: one part per partition for a batch below one insert
         block. Refused before any row unless every table, the batch staging included,
         has exactly ``columns`` (stored, in order) with the same types: nothing is ever
-        converted. Never retried blindly (it writes new parts); a count of rows written
-        other than ``rows`` is a RetryableConflict (the publish re-observes)."""
+        converted. ``create``: the batch staging does not exist yet and the same
+        statement creates it from the shape (every task staging table must show
+        ``create.layout``; a refusal creates nothing). Never retried blindly (it writes
+        new parts); a count of rows written other than ``rows`` is a RetryableConflict
+        (the publish re-observes)."""
         ...
 
     def claim_staging(self, staging: str, claimed: str) -> None: ...

@@ -51,6 +51,7 @@ from txsink.ports.warehouse import (
 )
 from txsink.protocol.evidence_life import EvidenceLife
 from txsink.protocol.ids import parse_staging
+from txsink.protocol.ops import BatchShape
 from txsink.protocol.states import MAX_PART_UUIDS, short_uuids
 
 T = TypeVar("T")
@@ -217,7 +218,12 @@ class MemoryWarehouse:
                 () if listing is None else sorted(t for t in self.staging if t.startswith(listing))
             )
             columns = ("value",) if views_of is not None else ()
-            return CommitLook(read, sizes, tuple(views), tuple(listed), columns)
+            shape = (
+                BatchShape(views_of, (("value", "String", ""),))
+                if views_of is not None and views_of in self.tables
+                else None
+            )
+            return CommitLook(read, sizes, tuple(views), tuple(listed), columns, shape)
 
         return self._call("commit_look", act)
 
@@ -470,13 +476,25 @@ class MemoryWarehouse:
         self._call("copy_into_batch", act, cuttable=True)
 
     def gather_into_batch(
-        self, batch_staging: str, tables: Sequence[str], columns: Sequence[str], rows: int
+        self,
+        batch_staging: str,
+        tables: Sequence[str],
+        columns: Sequence[str],
+        rows: int,
+        *,
+        create: BatchShape | None = None,
     ) -> None:
         """The twin's tables have no columns to compare (``columns`` is not checked):
-        every row of ``tables`` goes into one new part per partition."""
+        every row of ``tables`` goes into one new part per partition. ``create``: its
+        ``ddl`` names the target the new batch staging is made like."""
         self._need_batch(f"gathering into {batch_staging}")
 
         def act() -> None:
+            if create is not None:
+                self._check_name(batch_staging, "create")
+                if batch_staging in self.staging:
+                    raise ConfigError(f"table {batch_staging} already exists")
+                self.staging[batch_staging] = MemoryTable(self._table(create.ddl).partition_by)
             dest = self._staged(batch_staging)
             by_pid: dict[str, list[Any]] = {}
             for table in tables:

@@ -134,14 +134,31 @@ class CopyIntoBatch:
 
 
 @dataclass(frozen=True)
+class BatchShape:
+    """The target as the commit's one read saw it, enough to create its batch staging
+    and fill it in the same statement (:class:`CreateGathered`): ``ddl``, what follows
+    the table's name in its CREATE (columns, engine, the staging settings), and
+    ``layout``, every column's (name, type, kind) in order, which every task staging
+    table must show on the server when the rows are read (the new table is made from
+    ``ddl``, so nothing is converted)."""
+
+    ddl: str
+    layout: tuple[tuple[str, str, str], ...]
+
+
+@dataclass(frozen=True)
 class Gathered:
     """How one target's batch is gathered (:class:`GatherBatch`): its stored columns in
     order, and the bytes its task staging holds (which, unlike copied parts, nothing in
     the target shares: :func:`txsink.protocol.sequence.fresh_batch` drops them waiting
-    for the disk to be freed past :data:`DROP_WAIT_BYTES`)."""
+    for the disk to be freed past :data:`DROP_WAIT_BYTES`). ``shape``: the batch staging
+    is created and filled in one statement (:class:`CreateGathered`); None where the
+    target's CREATE cannot be reproduced exactly (a MATERIALIZED column, a TTL, a
+    comment) and the batch staging is created apart."""
 
     columns: tuple[str, ...]
     staged_bytes: int = 0
+    shape: BatchShape | None = None
 
 
 #: target -> how its batch is gathered: the targets of an xid whose batch goes into one
@@ -168,6 +185,25 @@ class GatherBatch:
     tables: tuple[str, ...]  # every task staging table of the target, whole
     columns: tuple[str, ...]  # the target's stored columns, in order
     rows: int
+
+
+@dataclass(frozen=True)
+class CreateGathered:
+    """:class:`CreateBatchStaging` (claimed) and :class:`GatherBatch` in one statement:
+    ``CREATE TABLE <claimed name> <shape.ddl> AS SELECT columns FROM <every task staging
+    table>``; the runner answers with the name. The server checks before any row that
+    every task staging table shows ``shape.layout``, else nothing is created; a CREATE
+    cut after the table was made leaves a batch staging that the resumed path checks
+    like any other (dropped and built again unless it holds exactly the manifest's
+    rows in one part per partition)."""
+
+    xid: str
+    table: str  # the batch staging's base name (claimed by the runner)
+    claimed: str  # the target whose claim this is
+    tables: tuple[str, ...]
+    columns: tuple[str, ...]
+    rows: int
+    shape: BatchShape
 
 
 @dataclass(frozen=True)
@@ -222,6 +258,7 @@ Operation = (
     | Consolidate
     | CopyIntoBatch
     | GatherBatch
+    | CreateGathered
     | ClaimBatch
     | AttachAll
     | Reobserve

@@ -40,6 +40,7 @@ from txsink.protocol.ops import (
     Consolidate,
     CopyIntoBatch,
     CreateBatchStaging,
+    CreateGathered,
     DropStaging,
     Gather,
     GatherBatch,
@@ -265,10 +266,11 @@ def fresh_batch(record: XidRecord, prefix: str, gather: Gather | None = None) ->
     prepare), and no other finisher knows the xid unless one took the job over since.
     Per target: create the batch staging under a name of this finisher's own (claimed
     from the start), fill it in one statement (targets in ``gather``: every task staging
-    table's rows inserted into one part per partition, :class:`GatherBatch`; the others:
+    table's rows inserted into one part per partition, :class:`GatherBatch`, in the
+    CREATE itself where the target's shape allows, :class:`CreateGathered`; the others:
     their parts copied, :class:`CopyIntoBatch`), check the fence, ATTACH it; then
     COMMITTED and one DROP. The statements are the same whatever the number of tasks
-    and partitions.
+    and partitions: 4 with the one read before the prepare (a gathered shape), else 5.
 
     Why no look is needed: a finisher that took the job over before the fence check
     makes it fail (nothing of this attempt is attached); one that took it over after
@@ -279,16 +281,25 @@ def fresh_batch(record: XidRecord, prefix: str, gather: Gather | None = None) ->
     gathered = 0
     for target, parts in by_target(record).items():
         base = batch_staging_name(prefix, record.xid, target)
-        name: str = yield CreateBatchStaging(base, "", parts[0].table, claimed=target)
-        yield FaultPoint("driver.after_batch_create")
         tables = tuple(dict.fromkeys(p.table for p in parts))  # each one's every partition
         rows = sum(p.rows for p in parts)
         how = (gather or {}).get(target)
-        if how is not None and how.columns:
-            yield GatherBatch(record.xid, name, tables, how.columns, rows)
+        name: str
+        if how is not None and how.columns and how.shape is not None:
+            name = yield CreateGathered(
+                record.xid, base, target, tables, how.columns, rows, how.shape
+            )
+            yield FaultPoint("driver.after_batch_create")
             gathered += how.staged_bytes
         else:
-            yield CopyIntoBatch(record.xid, name, tuple((t, ALL_PARTITIONS) for t in tables), rows)
+            name = yield CreateBatchStaging(base, "", parts[0].table, claimed=target)
+            yield FaultPoint("driver.after_batch_create")
+            if how is not None and how.columns:
+                yield GatherBatch(record.xid, name, tables, how.columns, rows)
+                gathered += how.staged_bytes
+            else:
+                sources = tuple((t, ALL_PARTITIONS) for t in tables)
+                yield CopyIntoBatch(record.xid, name, sources, rows)
         yield FaultPoint("driver.after_copy")
         yield CheckFence()
         yield FaultPoint("driver.before_attach")

@@ -44,15 +44,17 @@ before the roll-forward looks; or a hand dropping the attached batch staging the
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
-from txsink.protocol.states import Mode, XidRecord
+from txsink.protocol.ops import BatchShape, Gathered
+from txsink.protocol.states import Mode, StagedPart, XidRecord
 
 __all__ = [
     "ATTACH_PRIVILEGES",
     "batch_refusal",
     "compaction",
     "gather_fits",
+    "gathering",
     "grant_refusal",
     "is_batch",
 ]
@@ -119,8 +121,45 @@ def gather_fits(tables: int, columns: Sequence[str]) -> bool:
     """Whether a batch of ``tables`` task staging tables storing ``columns`` can be
     gathered in one statement (:data:`MAX_GATHER_TABLES`, :data:`MAX_GATHER_SQL`);
     no columns known: it cannot."""
-    width = sum(len(c) + 4 for c in columns) + 64  # quoted, separated, SELECT ... FROM s
-    return bool(columns) and 0 < tables <= MAX_GATHER_TABLES and tables * width <= MAX_GATHER_SQL
+    fits = _gather_sql(tables, columns) <= MAX_GATHER_SQL
+    return bool(columns) and 0 < tables <= MAX_GATHER_TABLES and fits
+
+
+def _gather_sql(tables: int, columns: Sequence[str]) -> int:
+    """About how long a gather's SQL is (quoted names, separators, SELECT ... FROM s)."""
+    return tables * (sum(len(c) + 4 for c in columns) + 64)
+
+
+def gathering(
+    engine: str,
+    found: Sequence[StagedPart],
+    columns: Sequence[str],
+    sizes: Mapping[str, int],
+    limit: int,
+    shape: BatchShape | None = None,
+) -> Gathered | None:
+    """How the fresh publish fills one target's batch staging, from the commit's one
+    read: gathered (:func:`gather_fits`, :func:`compaction`; ``found``: the manifest's
+    parts of the target), and made by the same statement where the target's ``shape``
+    is known and its CREATE fits the statement too; None: its parts are copied."""
+    tables = len({p.table for p in found})
+    if not gather_fits(tables, columns):
+        return None
+    if not compaction(engine, sizes, limit, parts_per_partition(found)):
+        return None
+    if shape is not None and _gather_sql(tables, columns) + len(shape.ddl) > MAX_GATHER_SQL:
+        shape = None
+    return Gathered(tuple(columns), sum(sizes.values()), shape)
+
+
+def parts_per_partition(parts: Iterable[StagedPart]) -> dict[str, int]:
+    """How many parts each partition id has over every task's staging (what decides
+    whether compaction would change anything): one evidence id per part; an entry without
+    any (a part without a UUID) counts as several, so that it is merged."""
+    count: dict[str, int] = {}
+    for p in parts:
+        count[p.partition_id] = count.get(p.partition_id, 0) + (len(p.uuids) or 2)
+    return count
 
 
 def compaction(
