@@ -9,6 +9,8 @@ writes them.
 
 from __future__ import annotations
 
+import os
+import random
 import threading
 import time
 import uuid
@@ -19,10 +21,12 @@ import pytest
 
 from txsink.config import WriterConfig
 from txsink.driver import JobHandle, open_job
+from txsink.errors import TxSinkError
 from txsink.ports.registry import XidExists
 from txsink.protocol import plans
 from txsink.protocol.ids import staging_name
-from txsink.protocol.states import Mode, StagedPart, XidRecord, XidState
+from txsink.protocol.states import Mode, StagedPart, Visibility, XidRecord, XidState
+from txsink.protocol.visibility import gathering
 
 SCHEMA = pa.schema([("id", pa.int64()), ("p", pa.uint8())])
 
@@ -149,3 +153,93 @@ def test_a_paused_recoverer_wakes_after_a_newer_writer_prepared_and_drops_nothin
         assert counts(ch, target) == (80, 80)
     finally:
         recoverer_handle.close()
+
+
+RACES = int(os.environ.get("TXSINK_RACE_TRIALS", "5"))  # make test-slow: 30
+
+
+def test_a_fresh_gathered_commit_racing_a_takeover_publishes_each_batch_once_or_not_at_all(
+    handle: JobHandle, ch: Any, target: str
+) -> None:
+    """The driver's fresh commit of a gathered batch (one CREATE ... AS SELECT makes and
+    fills its batch staging, then the epoch check and the ATTACH) while a second writer
+    takes the job over after a random pause: before the prepare (the commit is fenced,
+    the takeover rolls the orphan back), between the CREATE and the epoch check (the
+    commit is fenced, the takeover rolls the xid forward from the batch staging it finds
+    or builds), after the check (the takeover claims the table away and waits out the
+    ATTACH). Every batch ends published once or not at all, never twice; the takeover's
+    recovery needs no operator."""
+    rng = random.Random(39)
+    other = open_job(handle.config)
+    published, outcomes = 0, []
+    try:
+        epoch = handle.transactor.begin("writer")
+        for trial in range(RACES):
+            xid, ids = f"b{trial + 1}", range(trial * 200, (trial + 1) * 200)
+            parts = [
+                p
+                for task, half in enumerate((ids[:100], ids[100:]))
+                for p in stage_in_blocks(handle, xid, task, half)
+            ]
+            look = handle.warehouse.commit_look({p.table for p in parts}, views_of=target)
+            how = gathering("MergeTree", parts, look.columns, look.sizes, 1 << 30, look.shape)
+            assert how is not None and how.shape is not None  # the one-statement CREATE
+            errors = race(handle, other, epoch, xid, parts, how, rng.uniform(0.0, 0.25))
+            epoch = handle.transactor.begin(f"writer-{trial}")  # whatever is left, finished
+            record = handle.registry.get(handle.config.job, xid)
+            done = record is not None and record.state is XidState.COMMITTED
+            published += len(ids) if done else 0
+            outcomes.append(done)
+            assert counts(ch, target) == (published, published), (trial, errors)
+        assert handle.warehouse.list_staging(handle.transactor.prefix) == []
+        assert any(outcomes), outcomes  # the race was not lost every time
+    finally:
+        other.close()
+
+
+def race(
+    handle: JobHandle, other: JobHandle, epoch: Any, xid: str, parts: Any, how: Any, pause: float
+) -> list[str]:
+    """``handle``'s fresh commit of ``xid`` and, ``pause`` seconds after it starts,
+    ``other``'s takeover; what each refused with."""
+    go = threading.Barrier(2)
+    errors: list[str] = []
+    target = handle.config.table
+
+    def commit() -> None:
+        go.wait()
+        try:
+            handle.transactor.commit_batch(
+                epoch, xid, int(xid[1:]), target, parts, Mode.ATTACH,
+                visibility=Visibility.BATCH, gather={target: how},
+            )  # fmt: skip
+        except TxSinkError as exc:
+            errors.append(f"commit: {exc}")
+
+    def take_over() -> None:
+        go.wait()
+        time.sleep(pause)
+        try:
+            other.transactor.begin(f"taker-{xid}")
+        except TxSinkError as exc:
+            errors.append(f"takeover: {exc}")
+
+    runners = [threading.Thread(target=commit), threading.Thread(target=take_over)]
+    for runner in runners:
+        runner.start()
+    for runner in runners:
+        runner.join(120)
+    return errors
+
+
+def stage_in_blocks(handle: JobHandle, xid: str, task: int, ids: range) -> list[StagedPart]:
+    """One task's staging holding ``ids`` over two partitions in two inserts (two parts
+    per partition: the batch is gathered), with the part UUIDs a task message carries."""
+    cfg = handle.config
+    name = staging_name(cfg.job, xid, "0000000a", task, 0, ids.start, handle.transactor.namespace)
+    handle.warehouse.create_staging(cfg.table, name.table)
+    for chunk in (ids[: len(ids) // 2], ids[len(ids) // 2 :]):
+        block = pa.record_batch({"id": list(chunk), "p": [i % 2 for i in chunk]}, schema=SCHEMA)
+        handle.warehouse.insert_blocks(name.table, [block], block_rows=1 << 20, block_bytes=1 << 26)
+    staged = handle.warehouse.staged_partitions(name.table)
+    return [StagedPart(name.table, pid, n, uuids=u) for pid, (n, u) in sorted(staged.items())]
