@@ -71,6 +71,8 @@ from txsink.protocol.steps import PublishBounds
 from txsink.publisher import StepRunner
 
 log = logging.getLogger(__name__)
+# a fill of a batch staging (its CREATE ... AS SELECT) older than this runs no more
+LEFTOVER_FILL_S = 3600.0
 
 
 @dataclass
@@ -535,6 +537,10 @@ class Transactor:
             self.registry.heartbeat(epoch, rest)
         if record.batch is not None and record.batch % 50 == 0:
             self.prune(epoch)
+            try:  # a server killed during a gather's CREATE left its fill behind
+                self.warehouse.drop_leftover_fills(LEFTOVER_FILL_S)
+            except TxSinkError as exc:
+                log.warning("job %s: leftover fills not swept: %s", self.job, exc)
 
     def _rest(self, epoch: Epoch, *, streaming: bool) -> None:
         """A commit that published nothing (a replay skipped, a discarded batch) still

@@ -675,3 +675,57 @@ def test_a_batch_staging_made_and_gathered_in_one_statement_is_the_target_s_twin
         ch.command(f"DROP TABLE IF EXISTS {fresh_db}.other SYNC")
         ch.command(f"CREATE TABLE {fresh_db}.other {other}")
         assert wh.commit_look([], views_of=f"{fresh_db}.other").shape is None, other
+
+
+def test_a_gathered_create_reads_the_target_s_columns_as_the_target_has_them(
+    stack: Any, ch: Any, fresh_db: str
+) -> None:
+    """A writer whose profile makes every type Nullable (``data_type_default_nullable``)
+    still creates the batch staging with the target's types (the CREATE carries its own
+    settings): the ATTACH takes it and values are unchanged. A Nested column (which
+    ``flatten_nested`` would reshape) has no one-statement shape. A fill a killed server
+    left under its internal name is swept once old enough."""
+    nullable = connect(stack.url, settings={"data_type_default_nullable": 1, "flatten_nested": 1})
+    wh = ClickHouseWarehouse(nullable, staging_db=f"{fresh_db}_stg")
+    try:
+        wh.ensure_staging_db()
+        target = f"{fresh_db}.tgt"
+        ch.command(f"CREATE TABLE {target} {TARGETS['by_month']}")
+        one = stg(1)
+        wh.create_staging(target, one)
+        wh.insert_blocks(one, iter([rows_batch(30)]), block_rows=10, block_bytes=1 << 30)
+        look = wh.commit_look([one], views_of=target)
+        assert look.shape is not None
+        batch = ids.batch_staging_name(ids.staging_prefix(JOB), "b1", target)
+        wh.gather_into_batch(batch, [one], look.columns, 30, create=look.shape)
+        types = ch.query(
+            "SELECT groupArray(type) FROM system.columns WHERE database = {d:String} "
+            "AND table = {t:String}",
+            parameters={"d": wh.staging_db, "t": batch},
+        ).result_rows[0][0]  # fmt: skip
+        assert types == ["Date", "UInt64", "String"]
+        wh.attach_all(batch, target)
+        assert count(ch, target) == 30
+
+        ch.command(
+            f"CREATE TABLE {fresh_db}.nested (k UInt64, n Nested(x String)) "
+            "ENGINE = MergeTree ORDER BY k",
+            settings={"flatten_nested": 0},
+        )
+        assert wh.commit_look([], views_of=f"{fresh_db}.nested").shape is None
+
+        sdb = wh.staging_db
+        ch.command(
+            f"CREATE TABLE {sdb}._tmp_replace_0123_4567 (k UInt64) ENGINE = MergeTree ORDER BY k"
+        )
+        assert wh.drop_leftover_fills(3600) == []  # young: a fill may still run
+        time.sleep(1.1)  # metadata times are in seconds
+        assert wh.drop_leftover_fills(0) == ["_tmp_replace_0123_4567"]
+        left = ch.query(
+            "SELECT count() FROM system.tables WHERE database = {d:String} "
+            "AND startsWith(name, '_tmp')",
+            parameters={"d": sdb},
+        ).result_rows[0][0]  # fmt: skip
+        assert left == 0 and count(ch, f"{sdb}.`{one}`") == 30
+    finally:
+        nullable.close()

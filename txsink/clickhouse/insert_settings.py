@@ -79,6 +79,14 @@ GATHER_SETTINGS: dict[str, Any] = {
     **STAGING_INSERT_SETTINGS,
     "insert_allow_materialized_columns": 1,
 }
+# The gather that creates its batch staging from the target's CREATE text (CREATE TABLE
+# ... AS SELECT): the column list is read again under the writer's session, where these
+# would make it another table than the target (Nested flattened, every type Nullable)
+CREATE_GATHER_SETTINGS: dict[str, Any] = {
+    **GATHER_SETTINGS,
+    "flatten_nested": 0,
+    "data_type_default_nullable": 0,
+}
 # Every write of the state store with state=clickhouse (txsink.keeper.keepermap): strict
 # mode is the compare-and-set; a node's value travels hex-encoded inside the statement
 # (room for a 1 MiB node, twice over). The COMMITTED record is such a write.

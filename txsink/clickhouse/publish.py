@@ -25,6 +25,7 @@ from txsink.clickhouse.blockers import AddColumn, plan_column_catch_up
 from txsink.clickhouse.error_map import ACCESS_DENIED, UNKNOWN_DATABASE, UNKNOWN_TABLE
 from txsink.clickhouse.insert_settings import (
     ATTACH_LOG_SETTINGS,
+    CREATE_GATHER_SETTINGS,
     GATHER_SETTINGS,
     OPTIONAL_INSERT_SETTINGS,
 )
@@ -146,10 +147,12 @@ class Publisher(Stager):
         (``system.columns``), else it throws and nothing is written; so no value is ever
         converted, and MATERIALIZED values are written as staging holds them
         (:data:`GATHER_SETTINGS`). With ``create``: ``CREATE TABLE batch <create.ddl> AS
-        SELECT ...``, the table made by the same statement (the server evaluates the
-        guard before it creates the table, and drops the table when the statement
-        fails); the guard then wants every task staging table to show exactly
-        ``create.layout``, the columns the new table is made with. One part per
+        SELECT ...``, the table made by the same statement (26.9 fills an internal
+        table and renames it at the end: a refused statement leaves no table under the
+        name; a server killed during the fill leaves that internal ``_tmp_replace_*``
+        table behind, swept by :meth:`drop_leftover_fills`); the guard then wants every
+        task staging table to show exactly ``create.layout``, the columns the new table
+        is made with (:data:`CREATE_GATHER_SETTINGS`: read as the target's were). One part per
         partition while the batch fits one insert block. Never retried blindly (a
         repeat writes the rows again). Any refusal, or a count of rows written other
         than ``rows`` (a profile's ``limit`` or overflow mode ``break`` would cut the
@@ -198,7 +201,10 @@ class Publisher(Stager):
             done = self.client.command(
                 statement,
                 parameters=parameters,
-                settings=self.client.known(GATHER_SETTINGS, OPTIONAL_INSERT_SETTINGS),
+                settings=self.client.known(
+                    GATHER_SETTINGS if create is None else CREATE_GATHER_SETTINGS,
+                    OPTIONAL_INSERT_SETTINGS,
+                ),
                 idempotent=False,
                 table=f"{self.staging_db}.{batch_staging}",
                 what=what,

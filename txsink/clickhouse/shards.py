@@ -425,6 +425,9 @@ class ShardedWarehouse:
             capability, what, "visibility=batch cannot span shards; use visibility=partition"
         )
 
+    def drop_leftover_fills(self, older_than_s: float) -> list[str]:
+        return [n for shard in self.shards for n in shard.drop_leftover_fills(older_than_s)]
+
     def create_batch_staging(self, table: str, like: str, target: str = "") -> None:
         raise self._no_batch(f"batch staging {table}")
 

@@ -218,8 +218,11 @@ def batch_ddl(
     projections>) ENGINE = <engine_full, settings merged>``. ``""`` unless the query is
     read exactly: it names ``table`` and ends with ``engine_full`` (no comment), its
     columns are ``layout`` ((name, type, kind) in order, from ``system.columns``) and
-    none is MATERIALIZED (a CREATE ... AS SELECT computes those again) or has a TTL,
-    nor has the table (a TTL merge in the new table would drop rows)."""
+    none is MATERIALIZED (a CREATE ... AS SELECT computes those again) or Nested (a
+    session's ``flatten_nested`` would flatten it) or has a TTL, nor has the table (a
+    TTL merge in the new table would drop rows). The CREATE is sent with
+    :data:`~.insert_settings.CREATE_GATHER_SETTINGS` (session settings that would read
+    the column list otherwise)."""
     head = "CREATE TABLE "
     if not engine_full or not create_query.startswith(head):
         return ""
@@ -252,7 +255,7 @@ def batch_ddl(
     if len(elements) != len(layout):
         return ""
     for element, (column, ctype, kind) in zip(elements, layout, strict=True):
-        if kind == "MATERIALIZED":
+        if kind == "MATERIALIZED" or "Nested(" in ctype:  # computed again; re-flattened
             return ""
         rest = next(
             (element[len(f) + 1 :] for f in _name_forms(column) if element.startswith(f + " ")),
@@ -264,7 +267,12 @@ def batch_ddl(
         said = word[0] if word and word[0] in _KINDS else ""
         if said != kind:
             return ""
-    at = re.search(r"\sSETTINGS\s", mask_quoted(engine_full))
+    try:  # the keyword outside quotes and backquoted names
+        outside = dict(outside_quotes(engine_full))
+    except ValueError:
+        return ""
+    bare = "".join(outside.get(i, "_") for i in range(len(engine_full)))
+    at = re.search(r"\sSETTINGS\s", bare)
     engine, own = engine_full, []
     if at is not None:
         engine = engine_full[: at.start()]

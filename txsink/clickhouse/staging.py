@@ -19,6 +19,7 @@ Owned by the ClickHouse adapter (:class:`Stager`, a base of
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,6 +39,8 @@ from txsink.ports.warehouse import TargetInfo
 from txsink.protocol.ops import BatchShape
 
 log = logging.getLogger(__name__)
+# the table a CREATE ... AS SELECT fills before it takes its name (ClickHouse 26.x)
+_LEFTOVER_FILL_RE = re.compile(r"_tmp_replace_[0-9A-Za-z_]+")
 # names per DROP TABLE statement, in bytes: far below max_query_size (256 KiB by default)
 MAX_DROP_BYTES = 60 * 1024
 
@@ -198,6 +201,31 @@ class Stager(Observer):
         for a batch staging created and filled in one statement."""
         ddl = batch_ddl(create_query, engine_full, split_table(target), layout, STAGING_SETTINGS)
         return BatchShape(ddl, layout) if ddl else None
+
+    def drop_leftover_fills(self, older_than_s: float) -> list[str]:
+        """Drop the internal tables a ``CREATE ... AS SELECT`` fills before it renames
+        them (``_tmp_replace_*``) that a server killed during the fill left in the
+        staging database, once older than ``older_than_s`` (a younger one may be a fill
+        still running, of this job or another). Their rows were never published: the
+        publish went on by another way. One read; a DROP only when there are some."""
+        rows = self.client.query_rows(
+            "SELECT name FROM system.tables WHERE database = {db:String} "
+            "AND startsWith(name, '_tmp_replace_') "
+            "AND metadata_modification_time < now() - {age:UInt32}",
+            parameters={"db": self.staging_db, "age": int(older_than_s)},
+            what=f"list leftover fills in {self.staging_db}",
+        )
+        names = [str(r[0]) for r in rows if _LEFTOVER_FILL_RE.fullmatch(str(r[0]))]
+        if names:
+            log.warning("dropping leftover fills of a killed server: %s", names)
+            self.client.command(
+                "DROP TABLE IF EXISTS "
+                + ", ".join(qualified(self.staging_db, n) for n in names)
+                + " SYNC",
+                table=f"{self.staging_db}.{names[0]}",
+                what=f"drop leftover fills in {self.staging_db}",
+            )
+        return names
 
     def drop_staging(self, table: str) -> None:
         self.drop_stagings([table])

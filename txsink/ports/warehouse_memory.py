@@ -446,6 +446,10 @@ class MemoryWarehouse:
 
         self._call("drop_parts", act)
 
+    def drop_leftover_fills(self, older_than_s: float) -> list[str]:
+        """The twin's fills never leave anything behind."""
+        return self._call("drop_leftover_fills", list)
+
     def create_batch_staging(self, table: str, like: str, target: str = "") -> None:
         self._need_batch(f"batch staging {table}")
 
@@ -492,8 +496,8 @@ class MemoryWarehouse:
         def act() -> None:
             if create is not None:
                 self._check_name(batch_staging, "create")
-                if batch_staging in self.staging:
-                    raise ConfigError(f"table {batch_staging} already exists")
+                if batch_staging in self.staging:  # the server's refusal, re-observed
+                    raise RetryableConflict(f"table {batch_staging} already exists")
                 self.staging[batch_staging] = MemoryTable(self._table(create.ddl).partition_by)
             dest = self._staged(batch_staging)
             by_pid: dict[str, list[Any]] = {}
