@@ -1,7 +1,9 @@
 """The steps a publish sequence yields (:mod:`txsink.protocol.sequence`): observations,
 whose results the runner sends back, and actions, which it carries out.
 
-This module owns only this vocabulary and the bounds of the loops (:class:`PublishBounds`).
+This module owns only this vocabulary and the bounds of the loops (:class:`PublishBounds`);
+the commit around a publish (:mod:`txsink.protocol.commit`) yields the steps of its own
+section below.
 The plan's own operations (:mod:`txsink.protocol.ops`) are steps too; the ones here add
 what a plan needs around them: what to look at, one round trip for a run of moves or
 drops, the Keeper writes with the record they apply to, the fault points, the end.
@@ -10,12 +12,12 @@ drops, the Keeper writes with the record they apply to, the fault points, the en
 from __future__ import annotations
 
 import enum
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from txsink.protocol.codec import BEAT_KEY, WAIT_KEY
-from txsink.protocol.ops import Operation, RecordCommitted, RecordCut
+from txsink.protocol.ops import Gather, Operation, RecordCommitted, RecordCut
 from txsink.protocol.states import XidRecord
 
 
@@ -215,6 +217,9 @@ class Failure(enum.Enum):
     UNAVAILABLE = "unavailable"  # ClickHouse not seen quiet: UnavailableError
     NOT_QUIET = "not_quiet"  # as UNAVAILABLE, but the failure that made us look wins
     CONFLICT = "conflict"  # look again later: RetryableConflict
+    CONFIG = "config"  # a refusal a replay cannot cure: ConfigError
+    DISCARDED = "discarded"  # a dedup batch given up by an operator: DiscardedBatch
+    CONTENT_CHANGED = "content_changed"  # a replay that differs: ContentChanged
 
 
 @dataclass(frozen=True)
@@ -223,6 +228,123 @@ class Stop:
 
     failure: Failure
     message: str
+
+
+# -- the commit around the publish (txsink.protocol.commit) ---------------------------
+
+
+@dataclass(frozen=True)
+class Sync:
+    """-> None: the job's reads from here on see every write before this step."""
+
+
+@dataclass(frozen=True)
+class ReadBatchState:
+    """-> ``(XidRecord | None, int | None)``: the xid's record and the job's last
+    committed batch (its ledger)."""
+
+    xid: str
+
+
+@dataclass(frozen=True)
+class ReadDiscarded:
+    """-> the operator's mark on a dedup xid given up (``recover --discard-dedup``), or
+    None."""
+
+    xid: str
+
+
+@dataclass(frozen=True)
+class ReadDedupRecords:
+    """-> the names under a dedup xid's state (``p<partition>`` per Spark partition)."""
+
+    xid: str
+
+
+@dataclass(frozen=True)
+class Taken:
+    """What :class:`Prepare` answers when the xid's node exists already: its record."""
+
+    existing: XidRecord | None
+
+
+@dataclass(frozen=True)
+class Prepare:
+    """-> ``XidRecord`` (written PREPARED, fenced by its epoch) or :class:`Taken`. An
+    outcome the runner cannot know (a lost reply) is CommitOutcomeUnknown: recovery
+    finishes or rolls back whatever landed."""
+
+    record: XidRecord
+
+
+@dataclass(frozen=True)
+class Abort:
+    """-> ``XidRecord | None``: the ABORTED tombstone written on the xid node for
+    ``tables`` (or the node's state that kept it from being written)."""
+
+    xid: str
+    tables: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PublishXid:
+    """-> ``(XidRecord, bool)``: ``record`` published to COMMITTED by the runner's
+    re-observing retries around :func:`txsink.protocol.sequence.publish_attempt`, and
+    whether the COMMITTED write carried ``rest`` (the owner's facts)."""
+
+    record: XidRecord
+    resumed: bool = True
+    gather: Gather | None = None
+    rest: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """-> None: the owner's facts written (fenced); ``best_effort``: a failure is logged."""
+
+    facts: Mapping[str, Any]
+    best_effort: bool = False
+
+
+@dataclass(frozen=True)
+class ForgetDedupState:
+    """-> bool: a dedup xid's state deleted (False: it could not be; logged unless
+    ``strict``, where the caller decides)."""
+
+    xid: str
+    strict: bool = False
+
+
+@dataclass(frozen=True)
+class ListRecords:
+    """-> ``(list[XidRecord], float)``: every record of the job, and the time now."""
+
+
+@dataclass(frozen=True)
+class DeleteRecords:
+    """-> None: the records of ``xids`` deleted (fenced)."""
+
+    xids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DropLeftoverFills:
+    """-> None: what killed servers left of gathered CREATEs dropped (best effort)."""
+
+
+@dataclass(frozen=True)
+class Note:
+    """-> None: ``message`` logged at ``level`` ("info", "warning") for the job."""
+
+    level: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Mark:
+    """-> None: the runner notes the time (``prepared``: the commit's timings)."""
+
+    name: str
 
 
 Step = (
@@ -250,3 +372,26 @@ Step = (
 
 # A publish sequence: yields steps, receives their results, returns the final record.
 Run = Generator[Step, Any, XidRecord]
+
+# What a commit sequence yields besides the publish's steps (which it runs as one
+# :class:`PublishXid`).
+CommitStep = (
+    Sync
+    | ReadBatchState
+    | ReadDiscarded
+    | ReadDedupRecords
+    | Prepare
+    | Abort
+    | PublishXid
+    | Heartbeat
+    | ForgetDedupState
+    | ListRecords
+    | DeleteRecords
+    | DropLeftoverFills
+    | DropTables
+    | CheckFence
+    | FaultPoint
+    | Note
+    | Mark
+    | Stop
+)

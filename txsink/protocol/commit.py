@@ -1,0 +1,226 @@
+"""The commit of one batch, its roll-backs and the pruning after it, as sequences: each
+yields what to read or do next (:mod:`txsink.protocol.steps`) and decides from what it
+receives; the runner (:class:`txsink.publisher.StepRunner`) carries the steps out.
+
+Pure: no I/O, no clock, no logging (a :class:`~txsink.protocol.steps.Note` asks the
+runner to log). The decisions themselves are :func:`txsink.protocol.plans.decide_batch`,
+:func:`txsink.protocol.job.discarded_batch`, :func:`txsink.protocol.plans.droppable` and
+:func:`txsink.protocol.plans.plan_prune`; the publish is :mod:`txsink.protocol.sequence`,
+run by the runner with its re-observing retries (:class:`~txsink.protocol.steps.PublishXid`).
+
+Invariants (the order is the protocol):
+- a PREPARED record is written only once every read that decides it was synced, and
+  only by a writer whose epoch the prepare's own compare-and-set checks;
+- a roll-back writes its ABORTED tombstone before any drop, and drops only what the
+  node's final state leaves to it;
+- a refused batch checks the fence first: a superseded writer hears that, not the
+  refusal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from txsink.protocol import job as rules
+from txsink.protocol import plans
+from txsink.protocol.ops import Gather
+from txsink.protocol.states import Mode, XidRecord, XidState
+from txsink.protocol.steps import (
+    Abort,
+    CheckFence,
+    CommitStep,
+    DeleteRecords,
+    DropLeftoverFills,
+    DropTables,
+    Failure,
+    FaultPoint,
+    ForgetDedupState,
+    Heartbeat,
+    ListRecords,
+    Mark,
+    Note,
+    Prepare,
+    PublishXid,
+    ReadBatchState,
+    ReadDedupRecords,
+    ReadDiscarded,
+    Stop,
+    Sync,
+    Taken,
+)
+
+#: a commit of a batch whose number is a multiple of this prunes old records after it
+PRUNE_EVERY = 50
+
+
+@dataclass(frozen=True)
+class Committed:
+    """How a commit ended: ``action`` ("committed", "rolled_forward", "skipped",
+    "discarded") and the record it published (None when it published nothing)."""
+
+    action: str
+    record: XidRecord | None = None
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What a commit knows before it reads: the record its tasks staged (PREPARED, this
+    writer's epoch), how its batch id is read (``streaming``: a micro-batch id, replays
+    repeat the newest batch only; ``own_batches``/``first_batch``:
+    :func:`~txsink.protocol.plans.decide_batch`), which targets a fresh publish gathers,
+    whether the caller synced since the batch began (``synced``), the record and last
+    batch it read after that sync (``seen``: no reads of its own), the owner's facts
+    once the record is COMMITTED (``rest``) and the records kept (``retention``)."""
+
+    incoming: XidRecord
+    streaming: bool = False
+    own_batches: bool = False
+    first_batch: int | None = None
+    gather: Gather | None = None
+    synced: bool = False
+    seen: tuple[XidRecord | None, int | None] | None = None
+    rest: Mapping[str, Any] | None = None
+    idle: Mapping[str, Any] | None = None
+    retention: int = 1000
+
+
+CommitRun = Generator[CommitStep, Any, Committed]
+
+
+def commit(ask: Ask) -> CommitRun:
+    """Decide the batch (prepare, roll forward, skip, refuse), prepare it, roll back what
+    no record will need, publish, then the after-commit upkeep."""
+    incoming = ask.incoming
+    xid, job, target = incoming.xid, incoming.job, incoming.target
+    # decisive reads (skip, roll forward, refuse, drop strays): synced, so a lagging
+    # Keeper server cannot show a record as it was before another runner moved it
+    if not ask.synced:
+        yield Sync()
+    if ask.seen is None:
+        existing, last_batch = yield ReadBatchState(xid)
+    else:
+        existing, last_batch = ask.seen
+
+    def decide(existing: XidRecord | None) -> plans.BatchDecision:
+        return plans.decide_batch(
+            existing, incoming, last_batch, streaming=ask.streaming, epoch=incoming.epoch,
+            own_batches=ask.own_batches, first_batch=ask.first_batch,
+        )  # fmt: skip
+
+    decision = decide(existing)
+    fresh = decision.action is plans.BatchAction.PREPARE
+    if fresh and incoming.mode is Mode.DEDUP:
+        mark = yield ReadDiscarded(xid)
+        gone = rules.discarded_batch(job, xid, target, mark, streaming=ask.streaming)
+        if gone.verdict is rules.TaskVerdict.SKIP:  # its tasks skipped: Spark moves on
+            yield Note("warning", gone.reason)
+            yield Heartbeat(ask.idle or {}, best_effort=True)
+            return Committed("discarded")
+        if gone.verdict is rules.TaskVerdict.REFUSE:
+            yield Stop(Failure.DISCARDED, gone.reason)
+        recorded: Sequence[str] = yield ReadDedupRecords(xid)
+        why = rules.dedup_coverage_refusal(
+            job,
+            xid,
+            {n[1:] for n in recorded if n.startswith("p") and n[1:].isdigit()},
+            {p.partition_id for p in incoming.manifest},
+        )
+        if why is not None:
+            yield Stop(Failure.CONTENT_CHANGED, why)
+    record: XidRecord | None = None
+    if fresh:
+        yield FaultPoint("driver.before_prepare")
+        got: XidRecord | Taken = yield Prepare(incoming)
+        if isinstance(got, Taken):  # another attempt prepared it first
+            existing = got.existing
+            decision = decide(existing)
+        else:
+            record = got
+            yield FaultPoint("driver.after_prepare")
+    yield Mark("prepared")
+    if decision.drop:
+        yield from roll_back(job, xid, decision.drop)
+    if decision.action is plans.BatchAction.REFUSE:
+        yield CheckFence()  # a superseded writer hears FencedError first
+        yield Stop(Failure.CONFLICT if decision.retry else Failure.CONFIG, decision.reason)
+    if decision.action is plans.BatchAction.SKIP:
+        yield Note("info", f"{decision.reason}; replay is a no-op")
+        if existing is not None and existing.mode is Mode.DEDUP:
+            yield ForgetDedupState(xid)  # a crash may have come before the cleanup
+        yield Heartbeat(ask.idle or {}, best_effort=True)
+        return Committed("skipped")
+    if decision.action is plans.BatchAction.ROLL_FORWARD:
+        assert existing is not None
+        yield Note("warning", decision.reason)
+        record = existing
+    assert record is not None
+    fresh = decision.action is plans.BatchAction.PREPARE
+    rest = dict(ask.rest or {}) | {"last_xid": record.xid, "last_batch": record.batch}
+    done: XidRecord
+    rested: bool
+    done, rested = yield PublishXid(
+        record, resumed=not fresh, gather=ask.gather if fresh else None, rest=rest
+    )
+    yield from after_commit(done, None if rested else rest, ask.retention)
+    return Committed("committed" if fresh else "rolled_forward", done)
+
+
+def after_commit(
+    record: XidRecord, rest: Mapping[str, Any] | None, retention: int
+) -> Generator[CommitStep, Any, None]:
+    """The upkeep after ``record`` is COMMITTED: its dedup state goes, the owner's facts
+    (``rest``, if the COMMITTED write did not carry them), and every
+    :data:`PRUNE_EVERY` batches old records and leftover fills."""
+    if record.mode is Mode.DEDUP:
+        yield ForgetDedupState(record.xid)
+    if rest is not None:
+        yield Heartbeat(rest)
+    if record.batch is not None and record.batch % PRUNE_EVERY == 0:
+        yield from prune(record.job, retention)
+        yield DropLeftoverFills()
+
+
+def roll_back(job: str, xid: str, tables: Sequence[str]) -> Generator[CommitStep, Any, list[str]]:
+    """Drop staging ``tables`` of ``xid`` that no record can ever need; returns them.
+
+    An ABORTED tombstone is written on the xid node first: Keeper then orders this
+    roll-back against every prepare of the xid (one whose reply was lost, a paused
+    zombie's, one a lagging read did not show), and only tables the node's final state
+    leaves to us are dropped (:func:`plans.droppable`). Synced, so that the tombstone's
+    first read rarely has to be paid for with a write."""
+    if not tables:
+        return []
+    yield Sync()
+    record: XidRecord | None = yield Abort(xid, tuple(tables))
+    doomed = plans.droppable(record, tables)
+    kept = sorted(set(tables) - set(doomed))
+    if kept:  # a COMMITTED record's own staging is its publish's to drop: no news
+        state = record.state if record is not None else "unknown"
+        level = "info" if record is not None and record.state is XidState.COMMITTED else "warning"
+        yield Note(level, f"xid {xid} is {state}; not dropping its staging {kept}")
+    if doomed:
+        yield DropTables(tuple(doomed))
+    return list(doomed)
+
+
+def prune(job: str, retention: int) -> Generator[CommitStep, Any, list[str]]:
+    """Delete the records past ``retention`` (:func:`plans.plan_prune`); a dedup xid's
+    state goes first, strictly (without its COMMITTED record it would read as a batch
+    stopped half-way and fence the job): one whose state cannot be deleted stays."""
+    records: list[XidRecord]
+    now: float
+    records, now = yield ListRecords()
+    doomed = plans.plan_prune(records, retention, now=now)
+    dedup_xids = {r.xid for r in records if r.mode is Mode.DEDUP}
+    kept: list[str] = []
+    for xid in doomed:
+        # a dedup xid's state is normally gone already (left by a crash after COMMITTED)
+        if xid in dedup_xids and not (yield ForgetDedupState(xid, strict=True)):
+            yield Note("warning", f"keeping xid {xid} for now: its dedup state stays")
+            kept.append(xid)
+    doomed = [x for x in doomed if x not in kept]
+    if doomed:
+        yield DeleteRecords(tuple(doomed))
+    return doomed
