@@ -180,6 +180,8 @@ class StepRunner:
                 except StopIteration as done:
                     return done.value, marks
                 reply = self.commit_act(epoch, step, marks)
+                if isinstance(step, steps.TakeEpoch):
+                    epoch = reply  # the new writer's: it fences what follows
         finally:
             sequence.close()
 
@@ -207,10 +209,19 @@ class StepRunner:
         elif isinstance(step, steps.Abort):
             return reg.abort(job, step.xid, step.tables, self.clock())
         elif isinstance(step, steps.PublishXid):
-            done = self.publish(
-                need(), step.record, resumed=step.resumed, gather=step.gather, rest=step.rest
-            )
+            try:
+                done = self.publish(
+                    need(), step.record, resumed=step.resumed, gather=step.gather, rest=step.rest
+                )
+            except RecoveryAlarm as exc:
+                if not step.alarms:
+                    raise
+                return steps.Alarmed(str(exc))
             return done, self.rested
+        elif isinstance(step, steps.EnsureJob):
+            reg.ensure_job(job, step.meta)
+        elif isinstance(step, steps.TakeEpoch):
+            return reg.take_epoch(job, step.owner)
         elif isinstance(step, steps.Heartbeat):
             try:
                 reg.heartbeat(need(), step.facts)

@@ -40,7 +40,7 @@ from txsink.errors import (
 from txsink.faults import fault_point
 from txsink.ports.registry import Registry
 from txsink.ports.warehouse import Warehouse
-from txsink.protocol import commit, plans, sequence, steps
+from txsink.protocol import commit, sequence, steps
 from txsink.protocol.codec import (
     FINISHED_STATE,
     IDLE_STATE,
@@ -48,8 +48,8 @@ from txsink.protocol.codec import (
     JobMeta,
     Ledger,
 )
+from txsink.protocol.commit import RecoveryReport
 from txsink.protocol.ids import (
-    parse_staging,
     staging_prefix,
 )
 from txsink.protocol.ops import Gather
@@ -68,21 +68,6 @@ class CommitResult:
     partitions: int = 0
     seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass
-class RecoveryReport:
-    job: str
-    epoch: int
-    dry_run: bool
-    rolled_forward: list[str] = field(default_factory=list)
-    rolled_back: list[str] = field(default_factory=list)
-    dropped_leftovers: list[str] = field(default_factory=list)
-    alarms: list[str] = field(default_factory=list)
-    pruned: list[str] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 def default_owner() -> str:
@@ -178,19 +163,21 @@ class Transactor:
 
         ``keep``: staging tables of a batch in flight that recovery must not roll back.
         """
-        self.registry.ensure_job(self.job, JobMeta() if meta is None else meta)
-        epoch = self.registry.take_epoch(self.job, owner or default_owner())
-        self.registry.heartbeat(epoch, {"state": "recovering"})
-        report = self.last_recovery = self.recover(epoch, keep=keep)
+        run = commit.take_over(
+            self.job, owner or default_owner(), JobMeta() if meta is None else meta,
+            namespace=self.namespace, prefix=self.prefix, keep=frozenset(keep),
+            retention=self.retention, promise=self.runner.bounds.promise("running"),
+        )  # fmt: skip
+        taken: tuple[Epoch, RecoveryReport]
+        taken, _ = self.runner.run_commit(None, run)
+        epoch, report = taken
+        self.last_recovery = report
         if report.alarms:
             raise RecoveryAlarm(
                 f"job {self.job}: recovery needs an operator: {'; '.join(report.alarms)}. "
                 f"Inspect with `txsink status --job {self.job}`, then "
                 f"`txsink recover --job {self.job}`."
             )
-        # inside its first commit: it declares how often it beats until that commit ends
-        # (publish waits beat; txsink.ops.liveness judges it by this, not by a cadence)
-        self.registry.heartbeat(epoch, self.runner.bounds.promise("running"))
         return epoch
 
     # -- one batch ------------------------------------------------------------------
@@ -308,14 +295,8 @@ class Transactor:
 
     def roll_back_tables(self, tables: Sequence[str]) -> list[str]:
         """:meth:`roll_back` for staging of any xids (grouped by the xid in the name)."""
-        by_xid: dict[str, list[str]] = {}
-        for table in tables:
-            parsed = parse_staging(table)
-            if parsed is not None:
-                by_xid.setdefault(parsed.xid, []).append(table)
-        dropped: list[str] = []
-        for xid, group in by_xid.items():
-            dropped += self.roll_back(xid, group)
+        dropped: list[str]
+        dropped, _ = self.runner.run_commit(None, commit.roll_back_tables(self.job, tables))
         return dropped
 
     def prune(self, epoch: Epoch) -> list[str]:
@@ -339,28 +320,12 @@ class Transactor:
         dry_run: bool = False,
         keep: set[str] | frozenset[str] = frozenset(),
     ) -> RecoveryReport:
-        """Roll PREPARED xids forward and drop staging no PREPARED xid references."""
-        self.registry.sync(self.job)  # the listing decides every roll-forward and drop
-        records = self.registry.list(self.job)
-        tables = [t for t in self.warehouse.list_staging(self.prefix) if t not in keep]
-        plan = plans.plan_recovery(self.job, records, tables, self.namespace)
-        report = RecoveryReport(self.job, epoch.number, dry_run)
-        report.rolled_forward = [r.xid for r in plan.roll_forward]
-        report.rolled_back = list(plan.roll_back)
-        report.dropped_leftovers = list(plan.drop_committed)
-        if dry_run:
-            return report
-        for record in plan.roll_forward:
-            try:
-                self.publish(epoch, record)
-                log.warning("job %s: rolled xid %s forward", self.job, record.xid)
-                if record.mode is Mode.DEDUP:
-                    self.forget_dedup_state(record.xid)
-            except RecoveryAlarm as exc:
-                report.alarms.append(str(exc))
-        report.rolled_back = self.roll_back_tables(plan.roll_back)
-        for table in plan.drop_committed:
-            self.warehouse.drop_staging(table)
-            log.info("job %s: dropped staging %s", self.job, table)
-        report.pruned = self.prune(epoch)
+        """Roll PREPARED xids forward and drop staging no PREPARED xid references
+        (:func:`commit.recover`)."""
+        run = commit.recover(
+            self.job, self.namespace, self.prefix, epoch.number, dry_run=dry_run,
+            keep=frozenset(keep), retention=self.retention,
+        )  # fmt: skip
+        report: RecoveryReport
+        report, _ = self.runner.run_commit(epoch, run)
         return report

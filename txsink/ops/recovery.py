@@ -20,13 +20,14 @@ from txsink.ops.liveness import (
 from txsink.ops.status import DEFAULT_STALE_AFTER, RECOVERED_STATE, liveness_of, recover_owner
 from txsink.ops.stores import Stores
 from txsink.protocol.codec import JobMeta
+from txsink.protocol.commit import RecoveryReport
 from txsink.protocol.dedup import OpenBatch
 from txsink.protocol.dedup import xid_key as dedup_xid_key
 from txsink.protocol.ids import seal_tag, staging_prefix
 from txsink.protocol.ops import Alarm
 from txsink.protocol.planner import plan_publish
 from txsink.protocol.states import Epoch, Mode
-from txsink.transactor import RecoveryReport, Transactor
+from txsink.transactor import Transactor
 
 log = logging.getLogger(__name__)
 

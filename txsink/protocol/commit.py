@@ -1,6 +1,7 @@
-"""The commit of one batch, its roll-backs and the pruning after it, as sequences: each
-yields what to read or do next (:mod:`txsink.protocol.steps`) and decides from what it
-receives; the runner (:class:`txsink.publisher.StepRunner`) carries the steps out.
+"""The commit of one batch, a takeover and its recovery, the roll-backs and the pruning,
+as sequences: each yields what to read or do next (:mod:`txsink.protocol.steps`) and
+decides from what it receives; the runner (:class:`txsink.publisher.StepRunner`) carries
+the steps out.
 
 Pure: no I/O, no clock, no logging (a :class:`~txsink.protocol.steps.Note` asks the
 runner to log). The decisions themselves are :func:`txsink.protocol.plans.decide_batch`,
@@ -20,25 +21,30 @@ Invariants (the order is the protocol):
 from __future__ import annotations
 
 from collections.abc import Generator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from txsink.protocol import job as rules
 from txsink.protocol import plans
+from txsink.protocol.codec import JobMeta
+from txsink.protocol.ids import parse_staging
 from txsink.protocol.ops import Gather
-from txsink.protocol.states import Mode, XidRecord, XidState
+from txsink.protocol.states import Epoch, Mode, XidRecord, XidState
 from txsink.protocol.steps import (
     Abort,
+    Alarmed,
     CheckFence,
     CommitStep,
     DeleteRecords,
     DropLeftoverFills,
     DropTables,
+    EnsureJob,
     Failure,
     FaultPoint,
     ForgetDedupState,
     Heartbeat,
     ListRecords,
+    ListStaging,
     Mark,
     Note,
     Prepare,
@@ -48,6 +54,7 @@ from txsink.protocol.steps import (
     ReadDiscarded,
     Stop,
     Sync,
+    TakeEpoch,
     Taken,
 )
 
@@ -224,3 +231,99 @@ def prune(job: str, retention: int) -> Generator[CommitStep, Any, list[str]]:
     if doomed:
         yield DeleteRecords(tuple(doomed))
     return doomed
+
+
+@dataclass
+class RecoveryReport:
+    """What a recovery did (or, ``dry_run``, would do) to one job."""
+
+    job: str
+    epoch: int
+    dry_run: bool
+    rolled_forward: list[str] = field(default_factory=list)
+    rolled_back: list[str] = field(default_factory=list)
+    dropped_leftovers: list[str] = field(default_factory=list)
+    alarms: list[str] = field(default_factory=list)
+    pruned: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def take_over(
+    job: str,
+    owner: str,
+    meta: JobMeta | Mapping[str, Any],
+    *,
+    namespace: str,
+    prefix: str,
+    keep: frozenset[str],
+    retention: int,
+    promise: Mapping[str, Any],
+) -> Generator[CommitStep, Any, tuple[Epoch, RecoveryReport]]:
+    """Take a new writer epoch (fencing every older writer), then recover the job
+    (:func:`recover`); the owner's ``promise`` (how often it beats) is written once
+    recovery needs no operator (the caller raises on the report's alarms)."""
+    yield EnsureJob(meta)
+    epoch: Epoch = yield TakeEpoch(owner)
+    yield Heartbeat({"state": "recovering"})
+    report = yield from recover(
+        job, namespace, prefix, epoch.number, keep=keep, retention=retention
+    )
+    if not report.alarms:  # inside its first commit it declares how often it beats
+        yield Heartbeat(promise)
+    return epoch, report
+
+
+def recover(
+    job: str,
+    namespace: str,
+    prefix: str,
+    epoch: int,
+    *,
+    dry_run: bool = False,
+    keep: frozenset[str] = frozenset(),
+    retention: int = 1000,
+) -> Generator[CommitStep, Any, RecoveryReport]:
+    """Roll PREPARED xids forward, roll back staging no PREPARED xid references (``keep``:
+    a batch in flight's, left alone), drop committed xids' leftovers, prune
+    (:func:`plans.plan_recovery`); ``dry_run``: only the report of what it would do."""
+    yield Sync()  # the listing decides every roll-forward and drop
+    records: list[XidRecord]
+    records, _ = yield ListRecords()
+    listed: list[str] = yield ListStaging(prefix)
+    tables = [t for t in listed if t not in keep]
+    plan = plans.plan_recovery(job, records, tables, namespace)
+    report = RecoveryReport(
+        job, epoch, dry_run, rolled_forward=[r.xid for r in plan.roll_forward],
+        rolled_back=list(plan.roll_back), dropped_leftovers=list(plan.drop_committed),
+    )  # fmt: skip
+    if dry_run:
+        return report
+    for record in plan.roll_forward:
+        done = yield PublishXid(record, alarms=True)
+        if isinstance(done, Alarmed):
+            report.alarms.append(done.message)
+            continue
+        yield Note("warning", f"rolled xid {record.xid} forward")
+        if record.mode is Mode.DEDUP:
+            yield ForgetDedupState(record.xid)
+    report.rolled_back = yield from roll_back_tables(job, plan.roll_back)
+    if plan.drop_committed:
+        yield DropTables(tuple(plan.drop_committed))
+        yield Note("info", f"dropped staging {list(plan.drop_committed)}")
+    report.pruned = yield from prune(job, retention)
+    return report
+
+
+def roll_back_tables(job: str, tables: Sequence[str]) -> Generator[CommitStep, Any, list[str]]:
+    """:func:`roll_back` for staging of any xids (grouped by the xid in the name)."""
+    by_xid: dict[str, list[str]] = {}
+    for table in tables:
+        parsed = parse_staging(table)
+        if parsed is not None:
+            by_xid.setdefault(parsed.xid, []).append(table)
+    dropped: list[str] = []
+    for xid, group in by_xid.items():
+        dropped += yield from roll_back(job, xid, group)
+    return dropped

@@ -290,12 +290,37 @@ class Abort:
 class PublishXid:
     """-> ``(XidRecord, bool)``: ``record`` published to COMMITTED by the runner's
     re-observing retries around :func:`txsink.protocol.sequence.publish_attempt`, and
-    whether the COMMITTED write carried ``rest`` (the owner's facts)."""
+    whether the COMMITTED write carried ``rest`` (the owner's facts). ``alarms``: a
+    publish that needs an operator answers :class:`Alarmed` (recovery goes on with the
+    other xids) instead of raising."""
 
     record: XidRecord
     resumed: bool = True
     gather: Gather | None = None
     rest: Mapping[str, Any] | None = None
+    alarms: bool = False
+
+
+@dataclass(frozen=True)
+class Alarmed:
+    """What :class:`PublishXid` answers (``alarms``) for a publish that needs an operator."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class EnsureJob:
+    """-> None: the job's node made (with ``meta``) if it is missing."""
+
+    meta: Any  # JobMeta or its mapping
+
+
+@dataclass(frozen=True)
+class TakeEpoch:
+    """-> ``Epoch``: a new writer epoch of ``owner``, fencing every older writer; the
+    runner fences the steps after it with it."""
+
+    owner: str
 
 
 @dataclass(frozen=True)
@@ -377,6 +402,9 @@ Run = Generator[Step, Any, XidRecord]
 # :class:`PublishXid`).
 CommitStep = (
     Sync
+    | EnsureJob
+    | TakeEpoch
+    | ListStaging
     | ReadBatchState
     | ReadDiscarded
     | ReadDedupRecords
