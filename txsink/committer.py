@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
@@ -35,8 +34,9 @@ from txsink.driver import JobHandle, borrowed_job, job_meta, open_job
 from txsink.errors import ConfigError, FencedError, TxSinkError, UnavailableError
 from txsink.ports.registry import BatchView
 from txsink.ports.warehouse import CommitLook
+from txsink.protocol import commit as commit_plan
 from txsink.protocol import job as rules
-from txsink.protocol.codec import JobMeta
+from txsink.protocol.commit import RecoveryReport
 from txsink.protocol.ids import batch_xid, parse_staging, run_tag
 from txsink.protocol.ops import Gathered
 from txsink.protocol.states import Epoch, Mode, StagedPart, Visibility
@@ -91,22 +91,6 @@ Write = tuple[Plan, Sequence[Report]]
 # ------------------------------------------------------------------------- takeover
 
 
-def check_job_identity(handle: JobHandle, meta: JobMeta) -> None:
-    """Refuse a run that would reuse a job's xids for another query, table or shard list
-    (:func:`txsink.protocol.job.takeover_refusal`); records the job's meta at its first
-    commit (that pins its mode: :mod:`txsink.protocol.job`)."""
-    job = handle.config.job
-    stored = handle.registry.ensure_job(job, meta)
-    refusal = rules.takeover_refusal(
-        job,
-        rules.JobFacts.of(stored),
-        rules.JobFacts.from_meta(meta),
-        lambda: handle.registry.ledger(job).committed,
-    )
-    if refusal:
-        raise ConfigError(refusal)
-
-
 def epoch_for_run(
     handle: JobHandle,
     run_id: str,
@@ -116,39 +100,13 @@ def epoch_for_run(
     targets: dict[str, str] | None = None,
     view: BatchView | None = None,
 ) -> Epoch:
-    """The epoch of ``run_id``: the current one if the run owns the job, else a takeover.
-
-    ``keep`` lists staging tables of the batch being committed: the takeover's recovery
-    must not roll them back. ``view``: the job's state read (synced) by the caller.
-    """
-    registry, job = handle.registry, handle.config.job
-    if view is None:
-        # Synced: a new Python worker's session may sit on a server that has not seen
-        # this run take the job yet, and would make the run take it over again from itself.
-        registry.sync(job)
-    current = registry.current_epoch(job) if view is None else view.epoch
-    if current is not None and current.owner == run_id:
-        return current
-    if registry.get_blob(job, f"runs/{run_id}") is not None:
-        raise FencedError(
-            f"job {job}: run {run_id} was superseded by run {current.owner if current else '?'} "
-            f"(epoch {current.number if current else '?'}); this query must stop. Two queries "
-            f"must not write with the same job name."
-        )
+    """The epoch of ``run_id``: the current one if the run owns the job, else a takeover
+    (:meth:`Transactor.take_run`). ``keep`` lists staging tables of the batch being
+    committed: the takeover's recovery must not roll them back. ``view``: the job's state
+    read (synced) by the caller."""
     meta = job_meta(handle.config, mode, query_id, targets)
-    check_job_identity(handle, meta)
-    registry.put_blob(job, f"runs/{run_id}", {"started_at": time.time()})
-    epoch = handle.transactor.begin(run_id, meta=meta, keep=set(keep))
-    if current is not None:
-        log.warning(
-            "job %s: run %s took over from %s (epoch %d -> %d)",
-            job,
-            run_id,
-            current.owner,
-            current.number,
-            epoch.number,
-        )
-    return epoch
+    current = commit_plan.UNREAD if view is None else view.epoch
+    return handle.transactor.take_run(run_id, meta, keep=keep, current=current)[0]
 
 
 # ------------------------------------------------------------------------- checks
@@ -282,7 +240,6 @@ def _commit_writes(
         run_id = current.owner if current else f"adhoc-{uuid.uuid4().hex}"
     incoming = {t for m in msgs for t in m.staging}
     query_id = next((m.extra.get("query_id", "") for m in msgs if m.extra), "")
-    handle.transactor.last_recovery = None
     if writes[0][0].namespace:  # the store's id the tasks named their staging with
         handle.transactor.namespace = writes[0][0].namespace
     try:
@@ -292,13 +249,13 @@ def _commit_writes(
         # moved it. One round trip reads all three.
         handle.registry.sync(config.job)
         view: BatchView | None = handle.registry.batch_view(config.job, xid)
-        epoch = epoch_for_run(
-            handle, run_id, mode.value, keep=incoming, query_id=query_id, targets=targets,
-            view=view,
+        epoch, took = handle.transactor.take_run(
+            run_id, job_meta(config, mode.value, query_id, targets), keep=incoming,
+            current=commit_plan.UNREAD if view is None else view.epoch,
         )  # fmt: skip
-        if handle.transactor.last_recovery is not None:  # this commit took the job over
+        if took is not None:  # this commit took the job over
             view = None  # its recovery moved records and the ledger: read them again
-            count(config, recoveries=1, **rolled_forward_at_takeover(handle))
+            count(config, recoveries=1, **rolled_forward_at_takeover(handle, took))
         if targets:  # a run checks the job's identity at takeover only: tables per batch
             stored = rules.JobFacts.of(handle.registry.job_meta(config.job))
             refusal = rules.tables_refusal(config.job, stored, targets)
@@ -344,13 +301,12 @@ def _commit_writes(
     return dict(result.__dict__)
 
 
-def rolled_forward_at_takeover(handle: JobHandle) -> dict[str, int]:
+def rolled_forward_at_takeover(handle: JobHandle, report: RecoveryReport) -> dict[str, int]:
     """The batches (and their rows) the takeover's recovery just rolled forward, for the
     metrics: a few record reads, only when there were any."""
     from txsink.metrics import store_of
 
-    report = handle.transactor.last_recovery
-    if report is None or not report.rolled_forward or store_of(handle.config) is None:
+    if not report.rolled_forward or store_of(handle.config) is None:
         return {}
     rows = 0
     for xid in report.rolled_forward:

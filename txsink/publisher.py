@@ -33,6 +33,7 @@ from txsink.errors import (
     ConfigError,
     ContentChanged,
     DiscardedBatch,
+    FencedError,
     RecoveryAlarm,
     RetryableConflict,
     TxSinkError,
@@ -56,6 +57,7 @@ _FAILURES: dict[steps.Failure, type[TxSinkError]] = {
     steps.Failure.CONFIG: ConfigError,
     steps.Failure.DISCARDED: DiscardedBatch,
     steps.Failure.CONTENT_CHANGED: ContentChanged,
+    steps.Failure.FENCED: FencedError,
 }
 # a fill of a batch staging (its CREATE ... AS SELECT) older than this runs no more
 LEFTOVER_FILL_S = 3600.0
@@ -219,7 +221,15 @@ class StepRunner:
                 return steps.Alarmed(str(exc))
             return done, self.rested
         elif isinstance(step, steps.EnsureJob):
-            reg.ensure_job(job, step.meta)
+            return reg.ensure_job(job, step.meta)
+        elif isinstance(step, steps.ReadEpoch):
+            return reg.current_epoch(job)
+        elif isinstance(step, steps.ReadRunMark):
+            return reg.get_blob(job, f"runs/{step.run_id}")
+        elif isinstance(step, steps.PutRunMark):
+            reg.put_blob(job, f"runs/{step.run_id}", {"started_at": self.clock()})
+        elif isinstance(step, steps.ReadCommittedCount):
+            return reg.ledger(job).committed
         elif isinstance(step, steps.TakeEpoch):
             return reg.take_epoch(job, step.owner)
         elif isinstance(step, steps.Heartbeat):
@@ -387,10 +397,8 @@ class StepRunner:
         if isinstance(step, steps.Stop):
             if step.failure is steps.Failure.NOT_QUIET and failure is not None:
                 raise failure
-            raw = step.failure in (steps.Failure.DISCARDED, steps.Failure.CONTENT_CHANGED)
-            raise _FAILURES[step.failure](
-                step.message if raw else f"job {self.job}: {step.message}"
-            )
+            message = step.message if step.bare else f"job {self.job}: {step.message}"
+            raise _FAILURES[step.failure](message)
         if isinstance(step, steps.FaultPoint):
             self.fault(step.name)
         elif isinstance(step, steps.Settle):

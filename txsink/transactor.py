@@ -30,7 +30,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -95,7 +95,6 @@ class Transactor:
         self.job = job
         self.retention = retention
         self._namespace = ""
-        self.last_recovery: RecoveryReport | None = None  # of the last begin(): metrics
         # carries out every publish step; owns the clock, fault hook and sleep (the
         # properties below), so one set on this Transactor later reaches it too
         self.runner = StepRunner(
@@ -170,15 +169,38 @@ class Transactor:
         )  # fmt: skip
         taken: tuple[Epoch, RecoveryReport]
         taken, _ = self.runner.run_commit(None, run)
-        epoch, report = taken
-        self.last_recovery = report
+        self._raise_alarms(taken[1])
+        return taken[0]
+
+    def take_run(
+        self,
+        run_id: str,
+        meta: JobMeta,
+        *,
+        keep: Iterable[str] = (),
+        current: Epoch | None = commit.UNREAD,
+    ) -> tuple[Epoch, RecoveryReport | None]:
+        """The epoch of the Spark run ``run_id`` (:func:`commit.run_epoch`): its own, or
+        a takeover's, with that takeover's recovery report (None: no takeover).
+        ``current``: the job's epoch as the caller read it after a sync."""
+        run = commit.run_epoch(
+            self.job, run_id, meta, current=current, namespace=self.namespace,
+            prefix=self.prefix, keep=frozenset(keep), retention=self.retention,
+            promise=self.runner.bounds.promise("running"),
+        )  # fmt: skip
+        taken: tuple[Epoch, RecoveryReport | None]
+        taken, _ = self.runner.run_commit(None, run)
+        if taken[1] is not None:
+            self._raise_alarms(taken[1])
+        return taken
+
+    def _raise_alarms(self, report: RecoveryReport) -> None:
         if report.alarms:
             raise RecoveryAlarm(
                 f"job {self.job}: recovery needs an operator: {'; '.join(report.alarms)}. "
                 f"Inspect with `txsink status --job {self.job}`, then "
                 f"`txsink recover --job {self.job}`."
             )
-        return epoch
 
     # -- one batch ------------------------------------------------------------------
 

@@ -154,3 +154,79 @@ def test_a_dedup_xid_whose_state_cannot_be_deleted_is_not_pruned() -> None:
 
     pruned, seen = drive(commit.prune("j", 0), answer)
     assert pruned == [] and not any(isinstance(s, steps.DeleteRecords) for s in seen)
+
+
+def run_epoch(current: Any, **kw: Any) -> Any:
+    from txsink.protocol.codec import JobMeta
+
+    meta = kw.pop("meta", JobMeta())
+    return commit.run_epoch(
+        "j", "run-2", meta, current=current, namespace="n", prefix="j_n",
+        keep=frozenset(), retention=10, promise={"state": "running"},
+    )  # fmt: skip
+
+
+def test_a_run_that_holds_the_job_takes_nothing() -> None:
+    from txsink.protocol.states import Epoch
+
+    mine = Epoch("j", 3, 3, "run-2")
+    (epoch, report), seen = drive(run_epoch(mine), lambda step: None)
+    assert (epoch, report, seen) == (mine, None, [])
+
+
+def test_a_superseded_run_stops_and_never_takes_the_job_back() -> None:
+    from txsink.protocol.states import Epoch
+
+    theirs = Epoch("j", 4, 4, "run-3")
+
+    def answer(step: Any) -> Any:
+        return {"started_at": 1.0} if isinstance(step, steps.ReadRunMark) else None
+
+    stop, seen = drive(run_epoch(theirs), answer)
+    assert isinstance(stop, steps.Stop) and stop.failure is steps.Failure.FENCED
+    assert "run-3" in stop.message
+    assert not any(isinstance(s, (steps.TakeEpoch, steps.PutRunMark)) for s in seen)
+
+
+def test_a_takeover_reads_synced_marks_the_run_takes_the_epoch_then_recovers() -> None:
+    from txsink.protocol.codec import JobMeta
+    from txsink.protocol.states import Epoch
+
+    new = Epoch("j", 5, 5, "run-2")
+
+    def answer(step: Any) -> Any:
+        if isinstance(step, steps.ReadEpoch):
+            return Epoch("j", 4, 4, "run-1")
+        if isinstance(step, steps.EnsureJob):
+            return JobMeta()
+        if isinstance(step, steps.TakeEpoch):
+            return new
+        if isinstance(step, steps.ListRecords):
+            return [], 1.0
+        if isinstance(step, steps.ListStaging):
+            return []
+        return None
+
+    (epoch, report), seen = drive(run_epoch(commit.UNREAD), answer)
+    assert epoch == new and report is not None and report.alarms == []
+    assert kinds(seen)[:6] == [
+        "Sync", "ReadEpoch", "ReadRunMark", "EnsureJob", "PutRunMark", "TakeEpoch",
+    ]  # fmt: skip
+    assert sum(isinstance(s, steps.EnsureJob) for s in seen) == 1
+    assert isinstance(seen[-2], steps.Heartbeat) and seen[-2].facts == {"state": "running"}
+
+
+def test_a_new_query_under_a_job_with_committed_batches_is_refused_before_it_takes_it() -> None:
+    """The ledger is read only because the query ids differ (a new checkpoint)."""
+    from txsink.protocol.codec import JobMeta
+
+    def answer(step: Any) -> Any:
+        if isinstance(step, steps.EnsureJob):
+            return JobMeta(query_id="q-old")
+        if isinstance(step, steps.ReadCommittedCount):
+            return 3
+        return None
+
+    stop, seen = drive(run_epoch(None, meta=JobMeta(query_id="q-new")), answer)
+    assert isinstance(stop, steps.Stop) and stop.failure is steps.Failure.CONFIG and stop.bare
+    assert "q-old" in stop.message and kinds(seen)[-2:] == ["ReadCommittedCount", "Stop"]

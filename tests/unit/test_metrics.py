@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from txsink import metrics
 from txsink.config import WriterConfig
 from txsink.metrics import export
+from txsink.protocol.codec import JobMeta
 
 BASE = {"url": "http://h:8123", "table": "db.t", "keeper": "k:2181", "job": "j1"}
 
@@ -291,13 +292,15 @@ def test_a_takeover_counts_the_batches_and_rows_its_recovery_rolled_forward(
     with pytest.raises(Crash):
         first.commit_batch(epoch, "b3", 3, "db.t", parts)
     again = Transactor(registry, wh, "j1")
-    again.begin("run-2")
+    _, report = again.take_run("run-2", JobMeta())
+    assert report is not None
     handle = SimpleNamespace(
         transactor=again, registry=registry, config=config(metrics_textfile=tmp_path / "m.prom")
     )
-    assert rolled_forward_at_takeover(handle) == {"batches_rolled_forward": 1, "rows_committed": 4}
+    counted = rolled_forward_at_takeover(handle, report)  # type: ignore[arg-type]
+    assert counted == {"batches_rolled_forward": 1, "rows_committed": 4}
     handle.config = config()  # no metrics asked for: not even the record reads
-    assert rolled_forward_at_takeover(handle) == {}
+    assert rolled_forward_at_takeover(handle, report) == {}  # type: ignore[arg-type]
 
 
 def test_the_grafana_dashboard_queries_only_series_txsink_exports(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ rolls an xid forward on every shard, and a shard that does not answer fails the 
 ``txsink recover`` finishes it there, never a half-forgotten xid.
 
 Shard ``k`` is the k-th URL of the job's ``shards`` option, pinned in the job's Keeper
-meta at its first commit (:func:`txsink.committer.check_job_identity`): a restart with the
+meta at its first commit (:func:`txsink.protocol.commit.run_epoch`): a restart with the
 list in another order would send a staging table's MOVE to the wrong server.
 
 Routing of rows (:func:`shard_of_rows`): with ``shard_by`` a row goes where a

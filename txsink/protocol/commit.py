@@ -49,9 +49,13 @@ from txsink.protocol.steps import (
     Note,
     Prepare,
     PublishXid,
+    PutRunMark,
     ReadBatchState,
+    ReadCommittedCount,
     ReadDedupRecords,
     ReadDiscarded,
+    ReadEpoch,
+    ReadRunMark,
     Stop,
     Sync,
     TakeEpoch,
@@ -126,7 +130,7 @@ def commit(ask: Ask) -> CommitRun:
             yield Heartbeat(ask.idle or {}, best_effort=True)
             return Committed("discarded")
         if gone.verdict is rules.TaskVerdict.REFUSE:
-            yield Stop(Failure.DISCARDED, gone.reason)
+            yield Stop(Failure.DISCARDED, gone.reason, bare=True)
         recorded: Sequence[str] = yield ReadDedupRecords(xid)
         why = rules.dedup_coverage_refusal(
             job,
@@ -135,7 +139,7 @@ def commit(ask: Ask) -> CommitRun:
             {p.partition_id for p in incoming.manifest},
         )
         if why is not None:
-            yield Stop(Failure.CONTENT_CHANGED, why)
+            yield Stop(Failure.CONTENT_CHANGED, why, bare=True)
     record: XidRecord | None = None
     if fresh:
         yield FaultPoint("driver.before_prepare")
@@ -260,11 +264,14 @@ def take_over(
     keep: frozenset[str],
     retention: int,
     promise: Mapping[str, Any],
+    ensured: bool = False,
 ) -> Generator[CommitStep, Any, tuple[Epoch, RecoveryReport]]:
     """Take a new writer epoch (fencing every older writer), then recover the job
     (:func:`recover`); the owner's ``promise`` (how often it beats) is written once
-    recovery needs no operator (the caller raises on the report's alarms)."""
-    yield EnsureJob(meta)
+    recovery needs no operator (the caller raises on the report's alarms). ``ensured``:
+    the job's node is known to exist (:func:`run_epoch` made sure)."""
+    if not ensured:
+        yield EnsureJob(meta)
     epoch: Epoch = yield TakeEpoch(owner)
     yield Heartbeat({"state": "recovering"})
     report = yield from recover(
@@ -327,3 +334,73 @@ def roll_back_tables(job: str, tables: Sequence[str]) -> Generator[CommitStep, A
     for xid, group in by_xid.items():
         dropped += yield from roll_back(job, xid, group)
     return dropped
+
+
+class _NeedsLedger(Exception):
+    """:func:`txsink.protocol.job.takeover_refusal` asked for the committed count."""
+
+
+UNREAD: Any = object()  # run_epoch's ``current`` when the caller did not read it
+
+
+def run_epoch(
+    job: str,
+    run_id: str,
+    meta: JobMeta,
+    *,
+    current: Epoch | None = UNREAD,
+    namespace: str,
+    prefix: str,
+    keep: frozenset[str],
+    retention: int,
+    promise: Mapping[str, Any],
+) -> Generator[CommitStep, Any, tuple[Epoch, RecoveryReport | None]]:
+    """The epoch of the Spark run ``run_id``: the current one if the run owns the job,
+    else a takeover (:func:`take_over`, which also returns its recovery's report).
+    ``current``: the job's epoch as the caller read it after a sync. A run whose mark is
+    there but whose epoch is gone was superseded: it must stop, never take the job back.
+    A run whose ``meta`` (query, table, shards, mode) would reuse another's xids is
+    refused (:func:`txsink.protocol.job.takeover_refusal`) before it takes anything."""
+    if current is UNREAD:
+        # synced: a new Python worker's session may sit on a server that has not seen
+        # this run take the job yet, and would make the run take it over from itself
+        yield Sync()
+        current = yield ReadEpoch()
+    if current is not None and current.owner == run_id:
+        return current, None
+    if (yield ReadRunMark(run_id)) is not None:
+        yield Stop(
+            Failure.FENCED,
+            f"run {run_id} was superseded by run {current.owner if current else '?'} (epoch "
+            f"{current.number if current else '?'}); this query must stop. Two queries must "
+            f"not write with the same job name.",
+        )
+    stored: JobMeta = yield EnsureJob(meta)  # records the meta at the job's first run
+
+    def refusal(committed: int | None) -> str | None:
+        def count() -> int:
+            if committed is None:
+                raise _NeedsLedger
+            return committed
+
+        facts = rules.JobFacts
+        return rules.takeover_refusal(job, facts.of(stored), facts.from_meta(meta), count)
+
+    try:
+        why = refusal(None)
+    except _NeedsLedger:
+        why = refusal((yield ReadCommittedCount()))
+    if why:
+        yield Stop(Failure.CONFIG, why, bare=True)
+    yield PutRunMark(run_id)
+    epoch, report = yield from take_over(
+        job, run_id, meta, namespace=namespace, prefix=prefix, keep=keep,
+        retention=retention, promise=promise, ensured=True,
+    )  # fmt: skip
+    if current is not None and not report.alarms:
+        yield Note(
+            "warning",
+            f"run {run_id} took over from {current.owner} (epoch {current.number} -> "
+            f"{epoch.number})",
+        )
+    return epoch, report

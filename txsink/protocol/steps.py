@@ -220,14 +220,17 @@ class Failure(enum.Enum):
     CONFIG = "config"  # a refusal a replay cannot cure: ConfigError
     DISCARDED = "discarded"  # a dedup batch given up by an operator: DiscardedBatch
     CONTENT_CHANGED = "content_changed"  # a replay that differs: ContentChanged
+    FENCED = "fenced"  # another run holds the job: FencedError
 
 
 @dataclass(frozen=True)
 class Stop:
-    """End the publish with ``failure``; the runner raises, the generator never resumes."""
+    """End the publish with ``failure``; the runner raises, the generator never resumes.
+    ``bare``: the message names the job itself (the runner adds nothing)."""
 
     failure: Failure
     message: str
+    bare: bool = False
 
 
 # -- the commit around the publish (txsink.protocol.commit) ---------------------------
@@ -310,9 +313,35 @@ class Alarmed:
 
 @dataclass(frozen=True)
 class EnsureJob:
-    """-> None: the job's node made (with ``meta``) if it is missing."""
+    """-> ``JobMeta``: the job's node made (with ``meta``) if it is missing; the meta it
+    records (``meta`` filled in on a blank node)."""
 
     meta: Any  # JobMeta or its mapping
+
+
+@dataclass(frozen=True)
+class ReadEpoch:
+    """-> ``Epoch | None``: the job's current writer epoch."""
+
+
+@dataclass(frozen=True)
+class ReadRunMark:
+    """-> the mark a run left when it took the job (``runs/<run_id>``), or None."""
+
+    run_id: str
+
+
+@dataclass(frozen=True)
+class PutRunMark:
+    """-> None: ``runs/<run_id>`` written: this run took the job (a later run that finds
+    its epoch gone knows it was superseded, not new)."""
+
+    run_id: str
+
+
+@dataclass(frozen=True)
+class ReadCommittedCount:
+    """-> int: how many xids the job's ledger counts as committed."""
 
 
 @dataclass(frozen=True)
@@ -403,6 +432,10 @@ Run = Generator[Step, Any, XidRecord]
 CommitStep = (
     Sync
     | EnsureJob
+    | ReadEpoch
+    | ReadRunMark
+    | PutRunMark
+    | ReadCommittedCount
     | TakeEpoch
     | ListStaging
     | ReadBatchState
