@@ -243,10 +243,9 @@ class StepRunner:
             try:  # best effort: a replay is skipped by the record, not by this state
                 reg.delete_blobs(job, dedup_xid_key(step.xid))
             except TxSinkError as exc:
-                if not step.strict:
-                    log.warning(
-                        "job %s: could not delete dedup state of %s: %s", job, step.xid, exc
-                    )
+                log.warning(
+                    "job %s: could not delete dedup state of xid %s: %s", job, step.xid, exc
+                )
                 return False
             return True
         elif isinstance(step, steps.ListRecords):
@@ -397,8 +396,7 @@ class StepRunner:
         if isinstance(step, steps.Stop):
             if step.failure is steps.Failure.NOT_QUIET and failure is not None:
                 raise failure
-            message = step.message if step.bare else f"job {self.job}: {step.message}"
-            raise _FAILURES[step.failure](message)
+            raise self.stopped(step)
         if isinstance(step, steps.FaultPoint):
             self.fault(step.name)
         elif isinstance(step, steps.Settle):
@@ -482,7 +480,7 @@ class StepRunner:
         if isinstance(step, steps.HeldClaims):
             return {t: name for (x, t), name in self.claims.items() if x == step.xid}
         if isinstance(step, steps.Stop):
-            raise _FAILURES[step.failure](f"job {self.job}: {step.message}")
+            raise self.stopped(step)
         # bare Publish / DropStaging / AttachAll / Alarm never reach a runner: the
         # sequence turns them into MovePartitions / DropTables / Attach / Stop
         raise TypeError(f"{type(step).__name__} is not a step a runner carries out")
@@ -519,6 +517,12 @@ class StepRunner:
                 f"job {self.job}: xid {record.xid} is published but recording COMMITTED failed "
                 f"({exc}); `txsink recover --job {self.job}` will record it"
             ) from exc
+
+    def stopped(self, step: steps.Stop) -> TxSinkError:
+        """The error a :class:`~txsink.protocol.steps.Stop` ends its sequence with."""
+        return _FAILURES[step.failure](
+            step.message if step.bare else f"job {self.job}: {step.message}"
+        )
 
     def check_fence(self, epoch: Epoch) -> None:
         """FencedError unless ``epoch`` still holds the job: it guards ClickHouse

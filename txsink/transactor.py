@@ -267,6 +267,7 @@ class Transactor:
         done = result.record
         if done is None:
             return CommitResult(xid, result.action, seconds=finished - started)
+        finished = marks.get("published", finished)  # the upkeep after it is not the commit's
         prepared_at = marks.get("prepared", started)
         return CommitResult(
             xid,

@@ -61,7 +61,7 @@ def kinds(seen: list[Any]) -> list[str]:
 def test_a_fresh_batch_reads_synced_prepares_then_publishes_with_the_owner_s_facts() -> None:
     done, seen = drive(commit.commit(commit.Ask(record(), rest={"state": "idle"})), stores())
     assert done.action == "committed" and done.record.state is XidState.COMMITTED
-    assert kinds(seen) == ["Sync", "ReadBatchState", "Prepare", "Mark", "PublishXid"]
+    assert kinds(seen) == ["Sync", "ReadBatchState", "Prepare", "Mark", "PublishXid", "Mark"]
     publish = next(s for s in seen if isinstance(s, steps.PublishXid))
     assert not publish.resumed and publish.rest == {"state": "idle", "last_xid": "b1",
                                                     "last_batch": 1}  # fmt: skip

@@ -174,6 +174,7 @@ def commit(ask: Ask) -> CommitRun:
     done, rested = yield PublishXid(
         record, resumed=not fresh, gather=ask.gather if fresh else None, rest=rest
     )
+    yield Mark("published")
     yield from after_commit(done, None if rested else rest, ask.retention)
     return Committed("committed" if fresh else "rolled_forward", done)
 
@@ -229,7 +230,7 @@ def prune(job: str, retention: int) -> Generator[CommitStep, Any, list[str]]:
     for xid in doomed:
         # a dedup xid's state is normally gone already (left by a crash after COMMITTED)
         if xid in dedup_xids and not (yield ForgetDedupState(xid, strict=True)):
-            yield Note("warning", f"keeping xid {xid} for now: its dedup state stays")
+            yield Note("warning", f"keeping xid {xid} for now: its dedup state stays (above)")
             kept.append(xid)
     doomed = [x for x in doomed if x not in kept]
     if doomed:

@@ -222,7 +222,7 @@ def test_a_staging_partition_detached_by_the_server_is_an_alarm_never_published(
 def test_the_endpoint_killed_and_restarted_while_a_commit_publishes_ends_exact(
     nemesis: Services, ch: Any, target: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="txsink.transactor")
+    caplog.set_level(logging.WARNING, logger="txsink.publisher")  # the runner re-observes
     handle = open_handle(nemesis, target, retry_attempts="2")
     try:
         tx = handle.transactor
