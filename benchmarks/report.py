@@ -707,12 +707,12 @@ NOTES = """## Where the time goes
   first rows, off its critical path, then reads nothing more. The driver's commit
   (`visibility=batch`, the default where the target allows it) sends the same statements
   whatever the number of tasks and partition values: one read (the staged parts, the
-  target's views and stored columns, losing attempts' staging), the batch staging's
-  CREATE, one statement that fills it (every task's rows inserted in one part per
-  partition value, or their parts copied where the batch is large), the ATTACH that
-  publishes it, one DROP (without SYNC: the names go at once, the disk later). Keeper: a
-  sync, one read of the job's state, the prepare, the fence check and the commit (7
-  requests in 5 round trips).
+  target's views, columns and CREATE, losing attempts' staging), one CREATE of the batch
+  staging that also fills it (every task's rows in one part per partition value; where
+  the batch is large, or the target's CREATE cannot be reproduced, a CREATE and a copy or
+  an insert), the ATTACH that publishes it, one DROP (without SYNC: the names go at
+  once, the disk later). Keeper: a sync, one read of the job's state, the prepare, the
+  fence check and the commit (7 requests in 5 round trips).
 - **What is left is round trips the protocol needs:** a staging table per task attempt
   (a failed or zombie attempt's rows never reach a published table); the read before the
   prepare (the manifest must be what the tasks staged, and a view made since validation
