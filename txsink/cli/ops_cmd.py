@@ -17,8 +17,10 @@ Exit statuses follow :class:`txsink.cli.output.Exit` (docs/cli.md#exit-statuses)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
+import signal
 import sys
 import threading
 import time
@@ -218,6 +220,7 @@ def run_status(args: argparse.Namespace, out: Output) -> int:
         with open_stores(args) as stores:
             return _status_once(args, out, stores)
     stores = open_stores(args)
+    _leave_after_interrupt(out)
     try:
         while True:
             if out.stream.isatty():
@@ -234,13 +237,38 @@ def run_status(args: argparse.Namespace, out: Output) -> int:
         if closing.is_alive():
             # kazoo's handler stops again at exit (atexit) and would wait for this very
             # close: the sessions are abandoned (ZooKeeper expires them), the output kept
-            out.stream.flush()
-            sys.stderr.flush()
-            os._exit(Exit.OK)
+            _leave(out)
         return Exit.OK
     except BaseException:
         stores.close()
         raise
+
+
+def _leave(out: Output) -> None:
+    """End the process now with 0, the output kept."""
+    with contextlib.suppress(OSError, ValueError):
+        out.stream.flush()
+        sys.stderr.flush()
+    os._exit(Exit.OK)
+
+
+def _leave_after_interrupt(out: Output) -> None:
+    """Ctrl-C ends the watch within ``WATCH_CLOSE_S`` + 1 s wherever the main thread is:
+    the SIGINT also arms a timer that ends the process, in case a library on the way
+    (a Keeper or HTTP retry loop) swallows the KeyboardInterrupt and the watch goes on.
+    Only where signals can be set (the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.getsignal(signal.SIGINT)
+
+    def interrupted(signum: int, frame: Any) -> None:
+        timer = threading.Timer(WATCH_CLOSE_S + 1.0, _leave, args=(out,))
+        timer.daemon = True
+        timer.start()
+        signal.signal(signal.SIGINT, previous)  # a second Ctrl-C: as any command's
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, interrupted)
 
 
 def _status_once(args: argparse.Namespace, out: Output, stores: Any) -> int:
