@@ -135,8 +135,9 @@ def test_executor_writers_do_not_import_the_driver_side_runner() -> None:
     for dedup's fence and discard mark), never through the driver's Transactor."""
     graph = import_graph()
     for writer in ("txsink.spark.attach_write", "txsink.spark.dedup_write"):
-        assert not graph[writer] & {"txsink.transactor", "txsink.publisher"}, writer
-    assert "txsink.dedup_state" in graph["txsink.publisher"]  # the runner reads the mark too
+        runner = {"txsink.transactor", "txsink.publisher", "txsink.commit_runner"}
+        assert not graph[writer] & runner, writer
+    assert "txsink.dedup_state" in graph["txsink.commit_runner"]  # the runner reads the mark
 
 
 LEAN = """
