@@ -343,8 +343,10 @@ def _ratio_floor(r: dict[str, Any], target: str) -> str:
         "a BLAKE2b fingerprint per block (hashed ahead in a thread since issue 29), a Keeper "
         "write per block (BEFORE) and one per Spark partition (AFTER)"
         if pair.startswith("dedup")
-        else "per task: the staging CREATE, its read-back and one system.parts read (the "
-        "rows travel as the baseline's)"
+        else "per task its staging's CREATE and read-back (the rows travel as the "
+        "baseline's); per batch, on a plain MergeTree target below compact_bytes, every row "
+        "written once more inside ClickHouse: the gather into one part per partition value "
+        "(compact_bytes=0 keeps the parts and skips it)"
     )
     return f"{where}; txsink adds {adds}"
 
