@@ -165,7 +165,13 @@ COLUMNS = (
 
 
 def shape(
-    bench: Any, tasks: int, values: int, batches: int, state: str, visibility: str = "partition"
+    bench: Any,
+    tasks: int,
+    values: int,
+    batches: int,
+    state: str,
+    visibility: str = "partition",
+    first_after: float = FIRST_AFTER,
 ) -> dict[str, Any]:
     """``batches`` steady-state batches of one stream at one shape; medians per batch."""
     from benchmarks.hotpath import one_batch, save_plan, stream_plan
@@ -178,7 +184,7 @@ def shape(
         rows = inputs(tasks, values, b)
         before = active_parts(bench, table)
         started = time.perf_counter()
-        phases = one_batch(stream_plan(first, run_id, b), rows, sent=True, first_after=FIRST_AFTER)
+        phases = one_batch(stream_plan(first, run_id, b), rows, sent=True, first_after=first_after)
         seconds = time.perf_counter() - started
         if b:
             counts = tally(phases)
@@ -215,12 +221,13 @@ def measure(
     states: tuple[str, ...] = ("keeper",),
     progress: Any = None,
     visibilities: tuple[str, ...] = ("partition",),
+    first_after: float = FIRST_AFTER,
 ) -> dict[str, Any]:
     out = []
     for visibility in visibilities:
         for state in states:
             for tasks, values in shapes:
-                r = shape(bench, tasks, values, batches, state, visibility)
+                r = shape(bench, tasks, values, batches, state, visibility, first_after)
                 if progress:
                     progress(
                         f"  {tasks} x {values} (state={state}, visibility={visibility}): "
@@ -285,6 +292,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--visibility", default="partition", help="comma-separated: partition, batch"
     )
+    parser.add_argument(
+        "--first-after",
+        type=float,
+        default=FIRST_AFTER,
+        help=f"seconds each task waits for its first rows (default {FIRST_AFTER}; 0: at "
+        "once, so its staging CREATE is on its critical path)",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
     import logging
@@ -300,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         bench = Bench(info.url, info.keeper, None, QUICK, work)
         try:
             vis = tuple(v.strip() for v in args.visibility.split(",") if v.strip())
-            out = measure(bench, shapes, args.batches, states, progress, vis)
+            out = measure(bench, shapes, args.batches, states, progress, vis, args.first_after)
         finally:
             from txsink.driver import close_pooled
 

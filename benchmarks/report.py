@@ -343,7 +343,7 @@ def _ratio_floor(r: dict[str, Any], target: str) -> str:
         "a BLAKE2b fingerprint per block (hashed ahead in a thread since issue 29), a Keeper "
         "write per block (BEFORE) and one per Spark partition (AFTER)"
         if pair.startswith("dedup")
-        else "per task its staging's CREATE and read-back (the rows travel as the "
+        else "per task its staging's CREATE (the rows travel as the "
         "baseline's); per batch, on a plain MergeTree target below compact_bytes, every row "
         "written once more inside ClickHouse: the gather into one part per partition value "
         "(compact_bytes=0 keeps the parts and skips it)"
@@ -705,11 +705,13 @@ NOTES = """## Where the time goes
 - **Per micro-batch, txsink makes round trips the baseline does not**, counted and timed in
   *Round trips of one batch* below (a stream's steady state, 4 tasks) and counted at 200
   tasks and at 50 partition values in section 2e. Each task makes its staging table
-  (`CREATE TABLE ... AS target SETTINGS ...`) and reads it back while it waits for Spark's
-  first rows, off its critical path, then reads nothing more. The driver's commit
+  (`CREATE TABLE ... AS target SETTINGS ...`, read back only by a worker's first task)
+  while it waits for Spark's first rows, off its critical path (on it when the rows come
+  at once: one statement), then reads nothing more. The driver's commit
   (`visibility=batch`, the default where the target allows it) sends the same statements
-  whatever the number of tasks and partition values: one read (the staged parts, the
-  target's views, columns and CREATE, losing attempts' staging), one CREATE of the batch
+  whatever the number of tasks and partition values: one read (the staged parts and
+  whether each staging is fit to publish, the target's views, columns and CREATE, losing
+  attempts' staging), one CREATE of the batch
   staging that also fills it (every task's rows in one part per partition value; where
   the batch is large, or the target's CREATE cannot be reproduced, a CREATE and a copy or
   an insert), the ATTACH that publishes it, one DROP (without SYNC: the names go at

@@ -153,17 +153,27 @@ def staged_parts(
     another replica: a URL that leads to several (a load balancer) would let the tasks
     stage on one and the driver's MOVE run on another. The same statement reads the bytes
     staged per partition id, the target's materialized views (``views``: refused if any)
-    and the staging tables named ``listing*`` (:meth:`Warehouse.commit_look`)."""
+    and the staging tables named ``listing*`` (:meth:`Warehouse.commit_look`); refuses a
+    staging table unfit to publish (a task sends its CREATE without reading it back)."""
     sent = {t: n for m in msgs for t, n in m.inserted}
     parts = [p for m in msgs if not m.inserted for p in m.parts]
     if not sent and not views and listing is None:
         return parts, CommitLook({})
+    info = plan.target_info
+    validated = tuple((c.name, c.type) for c in info.columns) if sent and info else None
     look = handle.warehouse.commit_look(
-        sent, views_of=plan.config.table if views else None, listing=listing
+        sent, views_of=plan.config.table if views else None, listing=listing, validated=validated
     )
     refuse_new_views(plan, xid, look.views)
+    for table, why in sorted(look.unfit.items())[:1]:
+        raise TxSinkError(
+            f"job {plan.config.job}: xid {xid}: staging table "
+            f"{handle.warehouse.staging_db}.{table} cannot be published: {why} (the target "
+            f"{plan.config.table} changed while the batch ran, or the server ignored the "
+            f"SETTINGS of CREATE TABLE ... AS). Nothing was committed; the batch is rolled "
+            f"back and, on retry or restart, written again against the target as it is now"
+        )
     missing = sorted(t for t, staged in look.staged.items() if staged is None)
-    info = plan.target_info
     if missing and info is not None and info.is_replicated:
         raise ConfigError(
             f"job {plan.config.job}: xid {xid}: staging table(s) {', '.join(missing[:3])} "

@@ -729,3 +729,83 @@ def test_a_gathered_create_reads_the_target_s_columns_as_the_target_has_them(
         assert left == 0 and count(ch, f"{sdb}.`{one}`") == 30
     finally:
         nullable.close()
+
+
+def _counted(client: Client, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The statements ``client`` sends from now on (a spy on the real calls)."""
+    sent: list[str] = []
+    for method in ("command", "query_rows"):
+        real = getattr(client, method)
+
+        def spy(sql: str, *args: Any, _real: Any = real, **kwargs: Any) -> Any:
+            sent.append(sql.split(" ", 2)[0] + " " + sql.split(" ", 2)[1])
+            return _real(sql, *args, **kwargs)
+
+        monkeypatch.setattr(client, method, spy)
+    return sent
+
+
+@pytest.mark.parametrize("shape", ["by_month", "codecs_ttl_sample"])
+def test_a_task_s_create_goes_without_its_read_back_once_the_server_kept_the_settings(
+    wh: ClickHouseWarehouse,
+    client: Client,
+    ch: Any,
+    fresh_db: str,
+    shape: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Deliverable 2 of issue 39: the first CREATE through a client is read back (the
+    server must be seen keeping the staging settings of CREATE ... AS); later ones are
+    the CREATE alone (and the ALTER removing a TTL the driver saw). The commit's one
+    read then finds the staging fit to publish."""
+    target = f"{fresh_db}.tgt"
+    ch.command(f"CREATE TABLE {target} {TARGETS[shape]}")
+    info = wh.target_info(target)
+    client.facts.clear()
+    sent = _counted(client, monkeypatch)
+    wh.create_staging(target, stg(1), info, read_back=False)
+    assert len(sent) >= 2 and any(s.startswith("SELECT") for s in sent), sent
+    sent.clear()
+    wh.create_staging(target, stg(2), info, read_back=False)
+    assert sent == ["CREATE TABLE"] + (["ALTER TABLE"] if info.table_ttl else []), sent
+    ddl = ch.command(f"SHOW CREATE TABLE `{wh.staging_db}`.`{stg(2)}`")
+    assert "assign_part_uuids = 1" in ddl and "TTL" not in ddl
+    wh.insert_blocks(stg(2), iter([rows_batch(20)]), block_rows=1000, block_bytes=1 << 30)
+    validated = [(c.name, c.type) for c in info.columns]
+    look = wh.commit_look([stg(1), stg(2)], views_of=target, validated=validated)
+    assert look.unfit == {}
+    assert sum(n for n, _ in (look.staged[stg(2)] or {}).values()) == 20
+
+
+def test_the_commit_read_names_every_staging_table_unfit_to_publish(
+    wh: ClickHouseWarehouse, ch: Any, fresh_db: str
+) -> None:
+    """What a task no longer reads back is checked by the commit's one read: staging made
+    without the staging settings, with a TTL, or whose columns differ from those the
+    values were checked for (the target retyped after the driver's validation). A column
+    the target gained meanwhile is no reason (the publish adds it)."""
+    target = f"{fresh_db}.tgt"
+    ch.command(f"CREATE TABLE {target} {TARGETS['by_month']}")
+    validated = [(c.name, c.type) for c in wh.target_info(target).columns]
+    sdb = wh.staging_db
+    settings = "SETTINGS assign_part_uuids = 1, non_replicated_deduplication_window = 0"
+    ch.command(f"CREATE TABLE `{sdb}`.`{stg(1)}` AS {target}")  # the server ignored SETTINGS
+    ch.command(f"ALTER TABLE {target} ADD COLUMN note String DEFAULT ''")
+    wh.create_staging(target, stg(2))
+    ch.command(f"ALTER TABLE {target} MODIFY COLUMN v LowCardinality(String)")
+    wh.create_staging(target, stg(3))
+    ttl = f"{fresh_db}.ttl"
+    ch.command(f"CREATE TABLE {ttl} ({COLS}) ENGINE = MergeTree ORDER BY k TTL d + INTERVAL 1 DAY")
+    ch.command(f"CREATE TABLE `{sdb}`.`{stg(4)}` AS {ttl} {settings}")
+    col_ttl = f"{fresh_db}.col_ttl"
+    ch.command(
+        f"CREATE TABLE {col_ttl} (d Date, k UInt64, v String TTL d + INTERVAL 1 DAY) "
+        "ENGINE = MergeTree ORDER BY k"
+    )
+    ch.command(f"CREATE TABLE `{sdb}`.`{stg(5)}` AS {col_ttl} {settings}")
+    look = wh.commit_look([stg(k) for k in (1, 2, 3, 4, 5)], validated=validated)
+    assert set(look.unfit) == {stg(1), stg(3), stg(4), stg(5)}, look.unfit
+    assert "staging settings" in look.unfit[stg(1)]
+    assert "columns differ" in look.unfit[stg(3)]
+    assert "TTL" in look.unfit[stg(4)] and "TTL" in look.unfit[stg(5)]
+    assert wh.commit_look([stg(3)]).unfit == {}  # no columns asked for: no column check

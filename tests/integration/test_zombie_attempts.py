@@ -25,8 +25,9 @@ import pytest
 from pyspark.sql.types import LongType, StructField, StructType
 
 from txsink.cli.main import main as cli_main
-from txsink.committer import commit_batch
+from txsink.committer import abort_batch, commit_batch
 from txsink.config import WriterConfig
+from txsink.errors import TxSinkError
 from txsink.spark.messages import WritePlan
 from txsink.spark.validate import validate
 
@@ -145,3 +146,29 @@ def test_an_attach_attempt_thawed_after_its_batch_committed_never_publishes(
     assert_exact(ch, table, ROWS + WINDOW + 1)
     for name in staged:
         assert ch.command(f"EXISTS TABLE {db}.{name}") == 0, f"{name} was not dropped"
+
+
+def test_a_batch_staged_after_the_target_was_retyped_is_refused_before_its_prepare(
+    stack, ch, fresh_db, tmp_path
+):
+    """A task sends its staging CREATE without reading it back: the commit's one read
+    compares every staging table with the columns the task's values were checked for.
+    The target retyped after the driver's validation (``id`` Int64 -> Int32, which would
+    wrap larger values) makes staging the values no longer fit: the commit refuses,
+    names the table, prepares nothing, and the abort drops the staging."""
+    table = f"{fresh_db}.t"
+    ch.command(f"CREATE TABLE {table} (id Int64, k UInt8 DEFAULT 0) ENGINE = MergeTree ORDER BY k")
+    plan, path = make_plan(stack, table, tmp_path, mode="attach")
+    ch.command(f"ALTER TABLE {table} MODIFY COLUMN id Int32")
+    attempt = Attempt(path, 0, freeze=False)
+    assert attempt.result()["rows"] == ROWS
+    message = attempt.message()
+    with pytest.raises(TxSinkError, match="columns differ") as refused:
+        commit_batch(plan, [message], BATCH)
+    assert message.staging[0] in str(refused.value)
+    abort_batch(plan, [message], BATCH)
+    assert ch.command(f"SELECT count() FROM {table}") == 0
+    db = plan.config.staging_database
+    assert ch.command(f"EXISTS TABLE {db}.{message.staging[0]}") == 0
+    flags = ["--url", stack.url, "--keeper", stack.keeper, "--job", plan.config.job, "--json"]
+    assert cli_main(["status", *flags]) == 0

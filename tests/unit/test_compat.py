@@ -466,6 +466,7 @@ class _RecordingClient:
 
     def __init__(self) -> None:
         self.sql: list[str] = []
+        self.facts: dict[str, float] = {}
 
     def command(self, sql: str, **kwargs: object) -> None:
         self.sql.append(sql)
@@ -496,7 +497,7 @@ def _warehouse_seeing(live: TargetInfo) -> tuple[Any, _RecordingClient]:
         )  # fmt: skip
 
     wh.target_info = target_info  # type: ignore[method-assign]
-    wh._protect = lambda fq, staged: None  # type: ignore[method-assign]
+    wh._protect = lambda *_, **__: None  # type: ignore[method-assign]
     return wh, client
 
 

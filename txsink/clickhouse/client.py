@@ -69,6 +69,9 @@ class Client:
         self.retry = retry or RetryPolicy()
         self._secrets = secrets
         self._known: dict[str, bool] = {}  # setting name -> the server has it
+        # what this process learned of the server's behaviour, and when (time.monotonic),
+        # e.g. the staging's "keeps_staging_settings" (txsink.clickhouse.staging.Stager)
+        self.facts: dict[str, float] = {}
 
     def __repr__(self) -> str:
         return f"Client({self.url!r})"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from txsink.clickhouse.client import Client
@@ -146,14 +146,29 @@ class Observer:
         return self._summed(tables, None if every_part else MAX_PART_UUIDS)[0]
 
     def commit_look(
-        self, tables: Iterable[str], *, views_of: str | None = None, listing: str | None = None
+        self,
+        tables: Iterable[str],
+        *,
+        views_of: str | None = None,
+        listing: str | None = None,
+        validated: Sequence[tuple[str, str]] | None = None,
     ) -> CommitLook:
         """:meth:`staged_partitions_of` with the bytes per partition id, the views reading
-        ``views_of`` and the staging tables named ``listing*``: one statement."""
-        found, views, listed, columns, made = self._looked(tables, views_of, listing)
+        ``views_of``, the staging tables named ``listing*`` and those unfit to publish
+        (their engine clause without the staging settings or with a TTL; with
+        ``validated``, the (name, type) of the columns the tasks' values were checked
+        against, those whose columns of these names differ): one statement."""
+        found, views, listed, columns, made, unfit = self._looked(
+            tables, views_of, listing, validated
+        )
         read, sizes = self._sums(found, MAX_PART_UUIDS)
         shape = self._batch_shape(views_of, *made) if views_of is not None and made else None
-        return CommitLook(read, sizes, views, listed, columns, shape)
+        return CommitLook(read, sizes, views, listed, columns, shape, unfit)
+
+    def _settings_missing(self, engine_full: str) -> bool:
+        """Whether a staging table's engine clause lacks the staging settings
+        (:class:`~txsink.clickhouse.staging.Stager` knows them)."""
+        return False
 
     def _batch_shape(
         self, target: str, create_query: str, engine_full: str, layout: Layout
@@ -199,9 +214,18 @@ class Observer:
         return self._looked(tables, None, None)[0]
 
     def _looked(
-        self, tables: Iterable[str], views_of: str | None, listing: str | None
+        self,
+        tables: Iterable[str],
+        views_of: str | None,
+        listing: str | None,
+        validated: Sequence[tuple[str, str]] | None = None,
     ) -> tuple[
-        PartsOf, tuple[str, ...], tuple[str, ...], tuple[str, ...], tuple[str, str, Layout] | None
+        PartsOf,
+        tuple[str, ...],
+        tuple[str, ...],
+        tuple[str, ...],
+        tuple[str, str, Layout] | None,
+        dict[str, str],
     ]:
         """:meth:`_staged_parts_of`, the views reading ``views_of`` (as
         :meth:`dependent_views` finds them) and its stored columns (neither ALIAS nor
@@ -227,13 +251,25 @@ class Observer:
         viewed = ("", "")  # views_of as (database, table)
         if names:
             parameters.update({"p": prefix} if prefix else {"names": names})
-            branches += [  # 0: the table exists; 1: one of its active parts
-                "SELECT 0, name, '', toUInt64(0), '', toUInt64(0) FROM system.tables "
+            branches += [  # 0: the table exists, its CREATE and engine clause; 1: an active part
+                "SELECT 0, name, create_table_query, toUInt64(0), engine_full, toUInt64(0) "
+                "FROM system.tables "
                 f"WHERE database = {{db:String}} AND {among('name')}",
                 "SELECT 1, table, partition_id, rows, toString(uuid), bytes_on_disk "
                 f"FROM system.parts WHERE active AND rows > 0 AND database = {{db:String}} "
                 f"AND {among('table')}",
             ]
+        if names and validated is not None:
+            parameters["vn"] = [n for n, _ in validated]
+            parameters["vty"] = [t for _, t in validated]
+            branches.append(  # 7: a table whose columns named in validated differ from it
+                "SELECT 7, table, '', toUInt64(0), '', toUInt64(0) FROM (SELECT table, "
+                "arraySort(arrayFilter(c -> has({vn:Array(String)}, c.2), "
+                "groupArray((position, name, type)))) AS cols FROM system.columns "
+                f"WHERE database = {{db:String}} AND {among('table')} GROUP BY table) "
+                "WHERE arrayMap(c -> c.2, cols) != {vn:Array(String)} "
+                "OR arrayMap(c -> c.3, cols) != {vty:Array(String)}"
+            )
         if views_of is not None:
             parameters["vdb"], parameters["vt"] = viewed = split_table(views_of)
             branches += [  # 2: a view the server lists as dependent; 3: every view's SELECT
@@ -258,7 +294,7 @@ class Observer:
                 "WHERE database = {db:String} AND startsWith(name, {l:String})"
             )
         if not branches:
-            return {}, (), (), (), None
+            return {}, (), (), (), None, {}
         rows = self.client.query_rows(
             " UNION ALL ".join(branches),
             parameters=parameters,
@@ -274,9 +310,16 @@ class Observer:
         listed: set[str] = set()
         columns: list[tuple[int, str, str, str]] = []
         made: list[tuple[str, str, str]] = []
+        unfit: dict[str, str] = {}
         for kind, name, pid, n, text, size in rows:
             if kind == 0:
                 found.setdefault(str(name), {})
+                if has_ttl(str(text)) or ttl_columns(str(pid)):
+                    unfit[str(name)] = "it has a TTL"
+                elif self._settings_missing(str(text)):
+                    unfit[str(name)] = "its engine clause lacks the staging settings"
+            elif kind == 7:
+                unfit[str(name)] = "its columns differ from those the values were checked for"
             elif kind == 1:
                 by_pid = found.setdefault(str(name), {})
                 by_pid.setdefault(str(pid), []).append((int(n), str(text), int(size)))
@@ -292,7 +335,8 @@ class Observer:
         layout = tuple((name, ctype, kind) for _, name, ctype, kind in sorted(columns))
         stored = tuple(name for name, _, kind in layout if kind not in ("ALIAS", "EPHEMERAL"))
         shape = (made[0][0], made[0][1], layout) if len(made) == 1 and not made[0][2] else None
-        return staged, tuple(sorted(views)), tuple(sorted(listed)), stored, shape
+        unfit = {name: why for name, why in unfit.items() if name in staged}
+        return staged, tuple(sorted(views)), tuple(sorted(listed)), stored, shape, unfit
 
     def published_uuids(self, target: str, uuids: Iterable[str]) -> frozenset[str]:
         """Which evidence ids (short part UUIDs) the target's parts still show, active or

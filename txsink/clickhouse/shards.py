@@ -268,25 +268,36 @@ class ShardedWarehouse:
         return out
 
     def commit_look(
-        self, tables: Iterable[str], *, views_of: str | None = None, listing: str | None = None
+        self,
+        tables: Iterable[str],
+        *,
+        views_of: str | None = None,
+        listing: str | None = None,
+        validated: Sequence[tuple[str, str]] | None = None,
     ) -> CommitLook:
         """One statement per shard: its own staging tables, the views of its table, its
-        staging named ``listing*``."""
+        staging named ``listing*``, the unfit."""
         grouped = self._grouped(tables)
         staged: dict[str, dict[str, tuple[int, tuple[str, ...]]] | None] = {}
         sizes: dict[str, int] = {}
         views: set[str] = set()
         listed: set[str] = set()
         columns: tuple[str, ...] = ()
+        unfit: dict[str, str] = {}
         for k, shard in enumerate(self.shards):
-            look = shard.commit_look(grouped.get(k, ()), views_of=views_of, listing=listing)
+            look = shard.commit_look(
+                grouped.get(k, ()), views_of=views_of, listing=listing, validated=validated
+            )
             staged.update(look.staged)
+            unfit.update(look.unfit)
             for pid, n in look.sizes.items():
                 sizes[pid] = sizes.get(pid, 0) + n
             views |= set(look.views)
             listed |= set(look.listed)
             columns = columns or look.columns
-        return CommitLook(staged, sizes, tuple(sorted(views)), tuple(sorted(listed)), columns)
+        return CommitLook(
+            staged, sizes, tuple(sorted(views)), tuple(sorted(listed)), columns, unfit=unfit
+        )
 
     def move_partition(self, staging: str, partition_id: str, target: str) -> None:
         self._on(staging).move_partition(staging, partition_id, target)
@@ -301,8 +312,15 @@ class ShardedWarehouse:
         for k, names in self._grouped(tables).items():
             self.shards[k].drop_stagings(names, wait=wait)
 
-    def create_staging(self, target: str, table: str, expected: TargetInfo | None = None) -> None:
-        self._on(table).create_staging(target, table, expected)
+    def create_staging(
+        self,
+        target: str,
+        table: str,
+        expected: TargetInfo | None = None,
+        *,
+        read_back: bool = True,
+    ) -> None:
+        self._on(table).create_staging(target, table, expected, read_back=read_back)
 
     def insert_blocks(
         self,

@@ -9,7 +9,10 @@ Owned by the ClickHouse adapter (:class:`Stager`, a base of
 - a staging table is ``CREATE TABLE staging AS target`` (columns with codecs and
   defaults, keys, SAMPLE BY, TTL, settings, indices and projections are copied), then
   checked against the target with :func:`~.blockers.check_move_compat` before any row
-  lands; a ``Replicated*MergeTree`` target's staging is replicated too on the replica
+  lands, or (an attach task's, once the server was seen keeping the staging settings)
+  by its commit's one read before anything is prepared: its columns as the driver
+  validated them, its settings (:func:`staging_settings_missing`);
+  a ``Replicated*MergeTree`` target's staging is replicated too on the replica
   txsink talks to, under a Keeper path of its own
   (:func:`~.replicated_ddl.staging_keeper_path`), which its ``DROP ... SYNC`` removes;
 - before any row lands, its TTLs are removed and :data:`STAGING_SETTINGS` (persistent
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,6 +45,10 @@ from txsink.protocol.ops import BatchShape
 log = logging.getLogger(__name__)
 # the table a CREATE ... AS SELECT fills before it takes its name (ClickHouse 26.x)
 _LEFTOVER_FILL_RE = re.compile(r"_tmp_replace_[0-9A-Za-z_]+")
+KEEPS_SETTINGS = "keeps_staging_settings"
+# how long that is trusted: a server replaced behind the URL by one that drops the
+# settings makes the commits refuse staging (CommitLook.unfit) for at most this long
+KEEPS_SETTINGS_S = 600.0
 # names per DROP TABLE statement, in bytes: far below max_query_size (256 KiB by default)
 MAX_DROP_BYTES = 60 * 1024
 
@@ -67,6 +75,13 @@ STAGING_SETTINGS = {
 }
 
 
+def staging_settings_missing(engine_full: str) -> bool:
+    """Whether a table's engine clause lacks one of :data:`STAGING_SETTINGS` (or has
+    another value for it)."""
+    have = parse_settings_clause(engine_full)
+    return any(have.get(k) != str(v) for k, v in STAGING_SETTINGS.items())
+
+
 class Stager(Observer):
     """Staging DDL of :class:`~txsink.clickhouse.warehouse.ClickHouseWarehouse`."""
 
@@ -88,8 +103,22 @@ class Stager(Observer):
             table=self.staging_db,
         )
 
-    def create_staging(self, target: str, table: str, expected: TargetInfo | None = None) -> None:
+    def create_staging(
+        self,
+        target: str,
+        table: str,
+        expected: TargetInfo | None = None,
+        *,
+        read_back: bool = True,
+    ) -> None:
         """(Re)create ``staging_db.table`` as an exact structural copy of ``target``.
+
+        ``read_back=False`` (an attach task's staging, which its commit checks: the
+        columns against ``expected`` and the staging settings, in its one read,
+        :meth:`~.observe.Observer.commit_look`) sends the CREATE alone, and the ALTER
+        removing TTLs only when ``expected`` has any, once this server was seen keeping
+        the settings of a CREATE ... AS: one round trip. Not for a replicated target,
+        whose staging must be checked on this replica.
 
         ``CREATE TABLE ... AS target SETTINGS <STAGING_SETTINGS>`` (the settings override
         the target's own), then one read of the copy to check it can be moved and really
@@ -107,31 +136,46 @@ class Stager(Observer):
         and the driver moves it through the same URL.
         """
         fq = self._staging(table, "create")
+        # once a read-back through this (pooled) client saw the server keep the staging
+        # settings of a CREATE ... AS, a task's CREATE goes without one for a while
+        seen = self.client.facts.get(KEEPS_SETTINGS)
+        fast = not read_back and seen is not None and time.monotonic() - seen < KEEPS_SETTINGS_S
+        if fast and expected is not None and not expected.is_replicated:
+            self._create(fq, target, table, expected)
+            self._protect(fq, expected.table_ttl, expected.ttl_columns, settings=False)
+            return
         reuse = expected is not None and not expected.is_replicated
         wanted = expected if expected is not None and reuse else self.target_info(target)
         if expected is not None and not reuse and wanted.is_replicated:
             check_same_replica(expected, wanted, self.client)
-        staged = self._create(fq, target, table, wanted)
+        staged = self._created(fq, target, table, wanted)
         problem = check_move_compat(staged, wanted)
         if problem and reuse:
             wanted = self.target_info(target)
             problem = check_move_compat(staged, wanted)
             if problem and wanted.is_replicated:  # its engine clause came from the stale view
-                staged = self._create(fq, target, table, wanted)
+                staged = self._created(fq, target, table, wanted)
                 problem = check_move_compat(staged, wanted)
         if problem:
             self.client.command(f"DROP TABLE IF EXISTS {fq} SYNC")
             raise ConfigError(problem)
-        self._protect(fq, staged)
+        missing = staging_settings_missing(staged.engine_full)
+        self._protect(fq, staged.table_ttl, staged.ttl_columns, settings=missing)
+        if not missing and not wanted.is_replicated:
+            self.client.facts[KEEPS_SETTINGS] = time.monotonic()
 
-    def _create(self, fq: str, target: str, table: str, wanted: TargetInfo) -> TargetInfo:
+    def _created(self, fq: str, target: str, table: str, wanted: TargetInfo) -> TargetInfo:
+        """:meth:`_create`, then the staging table as the server has it (one read)."""
+        self._create(fq, target, table, wanted)
+        return self.target_info(f"{self.staging_db}.{table}", staging=True)
+
+    def _create(self, fq: str, target: str, table: str, wanted: TargetInfo) -> None:
         """``CREATE TABLE fq AS target`` with the staging settings, replacing a garbage
         table of the same name; for a replicated target, with an engine clause of its own
         (:func:`~.replicated_ddl.staging_engine_clause`) whose Keeper path a leftover replica may
         hold (a DROP that never reached Keeper): that replica is dropped from Keeper first
         (the path is txsink's own and names this one staging table; ClickHouse refuses to
-        drop a replica that is active or attached).
-        Returns the staging table as created."""
+        drop a replica that is active or attached)."""
         db, name = split_table(target)
         settings = ", ".join(f"{k} = {v}" for k, v in STAGING_SETTINGS.items())
         storage = f"SETTINGS {settings}"
@@ -166,9 +210,10 @@ class Stager(Observer):
             else:
                 raise
             create()
-        return self.target_info(f"{self.staging_db}.{table}", staging=True)
 
-    def _protect(self, fq: str, staged: TargetInfo) -> None:
+    def _protect(
+        self, fq: str, table_ttl: bool, ttl_columns: Sequence[str], *, settings: bool
+    ) -> None:
         """Make the (still empty) staging table keep every row until it is moved.
 
         A TTL inherited from the target would delete old rows (late or backfilled data)
@@ -178,10 +223,9 @@ class Stager(Observer):
         with the CREATE; they are added here if the server did not keep them. Everything
         here is table metadata, so it survives a server restart.
         """
-        clauses = ["REMOVE TTL"] if staged.table_ttl else []
-        clauses += [f"MODIFY COLUMN {quote_ident(c)} REMOVE TTL" for c in staged.ttl_columns]
-        have = parse_settings_clause(staged.engine_full)
-        if any(have.get(k) != str(v) for k, v in STAGING_SETTINGS.items()):
+        clauses = ["REMOVE TTL"] if table_ttl else []
+        clauses += [f"MODIFY COLUMN {quote_ident(c)} REMOVE TTL" for c in ttl_columns]
+        if settings:
             clauses.append(
                 "MODIFY SETTING " + ", ".join(f"{k} = {v}" for k, v in STAGING_SETTINGS.items())
             )
@@ -193,6 +237,9 @@ class Stager(Observer):
             table=fq,
             what=f"protect staging {fq} (no TTL, no merges, no dedup, part UUIDs)",
         )
+
+    def _settings_missing(self, engine_full: str) -> bool:
+        return staging_settings_missing(engine_full)
 
     def _batch_shape(
         self, target: str, create_query: str, engine_full: str, layout: Layout
@@ -273,7 +320,9 @@ class Stager(Observer):
             what=f"create batch staging {fq} AS {src}",
         )
         if target:
-            self._protect(fq, self.target_info(f"{self.staging_db}.{table}", staging=True))
+            made = self.target_info(f"{self.staging_db}.{table}", staging=True)
+            missing = staging_settings_missing(made.engine_full)
+            self._protect(fq, made.table_ttl, made.ttl_columns, settings=missing)
 
 
 def check_same_replica(expected: TargetInfo, now: TargetInfo, client: Any) -> None:

@@ -96,7 +96,9 @@ class CommitLook:
     ``views_of`` now, and its stored columns in order (what a gathered batch inserts);
     the staging tables whose names start with ``listing``; ``shape``: how to create a
     batch staging like ``views_of`` and fill it in one statement, None where its CREATE
-    cannot be reproduced exactly."""
+    cannot be reproduced exactly; ``unfit``: staging tables that must not be published
+    (created without the staging settings, or unlike the columns the batch's values were
+    checked against), each with the reason."""
 
     staged: dict[str, dict[str, tuple[int, tuple[str, ...]]] | None]
     sizes: dict[str, int] = field(default_factory=dict)
@@ -104,6 +106,7 @@ class CommitLook:
     listed: tuple[str, ...] = ()
     columns: tuple[str, ...] = ()
     shape: BatchShape | None = None
+    unfit: dict[str, str] = field(default_factory=dict)  # staging table -> why not publishable
 
 
 @dataclass(frozen=True)
@@ -248,7 +251,12 @@ class Warehouse(Protocol):
     ) -> dict[str, dict[str, tuple[int, tuple[str, ...]]] | None]: ...
 
     def commit_look(
-        self, tables: Iterable[str], *, views_of: str | None = None, listing: str | None = None
+        self,
+        tables: Iterable[str],
+        *,
+        views_of: str | None = None,
+        listing: str | None = None,
+        validated: Sequence[tuple[str, str]] | None = None,
     ) -> CommitLook: ...
 
     def staged_part_rows(self, table: str) -> dict[str, dict[str, int]]: ...
@@ -296,7 +304,12 @@ class Warehouse(Protocol):
     def seal_dedup(self, tag: str) -> None: ...
 
     def create_staging(
-        self, target: str, table: str, expected: TargetInfo | None = None
+        self,
+        target: str,
+        table: str,
+        expected: TargetInfo | None = None,
+        *,
+        read_back: bool = True,
     ) -> None: ...
 
     def drop_staging(self, table: str) -> None: ...

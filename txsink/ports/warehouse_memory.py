@@ -203,9 +203,15 @@ class MemoryWarehouse:
         return {t: read.get(t) for t in names}
 
     def commit_look(
-        self, tables: Iterable[str], *, views_of: str | None = None, listing: str | None = None
+        self,
+        tables: Iterable[str],
+        *,
+        views_of: str | None = None,
+        listing: str | None = None,
+        validated: Sequence[tuple[str, str]] | None = None,
     ) -> CommitLook:
-        """The twin's bytes: ``_ROW_BYTES`` per row; its tables' one column: ``value``."""
+        """The twin's bytes: ``_ROW_BYTES`` per row; its tables' one column: ``value``;
+        none unfit."""
 
         def act() -> CommitLook:
             read = self.staged_partitions_of(tables)
@@ -343,7 +349,14 @@ class MemoryWarehouse:
     def seal_dedup(self, tag: str) -> None:
         self._call("seal_dedup", lambda: self.seals.add(tag))
 
-    def create_staging(self, target: str, table: str, expected: TargetInfo | None = None) -> None:
+    def create_staging(
+        self,
+        target: str,
+        table: str,
+        expected: TargetInfo | None = None,
+        *,
+        read_back: bool = True,
+    ) -> None:
         def act() -> None:
             self._check_name(table, "create")
             # a table of the same name is garbage of an earlier try: replaced

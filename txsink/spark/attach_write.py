@@ -54,7 +54,9 @@ def write_attach(plan: WritePlan, task: Task, batches: Iterator[Any]) -> TxCommi
     with borrowed_warehouse(plan.config) as warehouse:
         name = _staging_name(plan, task, None)
         with _MadeAhead(
-            lambda: warehouse.create_staging(plan.config.table, name, plan.target_info)
+            lambda: warehouse.create_staging(
+                plan.config.table, name, plan.target_info, read_back=False
+            )
         ) as ahead:
             try:
                 first = next(batches, None)
@@ -68,8 +70,8 @@ def write_attach(plan: WritePlan, task: Task, batches: Iterator[Any]) -> TxCommi
             if made:  # a failed DROP fails the task: the loan then closes the client
                 warehouse.drop_stagings([name])
             return task.message(plan)
-        if not made:
-            warehouse.create_staging(plan.config.table, name, plan.target_info)
+        if not made:  # the one statement on the critical path besides the inserts
+            warehouse.create_staging(plan.config.table, name, plan.target_info, read_back=False)
         return _stage(plan, warehouse, task, itertools.chain([first], batches), [name])
 
 
