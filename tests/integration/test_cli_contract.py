@@ -248,7 +248,7 @@ def test_ctrl_c_ends_a_command_inside_a_keeper_retry_at_once(tmp_path: Path) -> 
     # 120 s timeout; Ctrl-C inside it ends the command with 130 at once
     dead = free_port()
     proc = subprocess.Popen(
-        [TXSINK, "-v", "status", "--keeper", f"127.0.0.1:{dead}", "--keeper-timeout", "120"],
+        [TXSINK, "--debug", "status", "--keeper", f"127.0.0.1:{dead}", "--keeper-timeout", "120"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
         preexec_fn=_ignoring_sigint,  # noqa: PLW1509 - a signal disposition, no threads
     )  # fmt: skip

@@ -93,13 +93,15 @@ def test_credentials_never_reach_keeper_or_the_clis_output(env: Env, tmp_path: P
     zk_file.write_text(f"writer:{KEEPER_SECRET}\n")
     flags = [*env.flags(), "--user", "alice"]
     runs = {
-        "env": run_txsink("-v", "status", *flags, "--json", env_extra={"TXSINK_PASSWORD": SECRET}),
+        "env": run_txsink(
+            "--debug", "status", *flags, "--json", env_extra={"TXSINK_PASSWORD": SECRET}
+        ),
         "file": run_txsink(
-            "-v", "status", *flags, "--password-file", str(pw_file),
+            "--debug", "status", *flags, "--password-file", str(pw_file),
             "--keeper-auth-file", str(zk_file), "--json",
         ),
         "url": run_txsink(
-            "-v", "status", *env.flags(), "--url", f"http://alice:{SECRET}@{host_port}",
+            "--debug", "status", *env.flags(), "--url", f"http://alice:{SECRET}@{host_port}",
             "--json", env_extra={"TXSINK_KEEPER_AUTH": f"writer:{KEEPER_SECRET}"},
         ),
     }  # fmt: skip

@@ -154,3 +154,35 @@ def test_a_command_fails_fast_its_timeouts_are_its_own() -> None:
     args = build_parser().parse_args(["status"])
     assert (args.keeper_timeout, args.connect_timeout) == (5.0, 5.0)
     assert (default_of("keeper_timeout"), default_of("connect_timeout")) == (15.0, 10.0)
+
+
+def _parsers(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Any:
+    """Every (sub)command parser under ``parser``, with its command words."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield (*path, name), sub
+                yield from _parsers(sub, (*path, name))
+
+
+def test_every_help_fits_a_screen_with_the_command_s_own_flags_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 41: 93-111 lines of --help per store command, 16 shared flags each time. Now
+    under 45 lines at 80 columns; the command's own flags come before the common ones,
+    which the usage line names once."""
+    from txsink.cli.main import build_parser
+
+    monkeypatch.setenv("COLUMNS", "80")
+    seen = 0
+    for words, sub in _parsers(build_parser()):
+        text = sub.format_help()
+        lines = text.splitlines()
+        assert len(lines) < 45, f"txsink {' '.join(words)} --help: {len(lines)} lines"
+        assert max(map(len, lines)) <= 80, words
+        if common.SHARED_TITLE + ":" in lines:
+            seen += 1
+            assert text.index("--json") < text.index(common.SHARED_TITLE + ":"), words
+            assert "[common flags]" in text.split("\n\n")[0], words
+            assert "--keeper-retry-s" not in text.split("\n\n")[0], words
+    assert seen >= 6  # status, recover, verify, tune, check, mode

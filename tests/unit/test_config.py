@@ -219,7 +219,7 @@ def test_library_loggers_are_quiet_unless_verbose(capsys: pytest.CaptureFixture[
         assert all(logging.getLogger(n).level == logging.CRITICAL for n in QUIET_LIBRARIES)
         for name in QUIET_LIBRARIES:
             logging.getLogger(name).setLevel(logging.NOTSET)
-        main(["-v", "embedded", "status", "--dir", "/nonexistent-txsink-dir"])
+        main(["--debug", "embedded", "status", "--dir", "/nonexistent-txsink-dir"])
         assert all(logging.getLogger(n).level == logging.NOTSET for n in QUIET_LIBRARIES)
     finally:
         for name in QUIET_LIBRARIES:

@@ -16,15 +16,13 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "check",
         help="what a server and target table support, before the first write",
-        description="Reports, for --table on --url: the server, the table, the mode a job would "
-        "take (attach or dedup) and why, batch visibility, the dedup window, the insert "
-        "settings of your user, the privileges attach mode needs (one staging table is "
-        "created and dropped), and the state store (--state keeper | clickhouse: KeeperMap "
-        "enabled, strict mode, one compare-and-set timed; one probe node written and "
-        "removed). Never writes to the table. Exit 0 when a job can run, 1 when a check failed.",
+        description="What --table on --url supports: the mode a job would take and why, batch "
+        "visibility, the dedup window, your insert settings and privileges, the state store "
+        "(a staging table and a state node are made and removed; the table is never written). "
+        "Exit 0 when a job can run, 1 when a check failed.",
     )
     _common(p)
-    p.add_argument("--table", required=True, help="the target table, db.table")
+    p.add_argument("--table", required=True, metavar="DB.T", help="the target table")
     p.add_argument(
         "--mode",
         default="auto",

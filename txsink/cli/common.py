@@ -77,6 +77,59 @@ DEFAULT_HELP = {
     "keeper_timeout": "5 for a command (a writer's is 15)",
     "connect_timeout": "5 for a command (a writer's is 10)",
 }
+#: each common flag's line in ``--help``: the whole story (defaults, variables, what is
+#: visible in ``ps``) is in docs/options.md#the-clis-common-flags, generated from above
+SHORT_HELP = {
+    "url": "ClickHouse http(s)://host:port",
+    "user": "ClickHouse user (default: 'default')",
+    "password": "ClickHouse password: visible in ps",
+    "keeper": "Keeper host:port[,host:port][/chroot]",
+    "state": "where the state lives: keeper | clickhouse",
+    "state_database": "database of state=clickhouse (KeeperMap)",
+    "keeper_root": "root node of the layout (default /txsink)",
+    "keeper_auth": "Keeper digest user:password: visible in ps",
+    "job": "one job (default: every job)",
+    "staging_database": "database of the staging tables",
+    "verify": "verify the server's TLS certificate",
+    "ca_cert": "CA bundle for https URLs",
+    "connect_timeout": "ClickHouse connect timeout (default 5)",
+    "send_receive_timeout": "ClickHouse read timeout (default 300)",
+    "keeper_timeout": "Keeper session timeout (default 5)",
+    "keeper_retry_s": "retry Keeper while it is away (default 30)",
+}
+_METAVARS = {
+    "keeper": "HOSTS",
+    "state": "STORE",
+    "state_database": "DB",
+    "staging_database": "DB",
+    "keeper_root": "PATH",
+    "keeper_auth": "USER:PW",
+    "password": "PW",
+    "ca_cert": "PATH",
+}
+SHARED_TITLE = "common flags"
+_COMMON_USAGE = "[common flags]"
+SHARED_DESCRIPTION = "defaults and $TXSINK_* variables: docs/options.md"
+
+
+class CompactHelp(argparse.HelpFormatter):
+    """``--help`` that fits a screen: the command's own flags first, one line per common
+    flag, and a usage line that names the common flags once."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=28)
+
+    def _format_usage(self, usage: Any, actions: Any, groups: Any, prefix: Any) -> str:
+        own = [a for a in actions if not getattr(a, "common", False)]
+        text = super()._format_usage(usage, own, groups, prefix).rstrip("\n")
+        last = text.rsplit("\n", 1)[-1]
+        if len(last) + len(_COMMON_USAGE) + 1 > self._width:
+            text += "\n" + " " * len(f"usage: {self._prog} ")
+        else:
+            text += " "
+        return f"{text}{_COMMON_USAGE}\n\n"
+
+
 #: timeouts clickhouse-connect truncates to whole seconds: 0.5 would become 0, which
 #: urllib3 rejects with a traceback deep in the first connect
 WHOLE_SECONDS = ("connect_timeout", "send_receive_timeout")
@@ -133,41 +186,47 @@ def flag_default(name: str) -> str | None:
     return CLI_DEFAULTS.get(name, opt.default)
 
 
-def flag_help(name: str) -> str:
-    opt = OPTIONS[name]
-    default = DEFAULT_HELP.get(name) or (repr(opt.default) if opt.default else "none")
-    return f"{opt.doc} (option {name}; default: {default})"
-
-
 def add_common(parser: argparse.ArgumentParser, *, job: bool = True) -> None:
-    """Add the common flags (``--job`` only with ``job``) to a command's parser."""
+    """Add the common flags (``--job`` only with ``job``) to a command's parser, in a
+    group of their own listed after the command's own flags (:class:`CompactHelp`)."""
+    parser.formatter_class = CompactHelp
+    shared = parser.add_argument_group(SHARED_TITLE, SHARED_DESCRIPTION)
+    added: list[argparse.Action] = []
     for name in COMMON_FLAGS:
         if name == "job" and not job:
             continue
         opt = OPTIONS[name]
-        kwargs: dict[str, Any] = {"default": flag_default(name), "help": flag_help(name)}
+        kwargs: dict[str, Any] = {"default": flag_default(name), "help": SHORT_HELP[name]}
+        if opt.kind is Kind.SECONDS:
+            kwargs["metavar"] = "S"
+        kwargs["metavar"] = _METAVARS.get(name, kwargs.get("metavar"))
         if name in _SECRET_FILES:
-            group = parser.add_mutually_exclusive_group()
-            group.add_argument(
-                _SECRET_FILES[name],
-                metavar="PATH",
-                default=None,
-                help=f"read the {name.replace('_', ' ')} from the first line of PATH",
+            group = shared.add_mutually_exclusive_group()
+            added.append(
+                group.add_argument(
+                    _SECRET_FILES[name],
+                    metavar="PATH",
+                    default=None,
+                    help=f"read the {name.replace('_', ' ')} from PATH's first line",
+                )
             )
-            group.add_argument(opt.flag, **kwargs)
+            added.append(group.add_argument(opt.flag, **kwargs))
         elif opt.kind is Kind.BOOL:
             default = opt.parse(opt.default or "")
-            parser.add_argument(
-                opt.flag, action=argparse.BooleanOptionalAction, default=default, help=opt.doc
+            added.append(
+                shared.add_argument(
+                    opt.flag,
+                    action=argparse.BooleanOptionalAction,
+                    default=default,
+                    help=SHORT_HELP[name],
+                )
             )
         else:
             if opt.kind in (Kind.INT, Kind.SECONDS, Kind.CHOICE):
                 kwargs["type"] = option_type(opt)  # a wrong value is a usage error at once
-            if opt.kind is Kind.CHOICE:
-                kwargs["metavar"] = choices_metavar(opt.choices)
-            if name == "ca_cert":
-                kwargs["metavar"] = "PATH"
-            parser.add_argument(opt.flag, **kwargs)
+            added.append(shared.add_argument(opt.flag, **kwargs))
+    for action in added:
+        action.common = True  # type: ignore[attr-defined]  # CompactHelp leaves it out of usage
 
 
 @dataclass(frozen=True, repr=False)

@@ -47,7 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="txsink", description="Exactly-once Spark -> ClickHouse writes"
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
+    # no -v here: after the command, -v is status's --detail (issue 41)
+    parser.add_argument(
+        "--debug", "--verbose", dest="verbose", action="store_true", help="log at debug level"
+    )
     parser.add_argument("--version", action="version", version=f"txsink {_version()}")
     subs = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:

@@ -34,7 +34,8 @@ def register(subparsers: Any) -> None:
         "--stale-after",
         type=float,
         default=st.DEFAULT_STALE_AFTER,
-        help="an owner heartbeat older than this is stale (default 600)",
+        metavar="S",
+        help="a heartbeat older than S seconds is stale (default 600)",
     )
     p.add_argument("--force", action="store_true", help="change even if the writer looks live")
     p.set_defaults(func=run_mode)

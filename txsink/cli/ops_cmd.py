@@ -43,12 +43,8 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "status",
         help="jobs, writers, last committed batch, pending xids, staging, warnings",
-        description="One line per job in the store (job, target, mode, store, last committed "
-        "batch and its age, xids not yet committed, writer live/gone/finished, the worst "
-        "warning), the jobs that need attention first. --job J or -v: the detail of each job "
-        "(writer epoch and owner, heartbeat, cadence, pending xids, staging tables, warnings; "
-        "see docs/operations.md). Exit 0; 1 when a warning needs attention or the store holds "
-        "no jobs; 2 if --job does not exist.",
+        description="One line per job, those that need attention first; --job J or -v: "
+        "the detail (docs/operations.md). Exit 0; 1: a warning needs attention, or no jobs.",
     )
     _common(p)
     p.add_argument(
@@ -62,30 +58,30 @@ def register(subparsers: Any) -> None:
         type=float,
         default=None,
         metavar="N",
-        help="redraw every N seconds until Ctrl-C (not with --json: poll `status --json`)",
+        help="redraw every N seconds until Ctrl-C (not with --json)",
     )
     p.add_argument(
         "--stuck-after",
         type=float,
         default=an.DEFAULT_STUCK_AFTER,
-        help="warn about PREPARED xids older than this many seconds (default 300)",
+        metavar="S",
+        help="warn about PREPARED xids older than S seconds (default 300)",
     )
     p.add_argument(
         "--stale-after",
         type=float,
         default=st.DEFAULT_STALE_AFTER,
-        help="an owner heartbeat older than this many seconds is stale (default: follows the "
-        "job's commit cadence, 3 x the median interval between recent commits, within "
-        "[30, 600]; 600 before the second commit)",
+        metavar="S",
+        help="a heartbeat older than S seconds is stale (default: 3 x the commit cadence)",
     )
     p.set_defaults(func=run_status)
 
     p = subparsers.add_parser(
         "recover",
         help="roll PREPARED xids forward, roll orphan staging back (fences the writer)",
-        description="Show the recovery plan of each job, then carry it out under a new writer "
-        "epoch (owner txsink-recover@host:pid), which fences the previous writer. Refuses while "
-        "a live writer holds the job unless --force. Exit 0 clean, 3 refused, 4 alarms remain.",
+        description="Show each job's recovery plan, then carry it out under a new writer "
+        "epoch, which fences the previous writer; refused while a live writer holds the job "
+        "unless --force. Exit 0 clean, 3 refused, 4 alarms remain.",
     )
     _common(p)
     p.add_argument("--dry-run", action="store_true", help="show the plan, change nothing")
@@ -99,101 +95,107 @@ def register(subparsers: Any) -> None:
         "--stale-after",
         type=float,
         default=st.DEFAULT_STALE_AFTER,
-        help="a writer whose heartbeat is younger than this many seconds is live (default: "
-        "follows the job's commit cadence, see `txsink status`)",
+        metavar="S",
+        help="a heartbeat younger than S seconds is live (default: as status says)",
     )
     p.add_argument(
         "--discard-dedup",
         metavar="XID",
-        help="give up a dedup batch stopped half-way (with --job; delete its rows from the "
-        "target first): the job writes other batches again and XID is never written again",
+        help="give up a dedup batch stopped half-way (docs/operations.md)",
     )
     p.set_defaults(func=run_recover)
 
     p = subparsers.add_parser(
         "verify",
         help="audit the committed history (backward/overlap/gap) and reconcile the target",
-        description="Order each job's COMMITTED xids by commit sequence and report backward, "
-        "overlap and gap anomalies, PREPARED xids older than --stuck-after, ledger vs target "
-        "row counts per partition, and staging left by recent commits. Exit 0 only when clean.",
+        description="Check each job's committed history (backward, overlap, gap), stuck "
+        "PREPARED xids, ledger vs target rows per partition and staging left behind. Exit 0 "
+        "only when clean.",
     )
     _common(p)
     p.add_argument(
         "--recent",
         type=int,
         default=an.DEFAULT_RECENT,
-        help="check staging leftovers of the N newest committed xids (default 20)",
+        metavar="N",
+        help="look for staging left by the N newest xids (default 20)",
     )
     p.add_argument(
         "--stuck-after",
         type=float,
         default=an.DEFAULT_STUCK_AFTER,
-        help="PREPARED xids older than this many seconds are anomalies (default 300)",
+        metavar="S",
+        help="PREPARED xids older than S seconds are anomalies (default 300)",
     )
     p.add_argument(
         "--allow-other-writers",
         action="store_true",
-        help="a target holding more rows than txsink committed is a warning only",
+        help="more rows in a target than committed is a warning only",
     )
     p.set_defaults(func=run_verify)
 
     p = subparsers.add_parser(
         "tune",
         help="measure the real commit overhead on a table and recommend a trigger interval",
-        description="Runs tiny real transactions into a scratch copy of --table (dropped "
-        "afterwards) under a scratch job, measures p50/p95/p99 overhead, reads "
-        "parts_to_delay_insert, and recommends a trigger interval with its reasoning.",
+        description="Runs tiny real transactions into a scratch copy of --table under a "
+        "scratch job and recommends a trigger interval, with its reasoning.",
     )
     _common(p)
-    p.add_argument("--table", required=True, help="the target table, db.table")
+    p.add_argument("--table", required=True, metavar="DB.T", help="the target table")
     p.add_argument(
         "--shards",
         default=(),
         type=option_type(OPTIONS["shards"]),
-        help="comma-separated shard URLs (a sharded job's local table on each; default: "
-        "the shards of --job, if it is sharded): measured shard by shard, then combined",
+        metavar="URLS",
+        help="shard URLs, comma-separated (default: --job's)",
     )
     p.add_argument(
         "--rows-per-second",
         type=float,
         default=None,
+        metavar="N",
         help="expected input rate, to estimate rows per batch",
     )
     p.add_argument(
         "--sample-seconds",
         type=float,
         default=None,
-        help="with --job: measure the job's rate from its ledger over this many seconds",
+        metavar="S",
+        help="with --job: its rate over the last S seconds",
     )
     p.add_argument(
         "--max-overhead",
         type=float,
         default=tm.DEFAULT_MAX_OVERHEAD,
-        help="largest share of the interval the fixed cost may take (default 0.05)",
+        metavar="F",
+        help="largest share of an interval to spend (0.05)",
     )
     p.add_argument(
         "--transactions",
         type=int,
         default=tm.DEFAULT_TRANSACTIONS,
+        metavar="N",
         help="transactions to measure (default 20)",
     )
     p.add_argument(
         "--writers",
         type=int,
         default=tm.DEFAULT_WRITERS,
-        help="Spark tasks writing each target partition per batch (default 4)",
+        metavar="N",
+        help="Spark tasks per partition and batch (default 4)",
     )
     p.add_argument(
         "--merge-seconds",
         type=float,
         default=tm.DEFAULT_MERGE_SECONDS,
-        help="how long background merges take to fold new parts (default 60)",
+        metavar="S",
+        help="seconds merges take to fold new parts (60)",
     )
     p.add_argument(
         "--plot",
         default=None,
         metavar="OUT.png",
-        help="write overhead share vs trigger interval as a PNG (needs matplotlib)",
+        help="plot overhead vs interval (needs matplotlib)",
     )
     p.set_defaults(func=run_tune)
 
