@@ -36,11 +36,11 @@ lint: setup ## ruff check + ruff format --check
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/ruff format --check $(LINT_PATHS)
 
-typecheck: setup ## mypy (strict for txsink.protocol and txsink.ports)
-	$(VENV)/bin/mypy txsink
+typecheck: setup ## mypy (strict for txsink.protocol and txsink.ports; tests/typing: the public API as users' checkers see it)
+	$(VENV)/bin/mypy txsink tests/typing
 
-docs: setup ## Regenerate the generated tables of docs/options.md (options registry), docs/types.md (type contract), docs/cli.md (exit statuses)
-	$(PY) -m txsink.options_doc docs/options.md docs/types.md docs/cli.md
+docs: setup ## Regenerate the generated tables of docs/options.md (options registry), docs/types.md (type contract), docs/cli.md (exit statuses), txsink/writer_options.py (typed options)
+	$(PY) -m txsink.options_doc
 
 test-unit: setup ## Unit tests only (no services)
 	$(PY) -m pytest tests/unit -q

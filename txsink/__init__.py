@@ -15,12 +15,18 @@ Public entry points (contract, see docs/options.md)::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0.dev0"
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
+    from typing_extensions import Unpack
+
+    from txsink.spark.multi import Transaction
+    from txsink.spark.progress import TxProgressListener
+    from txsink.writer_options import WriterOptions
 
 
 def register(spark: SparkSession) -> None:
@@ -43,7 +49,7 @@ def register(spark: SparkSession) -> None:
     spark.dataSource.register(ClickHouseTxDataSource)
 
 
-def foreach_batch(**options: Any) -> Any:
+def foreach_batch(**options: Unpack[WriterOptions]) -> Callable[[DataFrame, int], None]:
     """A callable for ``writeStream.foreachBatch`` with the same exactly-once guarantees."""
     from txsink.spark.foreach import make_foreach_batch
 
@@ -53,19 +59,20 @@ def foreach_batch(**options: Any) -> Any:
 def transaction(
     spark: SparkSession,
     batch_id: int | None = None,
-    *,
-    txn_version: int | None = None,
-    **options: Any,
-) -> Any:
+    **options: Unpack[WriterOptions],
+) -> Transaction:
     """``with txsink.transaction(spark, batch_id, job=..., url=..., keeper=...) as tx:
     tx.write(df, table="db.t")``: every table written in the block commits as one xid
     (``txn_version=`` instead of ``batch_id`` for batch jobs)."""
     from txsink.spark.multi import transaction as _transaction
 
-    return _transaction(spark, batch_id, txn_version=txn_version, **options)
+    version = options.get("txn_version")
+    txn_version = None if version is None or version == "" else int(version)
+    rest = {k: v for k, v in options.items() if k != "txn_version"}
+    return _transaction(spark, batch_id, txn_version=txn_version, **rest)
 
 
-def progress_listener(**options: Any) -> Any:
+def progress_listener(**options: Unpack[WriterOptions]) -> TxProgressListener:
     """A ``StreamingQueryListener`` that logs what txsink committed in each micro-batch
     (xid, mode, rows, commit milliseconds): ``spark.streams.addListener(
     txsink.progress_listener(url=..., keeper=..., table=..., job=...))``."""

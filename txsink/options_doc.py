@@ -11,8 +11,10 @@ pair of
 outside the markers is prose kept as it is. Unit tests fail when a file is not what
 :func:`render` makes of it.
 
-Regenerate with ``python -m txsink.options_doc docs/options.md docs/types.md docs/cli.md``
-(``--check`` only compares, exit 1 when stale).
+Also the whole of :mod:`txsink.writer_options` (the options as a typed dict).
+
+Regenerate with ``python -m txsink.options_doc`` (every file; ``--check`` only
+compares, exit 1 when stale).
 """
 
 from __future__ import annotations
@@ -106,6 +108,45 @@ def exit_table() -> str:
     return "\n".join(lines)
 
 
+# a value's Python type in the WriterOptions TypedDict; text is accepted too (Spark's
+# options are text), except for choices, whose Literal catches a misspelt value
+_TYPED = {Kind.INT: "int | str", Kind.SECONDS: "float | str", Kind.BOOL: "bool | str"}
+WRITER_OPTIONS_PY = "txsink/writer_options.py"
+
+
+def writer_options_module() -> str:
+    """The source of :mod:`txsink.writer_options`: one typed key per writer option a
+    user gives as a keyword (``foreach_batch(url=..., block_rows=...)``)."""
+    lines = [
+        '"""The writer options as keyword arguments: a ``TypedDict`` that mypy and IDEs check.',
+        "",
+        "Generated from the options registry (:data:`txsink.options.OPTIONS`) by",
+        f"``python -m txsink.options_doc {WRITER_OPTIONS_PY}``; a unit test fails when it is",
+        "stale. Numbers and booleans may be given as text too, as Spark options are; each",
+        "key's meaning is in docs/options.md.",
+        '"""',
+        "",
+        "from __future__ import annotations",
+        "",
+        "from typing import Literal, TypedDict",
+        "",
+        "",
+        "class WriterOptions(TypedDict, total=False):",
+        '    """Keyword options of ``txsink.foreach_batch``, ``txsink.transaction`` and',
+        '    ``txsink.progress_listener`` (the ``settings.<name>`` form is for ``.option``)."""',
+        "",
+    ]
+    for opt in OPTIONS.values():
+        if opt.internal or not opt.name.isidentifier():
+            continue
+        if opt.kind is Kind.CHOICE:
+            kind = "Literal[" + ", ".join(f'"{c}"' for c in opt.choices) + "]"
+        else:
+            kind = _TYPED.get(opt.kind, "str")
+        lines.append(f"    {opt.name}: {kind}")
+    return "\n".join(lines) + "\n"
+
+
 TABLES = {
     "options": options_table,
     "cli-flags": flags_table,
@@ -131,14 +172,16 @@ def render(text: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m txsink.options_doc", description=__doc__)
     parser.add_argument(
-        "paths", nargs="*", default=["docs/options.md", "docs/types.md", "docs/cli.md"]
+        "paths",
+        nargs="*",
+        default=["docs/options.md", "docs/types.md", "docs/cli.md", WRITER_OPTIONS_PY],
     )
     parser.add_argument("--check", action="store_true", help="exit 1 if a file is stale")
     args = parser.parse_args(argv)
     stale = 0
     for path in map(Path, args.paths):
-        text = path.read_text(encoding="utf-8")
-        fresh = render(text)
+        text = path.read_text(encoding="utf-8") if path.exists() else ""
+        fresh = writer_options_module() if path.suffix == ".py" else render(text)
         if not args.check:
             path.write_text(fresh, encoding="utf-8")
         elif fresh != text:

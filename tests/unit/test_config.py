@@ -167,6 +167,19 @@ def test_docs_options_md_is_what_the_generator_makes_of_it() -> None:
     assert main(["--check", str(path)]) == 0
 
 
+def test_the_typed_keyword_options_are_the_registry_s() -> None:
+    """txsink/writer_options.py (the TypedDict of foreach_batch & co.) is generated."""
+    from txsink import writer_options
+    from txsink.options import user_options
+    from txsink.options_doc import WRITER_OPTIONS_PY, writer_options_module
+
+    path = Path(__file__).parents[2] / WRITER_OPTIONS_PY
+    assert path.read_text() == writer_options_module(), "stale: run make docs"
+    keys = set(writer_options.WriterOptions.__annotations__)
+    assert keys == {n for n in user_options() if n.isidentifier()}
+    assert (path.parent / "py.typed").exists()
+
+
 def test_docs_types_md_is_the_contract_the_code_applies() -> None:
     from txsink.options_doc import main
 
