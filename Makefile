@@ -9,7 +9,7 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
 .DEFAULT_GOAL := help
-.PHONY: help setup zookeeper test test-slow test-matrix test-unit test-integration test-realserver lint typecheck docs demo bench bench-counts bench-shapes chaos clean embedded-up embedded-down
+.PHONY: help setup zookeeper dist test test-slow test-matrix test-unit test-integration test-realserver lint typecheck docs demo bench bench-counts bench-shapes chaos clean embedded-up embedded-down
 
 help: ## List the targets with what they do
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-18s %s\n", $$1, $$2}'
@@ -58,6 +58,11 @@ test: setup ## Everything CI runs: lint, typecheck, unit and integration tests (
 test-slow: setup ## Not in `test`: every-point crash matrices, long fault runs, repeated scenarios (tests marked `slow`; the finisher race 30 times)
 	$(PY) -m pytest tests -q -m slow
 	TXSINK_RACE_TRIALS=30 $(PY) -m pytest -q tests/integration/nemesis/test_batch_finishers.py -k two_finishers
+
+dist: setup ## Build the wheel and the sdist into dist/ (what docs/install.md installs on a cluster)
+	rm -rf dist build && $(PY) -m build --wheel --sdist --outdir dist .
+	rm -rf build txsink.egg-info
+	@ls -1 dist
 
 test-matrix: setup ## Slow, not in `test`: the built wheel in fresh venvs: Python 3.11/3.12/3.13, and pyspark 3.5/4.0/4.x installed before it (unchanged by it); unit + end-to-end tests in each
 	$(PY) scripts/test_matrix.py

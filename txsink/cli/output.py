@@ -262,13 +262,18 @@ class Output:
 
     @contextlib.contextmanager
     def bar(self, total: int, what: str) -> Iterator[Callable[[str], None]]:
-        """A progress bar over ``total`` steps on a terminal's stderr (rich); nothing on a
-        pipe or with ``--json``. Yields ``advance(label)``: one step done."""
+        """A progress bar over ``total`` steps on a terminal's stderr (rich, the ``cli``
+        extra; without it a counter redrawn on one line); nothing on a pipe or with
+        ``--json``. Yields ``advance(label)``: one step done."""
         if self.json_mode or not sys.stderr.isatty() or total <= 1:
             yield lambda _label: None
             return
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+        try:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+        except ImportError:  # executors never draw bars: rich is not a core dependency
+            yield from _counter(total, what)
+            return
 
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
         with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
@@ -278,6 +283,23 @@ class Output:
                 bar.update(task, advance=1, description=f"{what}: {label}")
 
             yield advance
+
+
+def _counter(total: int, what: str) -> Iterator[Callable[[str], None]]:
+    """The plain progress of :meth:`Output.bar`: ``what: n/total label`` redrawn in place,
+    the line cleared at the end."""
+    done = [0]
+
+    def advance(label: str) -> None:
+        done[0] += 1
+        sys.stderr.write(f"\r\x1b[K{what}: {done[0]}/{total} {label}"[:200])
+        sys.stderr.flush()
+
+    try:
+        yield advance
+    finally:
+        sys.stderr.write("\r\x1b[K")
+        sys.stderr.flush()
 
 
 def kv_table(data: Mapping[str, Any]) -> str:
