@@ -29,7 +29,7 @@ from typing import Any
 from txsink.config import WriterConfig
 from txsink.credentials import split_url
 from txsink.errors import ConfigError
-from txsink.spark.multi import save
+from txsink.spark.multi import require_arrow_map, save
 
 # (keeper, root, job) -> (run id, batch id) of the last save in this process
 _LAST_BATCH: dict[tuple[str, str, str], tuple[str, int]] = {}
@@ -37,6 +37,7 @@ _LAST_BATCH: dict[tuple[str, str, str], tuple[str, int]] = {}
 
 def make_foreach_batch(**options: Any) -> Callable[[Any, int], None]:
     WriterConfig.from_options(options)  # fail fast on bad options, before the query starts
+    require_arrow_map()
     url = str(options.get("url") or "")
     creds = split_url(url)
     if creds.url != url:  # keep userinfo out of the Spark plan (Spark masks `password`)

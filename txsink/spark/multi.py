@@ -55,6 +55,33 @@ _PLACEHOLDER = "txsink.transaction"
 _INTERNAL = ("table", "txn_version", "micro_batch", "run_id")
 
 
+def arrow_map_refusal(pyspark_version: str, has_pandas: bool) -> str:
+    """Why ``df.mapInArrow`` (the executor write of ``foreach_batch`` and
+    ``transaction``) cannot run on this pyspark ("" when it can): pyspark 3.x imports
+    pandas for it, on the driver and on every executor, and installs neither."""
+    major = pyspark_version.split(".", 1)[0]
+    if major.isdigit() and int(major) < 4 and not has_pandas:
+        return (
+            f"pyspark {pyspark_version} runs DataFrame.mapInArrow (how txsink writes on "
+            f"Spark 3.5) only with pandas installed, on the driver and on every executor; "
+            f"pandas is not installed here. Install it where Spark's Python runs "
+            f"(`pip install 'pandas>=2,<3'`, or the wheel's `spark` extra) and start again; "
+            f"nothing was created or written (docs/install.md#spark-versions)"
+        )
+    return ""
+
+
+def require_arrow_map() -> None:
+    """ConfigError where :func:`arrow_map_refusal` refuses, before anything is created."""
+    import importlib.util
+
+    import pyspark
+
+    refusal = arrow_map_refusal(pyspark.__version__, importlib.util.find_spec("pandas") is not None)
+    if refusal:
+        raise ConfigError(refusal)
+
+
 def save_plan(plan: WritePlan) -> WritePlan:
     """``plan`` for one save: xid ``b<txn_version>`` (or a fresh ad-hoc one without a
     ``txn_version``) and the run (the caller's ``run_id``, else a fresh one)."""
@@ -126,6 +153,7 @@ class Transaction:
                 f"tx.write(df, table=...) and the batch as batch_id / txn_version"
             )
         WriterConfig.from_options({**options, "table": _PLACEHOLDER})  # fail fast
+        require_arrow_map()
         self.options = {k: v for k, v in options.items() if v is not None}
         self.streaming = batch_id is not None
         self.batch = int(batch_id if batch_id is not None else txn_version)  # type: ignore[arg-type]
