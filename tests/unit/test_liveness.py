@@ -99,7 +99,9 @@ def test_a_writer_that_died_after_its_first_prepare_reads_gone_once_its_longest_
     reg = MemoryRegistry(clock=clock)
     tx = Transactor(reg, MemoryWarehouse(), JOB, clock=clock)
     epoch = tx.begin("run-1")
-    first = XidRecord(JOB, "b0", 0, XidState.PREPARED, epoch.number, Mode.ATTACH, TARGET)
+    first = XidRecord(
+        JOB, "b0", 0, XidState.PREPARED, epoch.number, Mode.ATTACH, TARGET, created_at=clock.t
+    )
     reg.prepare(epoch, first)
     v = verdict_after(reg, clock, 339.0)
     assert (v.live, v.beat_s, v.stale_after_s, v.stale_after_source) == (
@@ -110,9 +112,16 @@ def test_a_writer_that_died_after_its_first_prepare_reads_gone_once_its_longest_
     )
     assert "longest statement it may wait on" in lv.explain(v)
     assert verdict_after(reg, clock, 341.0).live is False
+    # meanwhile status says when recovery will act (issue 41: it read live, nothing more)
+    live = assess(JOB, now=clock.t + 40, **status_inputs(reg, "attach"))  # type: ignore[arg-type]
+    (pending,) = [f for f in live.warnings if f.kind == "pending-prepared"]
+    assert live.writer == "live" and pending.xid == "b0"
+    assert "once its heartbeat is 340s old (in 300s)" in pending.message
+    assert "--force" in pending.message
     # and the status of that job says so, with the recovery to run
     gone = assess(JOB, now=clock.t + 341, **status_inputs(reg, "attach"))  # type: ignore[arg-type]
     assert gone.writer == "gone"
+    assert not [f for f in gone.warnings if f.kind == "pending-prepared"]
 
 
 def test_a_fast_stream_inside_a_long_attach_is_not_gone_after_30s() -> None:
