@@ -160,7 +160,12 @@ def staged_parts(
     if not sent and not views and listing is None:
         return parts, CommitLook({})
     info = plan.target_info
-    validated = tuple((c.name, c.type) for c in info.columns) if sent and info else None
+    written = set(getattr(plan, "written", ()))
+    validated = (  # a sharded job's shards may differ: each checked its own at the task
+        tuple((c.name, c.type) for c in info.columns if not written or c.name in written)
+        if sent and info is not None and not plan.config.shards
+        else None
+    )
     look = handle.warehouse.commit_look(
         sent, views_of=plan.config.table if views else None, listing=listing, validated=validated
     )

@@ -809,3 +809,20 @@ def test_the_commit_read_names_every_staging_table_unfit_to_publish(
     assert "columns differ" in look.unfit[stg(3)]
     assert "TTL" in look.unfit[stg(4)] and "TTL" in look.unfit[stg(5)]
     assert wh.commit_look([stg(3)]).unfit == {}  # no columns asked for: no column check
+
+
+def test_a_task_s_create_without_read_back_survives_a_ttl_removed_since_validation(
+    wh: ClickHouseWarehouse, client: Client, ch: Any, fresh_db: str
+) -> None:
+    """The driver saw a TTL that an operator removed since: the ALTER removing it from
+    the staging fails (the copy has none), and the task falls back to its read-back."""
+    target = f"{fresh_db}.tgt"
+    ch.command(f"CREATE TABLE {target} {TARGETS['codecs_ttl_sample']}")
+    info = wh.target_info(target)
+    assert info.table_ttl
+    wh.create_staging(target, stg(1), info, read_back=False)  # read back: the fact learnt
+    assert client.facts
+    ch.command(f"ALTER TABLE {target} REMOVE TTL")
+    wh.create_staging(target, stg(2), info, read_back=False)
+    ddl = ch.command(f"SHOW CREATE TABLE `{wh.staging_db}`.`{stg(2)}`")
+    assert "TTL" not in ddl and "assign_part_uuids = 1" in ddl

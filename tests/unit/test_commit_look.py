@@ -12,7 +12,7 @@ import pytest
 from txsink import committer
 from txsink.config import WriterConfig
 from txsink.driver import job_handle
-from txsink.errors import ConfigError
+from txsink.errors import ConfigError, TxSinkError
 from txsink.ports.registry_memory import MemoryRegistry
 from txsink.ports.warehouse_memory import MemoryWarehouse
 from txsink.protocol.ids import run_tag, staging_name
@@ -128,3 +128,45 @@ def test_parts_per_partition_counts_every_tasks_parts_and_an_unknown_as_several(
         StagedPart("s2", "202403", 1),
     ]
     assert parts_per_partition(found) == {"202401": 3, "202402": 1, "202403": 2}
+
+
+def test_the_read_checks_the_columns_the_values_were_checked_for_and_refuses_the_unfit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What a task no longer reads back: the commit asks for the DataFrame's columns only
+    (not one it never writes), never for a sharded job's (each shard has its own), and a
+    staging found unfit refuses the batch before anything is prepared."""
+    import dataclasses
+
+    from txsink.ports.warehouse import ColumnInfo, TargetInfo
+
+    handle, registry, wh, plan = setup()
+    cols = (ColumnInfo("id", "Int64"), ColumnInfo("note", "String"), ColumnInfo("v", "UInt8"))
+    info = TargetInfo("db", "t", "MergeTree", columns=cols)
+    plan = dataclasses.replace(plan, target_info=info, written=("id", "v"))
+    won = task(handle, wh, 0, [1, 2])
+    asked: list[Any] = []
+    real = wh.commit_look
+
+    def look(tables: Any, **kwargs: Any) -> Any:
+        asked.append(kwargs.get("validated"))
+        out = real(tables, **kwargs)
+        return (
+            dataclasses.replace(out, unfit={won: "its columns differ"}) if len(asked) > 1 else out
+        )
+
+    monkeypatch.setattr(wh, "commit_look", look)
+    committer.staged_parts(handle, plan, [message(won, 2)], "b1")
+    assert asked == [(("id", "Int64"), ("v", "UInt8"))]
+    with pytest.raises(TxSinkError, match=f"{won} cannot be published: its columns differ"):
+        committer._commit_writes(  # type: ignore[arg-type]
+            handle, [(plan, [message(won, 2)])], "b1", 1, Mode.ATTACH, False, None
+        )
+    assert registry.get(JOB, "b1") is None and wh.target_ids(TABLE) == []
+    sharded = dataclasses.replace(
+        plan, config=dataclasses.replace(plan.config, shards=("http://a:8123", "http://b:8123"))
+    )
+    asked.clear()
+    monkeypatch.setattr(wh, "commit_look", lambda tables, **kw: asked.append(kw) or real(tables))
+    committer.staged_parts(handle, sharded, [message(won, 2)], "b1")
+    assert asked[0]["validated"] is None

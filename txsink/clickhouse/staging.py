@@ -142,8 +142,11 @@ class Stager(Observer):
         fast = not read_back and seen is not None and time.monotonic() - seen < KEEPS_SETTINGS_S
         if fast and expected is not None and not expected.is_replicated:
             self._create(fq, target, table, expected)
-            self._protect(fq, expected.table_ttl, expected.ttl_columns, settings=False)
-            return
+            try:
+                self._protect(fq, expected.table_ttl, expected.ttl_columns, settings=False)
+                return
+            except TxSinkError as exc:  # the target's TTL went since the driver's view
+                log.info("staging %s: %s; reading it back", fq, exc)
         reuse = expected is not None and not expected.is_replicated
         wanted = expected if expected is not None and reuse else self.target_info(target)
         if expected is not None and not reuse and wanted.is_replicated:

@@ -45,6 +45,7 @@ class WritePlan:
     run_id: str = ""  # batch saves: one run per save; streaming: Spark's run id
     batch: int | None = None
     namespace: str = ""  # the Keeper store's id: part of staging names (ids.staging_prefix)
+    written: tuple[str, ...] = ()  # the DataFrame's columns: what the values were checked for
 
     def target_on(self, shard: int) -> Any:
         """The target as validation saw it on ``shard`` (its replica name, Keeper path)."""

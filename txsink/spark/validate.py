@@ -264,6 +264,7 @@ def _validate(
         target_info=info if mode == "attach" else None,
         shard_infos=tuple(infos) if mode == "attach" and config.shards else (),
         namespace=namespace,
+        written=tuple(schema.fieldNames()),
     )
 
 
