@@ -65,3 +65,14 @@ def test_a_comment_or_a_settings_word_inside_a_name_is_no_clause() -> None:
     )
     commented = query(columns=columns, engine=engine) + " COMMENT 'c'"
     assert batch_ddl(commented, engine, ("d", "t"), layout, {"a": 1}) == ""
+
+
+def test_a_column_named_ttl_is_not_a_ttl_clause() -> None:
+    """Every staging of a target partitioned by a column named ttl was refused as a TTL
+    target (found in the review of issue 39's task CREATE)."""
+    from txsink.clickhouse.sqltext import has_ttl
+
+    assert not has_ttl("MergeTree PARTITION BY ttl ORDER BY k SETTINGS index_granularity = 8192")
+    assert not has_ttl("MergeTree PARTITION BY `TTL x` ORDER BY k")
+    assert not has_ttl("MergeTree ORDER BY k COMMENT ' TTL '")
+    assert has_ttl("MergeTree ORDER BY k TTL d + toIntervalDay(1) SETTINGS x = 1")

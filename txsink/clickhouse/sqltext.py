@@ -12,7 +12,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Mapping
 
-_TTL_RE = re.compile(r"\sTTL\s", re.IGNORECASE)
+# ClickHouse prints keywords in upper case: a column named ttl is not a TTL clause
+_TTL_RE = re.compile(r"\sTTL\s")
+_BACKQUOTED_RE = re.compile(r"`(?:[^`\\]|\\.)*`")
 _QUOTED_RE = re.compile(r"'(?:[^'\\]|\\.)*'")
 
 
@@ -154,7 +156,7 @@ def reads_from(select: str, view_db: str, db: str, table: str) -> bool:
 
 def has_ttl(engine_full: str) -> bool:
     """Whether an ``engine_full`` carries a table TTL (outside string literals)."""
-    return bool(_TTL_RE.search(_QUOTED_RE.sub("''", engine_full)))
+    return bool(_TTL_RE.search(_BACKQUOTED_RE.sub("``", _QUOTED_RE.sub("''", engine_full))))
 
 
 # a month / quarter counted at its shortest
