@@ -39,7 +39,7 @@ lint: setup ## ruff check + ruff format --check
 typecheck: setup ## mypy (strict for txsink.protocol and txsink.ports; tests/typing: the public API as users' checkers see it)
 	$(VENV)/bin/mypy txsink tests/typing
 
-docs: setup ## Regenerate the generated tables of docs/options.md (options registry), docs/types.md (type contract), docs/cli.md (exit statuses), txsink/writer_options.py (typed options)
+docs: setup ## Regenerate the generated tables of docs/options.md (options registry), docs/types.md (type contract), docs/cli.md (exit statuses), docs/api.md (Python API), txsink/writer_options.py (typed options)
 	$(PY) -m txsink.options_doc
 
 test-unit: setup ## Unit tests only (no services)

@@ -50,7 +50,10 @@ def register(spark: SparkSession) -> None:
 
 
 def foreach_batch(**options: Unpack[WriterOptions]) -> Callable[[DataFrame, int], None]:
-    """A callable for ``writeStream.foreachBatch`` with the same exactly-once guarantees."""
+    """A function for ``df.writeStream.foreachBatch(...)`` that writes each micro-batch
+    exactly once, with the guarantees of ``format("clickhouse_tx")`` and on Spark 3.5 too:
+    the micro-batch id is the xid (a replayed batch is a no-op), the query's run id
+    fences older runs. The options are checked here, before the query starts."""
     from txsink.spark.foreach import make_foreach_batch
 
     return make_foreach_batch(**options)

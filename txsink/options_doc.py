@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from txsink.cli.common import COMMON_FLAGS, DEFAULT_HELP
@@ -147,6 +148,28 @@ def writer_options_module() -> str:
     return "\n".join(lines) + "\n"
 
 
+def api_reference() -> str:
+    """The public Python API: each entry point's signature and docstring, from the code."""
+    import inspect
+
+    import txsink
+    from txsink.spark.multi import Transaction
+
+    entries: list[tuple[str, Callable[..., object]]] = [
+        (f"txsink.{name}", getattr(txsink, name))
+        for name in sorted(txsink.__all__)
+        if callable(getattr(txsink, name))
+    ]
+    entries += [(f"Transaction.{m}", getattr(Transaction, m)) for m in ("write", "commit")]
+    blocks = []
+    for name, obj in entries:
+        signature = str(inspect.signature(obj)).replace("'", "")
+        signature = signature.replace("(self, ", "(").replace("(self)", "()")
+        doc = inspect.cleandoc(obj.__doc__ or "")
+        blocks.append(f"### `{name}`\n\n```python\n{name}{signature}\n```\n\n{doc}\n")
+    return "\n".join(blocks).rstrip("\n")
+
+
 TABLES = {
     "options": options_table,
     "cli-flags": flags_table,
@@ -154,6 +177,7 @@ TABLES = {
     "types": types_table,
     "created-types": created_types_table,
     "exit-statuses": exit_table,
+    "api": api_reference,
 }
 
 
@@ -174,7 +198,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "paths",
         nargs="*",
-        default=["docs/options.md", "docs/types.md", "docs/cli.md", WRITER_OPTIONS_PY],
+        default=[
+            "docs/options.md",
+            "docs/types.md",
+            "docs/cli.md",
+            "docs/api.md",
+            WRITER_OPTIONS_PY,
+        ],
     )
     parser.add_argument("--check", action="store_true", help="exit 1 if a file is stale")
     args = parser.parse_args(argv)

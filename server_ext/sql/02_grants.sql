@@ -11,6 +11,9 @@ CREATE ROLE IF NOT EXISTS txsink_writer;
 -- publishes by MOVE (docs/modes.md#visibility).
 GRANT SELECT, INSERT ON analytics.* TO txsink_writer;
 GRANT ALTER MOVE PARTITION, ALTER DELETE ON analytics.* TO txsink_writer;
+-- create_table=if_missing creates a missing target from the DataFrame's schema; leave
+-- this out where tables are created by hand (the writer then fails naming the table)
+GRANT CREATE TABLE ON analytics.* TO txsink_writer;
 
 -- staging: the writer owns every table in it. ALTER covers what create_staging does to
 -- protect a fresh staging table (REMOVE TTL, MODIFY SETTING) and the column catch-up

@@ -238,3 +238,11 @@ def test_library_loggers_are_quiet_unless_verbose(capsys: pytest.CaptureFixture[
         for name in QUIET_LIBRARIES:
             logging.getLogger(name).setLevel(logging.NOTSET)
     capsys.readouterr()
+
+
+def test_docs_api_md_is_the_code_s_public_api() -> None:
+    from txsink.options_doc import main
+
+    path = Path(__file__).parents[2] / "docs" / "api.md"
+    assert "<!-- BEGIN GENERATED: api" in path.read_text()
+    assert main(["--check", str(path)]) == 0, "stale: run make docs"
