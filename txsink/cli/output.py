@@ -308,7 +308,8 @@ def kv_table(data: Mapping[str, Any]) -> str:
 
 
 def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
-    """A plain aligned text table; empty input renders as '(none)'."""
+    """A plain aligned text table; empty input renders as '(none)'. Not rich's Table:
+    rich is the optional ``cli`` extra, and a pipe or a log wants plain columns."""
     if not rows:
         return "(none)"
     cells = [[str(r.get(c, "")) for c in columns] for r in rows]

@@ -58,6 +58,10 @@ class CHType:
 
 
 def parse_ch_type(s: str) -> CHType:
+    """``name(args)`` as ClickHouse prints it. Not clickhouse-connect's type registry
+    (``get_from_name``), which parses into its column codecs: the schema check and the
+    value contract need each argument as the server spelled it (Decimal precision,
+    DateTime64 zone, Enum values), which a name and its raw arguments keep."""
     s = s.strip()
     m = re.match(r"^([A-Za-z_][A-Za-z0-9_]*)\s*(?:\((.*)\))?$", s, re.DOTALL)
     if not m:

@@ -40,11 +40,15 @@ from txsink.errors import (
 )
 from txsink.names import qualified, quote_ident, quote_literal, split_table
 from txsink.protocol.ops import BatchShape
+from txsink.protocol.visibility import ATTACH_ALL_UNSUPPORTED
 
 log = logging.getLogger(__name__)
 # copy commands per statement: ~120 bytes each, far below max_query_size (256 KiB)
 MAX_COPIES = 1000
 READONLY = 164  # a readonly profile refuses every ALTER
+# what a server answers a statement it does not have: SYNTAX_ERROR, NOT_IMPLEMENTED,
+# SUPPORT_IS_DISABLED ("Only support DROP/DETACH PARTITION ALL currently", before 24.9)
+UNKNOWN_STATEMENT = (62, 48, 344)
 _DENIED_RE = re.compile(r"(?:Not enough privileges|Cannot execute query in readonly mode).*")
 
 
@@ -261,9 +265,10 @@ class Publisher(Stager):
         return self._refusal(
             lambda source: f"ALTER TABLE {qualified(db, name)} ATTACH PARTITION ALL FROM {source}",
             f"ATTACH PARTITION ALL FROM {self.staging_db} into {target}",
+            unsupported=ATTACH_ALL_UNSUPPORTED,
         )
 
-    def _refusal(self, statement: Callable[[str], str], what: str) -> str:
+    def _refusal(self, statement: Callable[[str], str], what: str, unsupported: str = "") -> str:
         """The server's refusal of ``statement(<a staging table that does not exist>)``,
         or "". ClickHouse checks every privilege of a statement before it looks up a
         table (``InterpreterAlterQuery``, ``InterpreterOptimizeQuery``), so a user without
@@ -271,7 +276,9 @@ class Publisher(Stager):
         or wildcard grants give them, and one with them is told the table (or the staging
         database, not created yet) does not exist. Nothing is created, nothing is
         changed, nothing is left to clean up; one round trip. The table's name is random:
-        no table of that name exists."""
+        no table of that name exists. A server that does not know the statement (a
+        syntax or "not supported" error) answers ``unsupported`` and its words, when
+        given."""
         probe = f"txsink_probe_{uuid.uuid4().hex}"
         try:
             self.client.command(
@@ -283,6 +290,8 @@ class Publisher(Stager):
             if exc.code in (ACCESS_DENIED, READONLY):
                 found = _DENIED_RE.search(text)
                 return found.group(0) if found else text
+            if unsupported and exc.code in UNKNOWN_STATEMENT:
+                return f"{unsupported}: {text}"
             if (exc.code == UNKNOWN_TABLE and probe in text) or (
                 exc.code == UNKNOWN_DATABASE and self.staging_db in text
             ):

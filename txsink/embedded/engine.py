@@ -36,8 +36,9 @@ from txsink.embedded.http_errors import (
     HttpError,
     engine_error,
 )
-from txsink.embedded.sqlscan import quote_ident, sql_string
 from txsink.embedded.transfer import Body
+from txsink.names import quote_ident
+from txsink.names import quote_literal as sql_string
 
 log = logging.getLogger("txsink.embedded.server")  # one logger for the endpoint process
 

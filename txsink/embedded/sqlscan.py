@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from txsink.embedded.http_errors import SYNTAX_ERROR, HttpError
+from txsink.names import quote_literal as sql_string
 
 # URL parameters that belong to the HTTP interface, never passed to the engine as settings.
 HTTP_ONLY_PARAMS = frozenset(
@@ -57,14 +58,6 @@ HTTP_SETTINGS = frozenset(
         "add_http_cors_header",
     }
 )
-
-
-def sql_string(value: str) -> str:
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def quote_ident(name: str) -> str:
-    return "`" + name.replace("\\", "\\\\").replace("`", "\\`") + "`"
 
 
 _WS = b" \t\r\n\f"

@@ -113,7 +113,10 @@ STRICT = KEEPERMAP_SETTINGS
 #: seconds after which an unconfirmed row is a dead creator's, taken over by the next
 #: create (a live creator confirms its rows within a few statements)
 PENDING_STALE_S = 15.0
-MAX_ROUNDS = 30  # re-decisions of one transaction that lost to a write it does not care about
+# re-decisions of one transaction that lost to a write it does not care about. Not
+# tenacity (which retries the single calls elsewhere): each round decides again from what
+# the last one read and may end in a refusal or a win found in the rows, not a retry
+MAX_ROUNDS = 30
 TABLE = "nodes"
 COLUMNS = (
     ("key", "String"),

@@ -13,6 +13,10 @@ missing, damaged or of another shape reads as empty (the next update starts afre
 State: ``{"format": 1, "jobs": {job: {"counters": {name: n}, "commit_seconds":
 {"buckets": [cumulative count per BUCKETS bound], "sum": s, "count": n}, "last_commit":
 unix time}}}``. No ``prometheus_client`` here: :mod:`txsink.metrics.export` renders it.
+Not its multiprocess mode: that keeps one file per process, and Spark runs a driver-side
+commit in a fresh Python worker as often as every batch, so the files (and every
+scrape's work) would grow without bound; it also needs ``PROMETHEUS_MULTIPROC_DIR`` set
+before the library is imported in every worker.
 """
 
 from __future__ import annotations

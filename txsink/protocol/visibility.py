@@ -88,10 +88,23 @@ def batch_refusal(table: str, engine: str, mode: str) -> str:
     return ""
 
 
+# what a server older than ClickHouse 24.9 answers the probe of the batch publish with
+ATTACH_ALL_UNSUPPORTED = (
+    "this server does not run ALTER TABLE ... ATTACH PARTITION ALL FROM (ClickHouse 24.9 "
+    "and newer do)"
+)
+
+
 def grant_refusal(table: str, user: str, staging_db: str, server_says: str) -> str:
     """Why ``visibility=batch`` cannot publish into ``table``: the writer's ``user`` may
     not run its ``ATTACH PARTITION ALL FROM`` (``server_says``: the server's refusal of
-    that statement), with the GRANT that allows it."""
+    that statement), with the GRANT that allows it; or that the server cannot run it."""
+    if server_says.startswith(ATTACH_ALL_UNSUPPORTED):
+        return (
+            f"visibility=batch publishes into {table} with one ALTER TABLE {table} ATTACH "
+            f"PARTITION ALL FROM <a batch staging table>, but {server_says}; use "
+            f"visibility=partition, or upgrade the server (docs/install.md#clickhouse-versions)"
+        )
     return (
         f"visibility=batch publishes into {table} with one ALTER TABLE {table} ATTACH "
         f"PARTITION ALL FROM <a batch staging table in {staging_db}>, which user {user} may "
