@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import socket
 import sys
@@ -59,11 +60,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.spark)
 
 
+# below Linux's ephemeral range (32768-60999): a port a test stops listening on and
+# starts again (a stack taken down and up) is not taken meanwhile as the source port of
+# one of the suite's many outbound connections (a CI run failed so)
+_PORTS = (20000, 32000)
+
+
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port free on 127.0.0.1 right now, outside the ephemeral range."""
+    for _ in range(200):
+        port = random.randint(*_PORTS)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {_PORTS}")
 
 
 @pytest.fixture(scope="session", autouse=True)

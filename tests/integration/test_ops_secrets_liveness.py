@@ -110,13 +110,13 @@ def test_credentials_never_reach_keeper_or_the_clis_output(env: Env, tmp_path: P
         assert SECRET not in out + err and KEEPER_SECRET not in out + err, how
         doc = json.loads(out)
         assert [(j["job"], j["live"]) for j in doc["jobs"]] == [(env.job, True)], how
-    assert "Auth(auth_type=0, scheme='digest', auth='***')" in runs["file"][2]  # -v logged it
+    assert "Auth(auth_type=0, scheme='digest', auth='***')" in runs["file"][2]  # --debug logged it
 
     # the job's nodes carry the writer's digest ACL: recovery needs its auth
     code, out, err = run_txsink("recover", *flags, "--yes", "--force", "--json")
     assert code == 2 and "NoAuth" in out, out + err
     code, out, err = run_txsink(
-        "-v", "recover", *flags, "--yes", "--force", "--json",
+        "--debug", "recover", *flags, "--yes", "--force", "--json",
         "--keeper-auth-file", str(zk_file), env_extra={"TXSINK_PASSWORD": SECRET},
     )  # fmt: skip
     assert code == 0, out + err
