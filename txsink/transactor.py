@@ -322,6 +322,14 @@ class Transactor:
         dropped, _ = self.runner.run_commit(None, commit.roll_back_tables(self.job, tables))
         return dropped
 
+    def release(self, run_id: str) -> bool:
+        """Mark the job's writer finished after a clean stop of ``run_id``'s query
+        (:func:`commit.release`): one read of the epoch, one fenced heartbeat."""
+        current = self.registry.current_epoch(self.job)
+        released: bool
+        released, _ = self.runner.run_commit(current, commit.release(run_id, current))
+        return released
+
     def prune(self, epoch: Epoch) -> list[str]:
         """Delete the records past the retention (:func:`commit.prune`)."""
         pruned: list[str]

@@ -314,6 +314,21 @@ def test_the_kafka_example_of_docs_install_over_json_files_is_exact(
         f" FROM {target}"
     ).result_rows[0]
     assert got == (250, 250, Decimal("312.50"), 0)
+    # each run ended cleanly (availableNow): its writer is released, not left live
+    # until its heartbeat goes stale (issue 41)
+    from txsink.config import WriterConfig
+    from txsink.driver import borrowed_registry
+
+    config = WriterConfig.from_options(
+        {"url": stack.url, "keeper": stack.keeper, "table": target, "job": job}
+    )
+    deadline, state = time.monotonic() + 30, None  # the listener bus is asynchronous
+    while time.monotonic() < deadline and state != "finished":
+        with borrowed_registry(config) as registry:
+            owner = registry.owner(job)
+        state = owner.state if owner is not None else None
+        time.sleep(0.2)
+    assert state == "finished"
 
 
 def test_a_job_keeps_its_state_store_for_life_the_other_one_is_refused(spark, stack, ch, target):

@@ -371,3 +371,20 @@ def test_a_long_publish_beats_between_its_statements_with_the_wait_it_may_take()
         owner = reg.owner(JOB)
         assert owner is not None and owner.state == "idle", owner
         assert owner.details["wait_s"] == 42.0 and owner.details["last_xid"] == "b0", owner
+
+
+def test_a_clean_stop_releases_the_writer_and_status_reads_it_finished() -> None:
+    """Issue 41: after a clean `query.stop()` the writer stayed `live` until its heartbeat
+    went stale. A released run rests `finished`; another run (or one taken over) cannot
+    release the job."""
+    reg, clock = run_writer(every=2.0, commits=3)
+    tx = Transactor(reg, MemoryWarehouse(), JOB, clock=clock)
+    assert assess(JOB, now=clock.t + 1, **status_inputs(reg, "attach")).writer == "live"  # type: ignore[arg-type]
+    assert tx.release("run-2") is False  # not the owner: nothing written
+    assert tx.release("run-1") is True
+    st = assess(JOB, now=clock.t + 1, **status_inputs(reg, "attach"))  # type: ignore[arg-type]
+    assert st.writer == "finished" and not st.warnings
+    tx.begin("run-2")  # a new run takes the job over
+    assert tx.release("run-1") is False
+    owner = reg.owner(JOB)
+    assert owner is not None and owner.state != "finished"

@@ -26,7 +26,7 @@ from typing import Any
 
 from txsink.protocol import job as rules
 from txsink.protocol import plans
-from txsink.protocol.codec import JobMeta
+from txsink.protocol.codec import FINISHED_STATE, JobMeta
 from txsink.protocol.ids import parse_staging
 from txsink.protocol.ops import Gather
 from txsink.protocol.states import Epoch, Mode, XidRecord, XidState
@@ -215,6 +215,17 @@ def roll_back(job: str, xid: str, tables: Sequence[str]) -> Generator[CommitStep
     if doomed:
         yield DropTables(tuple(doomed))
     return list(doomed)
+
+
+def release(run_id: str, current: Epoch | None) -> Generator[CommitStep, Any, bool]:
+    """A clean stop of ``run_id``'s query: its writer rests ``finished`` (a fenced
+    heartbeat of ``current``, the job's epoch as read), so ``txsink status`` reads the job
+    stopped, not live, and ``txsink recover`` needs no ``--force``. A run that no longer
+    owns the job (taken over since) writes nothing. True when released."""
+    if current is None or current.owner != run_id:
+        return False
+    yield Heartbeat({"state": FINISHED_STATE})
+    return True
 
 
 def prune(job: str, retention: int) -> Generator[CommitStep, Any, list[str]]:

@@ -22,6 +22,7 @@ which is what fencing needs (a run id per save would make every batch a takeover
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -30,6 +31,8 @@ from txsink.config import WriterConfig
 from txsink.credentials import split_url
 from txsink.errors import ConfigError
 from txsink.spark.multi import require_arrow_map, save
+
+log = logging.getLogger(__name__)
 
 # (keeper, root, job) -> (run id, batch id) of the last save in this process
 _LAST_BATCH: dict[tuple[str, str, str], tuple[str, int]] = {}
@@ -49,6 +52,7 @@ def make_foreach_batch(**options: Any) -> Callable[[Any, int], None]:
     config = WriterConfig.from_options(options)
     job_key = (config.keeper, config.keeper_root, config.job)
     own_run: list[str] = []  # Spark Connect: this run's id, drawn on the first batch
+    released_on_stop: set[str] = set()  # runs whose clean stop releases the writer
 
     def write_batch(df: Any, batch_id: int) -> None:
         spark = df.sparkSession
@@ -68,6 +72,9 @@ def make_foreach_batch(**options: Any) -> Callable[[Any, int], None]:
                 f"start at the replay of this one)"
             )
         _LAST_BATCH[job_key] = (run_id, batch_id)
+        if run_id and not own_run and run_id not in released_on_stop:
+            released_on_stop.add(run_id)
+            release_on_stop(spark, config, run_id)
         opts = {k: str(v) for k, v in options.items()}
         opts["txn_version"] = str(batch_id)
         opts["micro_batch"] = "true"
@@ -76,3 +83,40 @@ def make_foreach_batch(**options: Any) -> Callable[[Any, int], None]:
         save(df, WriterConfig.from_options(opts))
 
     return write_batch
+
+
+def release_on_stop(spark: Any, config: WriterConfig, run_id: str) -> None:
+    """When the query of ``run_id`` stops cleanly (``query.stop()``, or its input is
+    exhausted), mark the job's writer finished (:meth:`Transactor.release`): status then
+    reads the job stopped at once instead of live until its heartbeat goes stale. A query
+    that ends in an error, or a run that lost the job, changes nothing. Best effort: a
+    store that cannot be reached leaves the writer to go stale as before."""
+    from pyspark.sql.streaming.listener import StreamingQueryListener
+
+    from txsink.driver import borrowed_job
+    from txsink.errors import TxSinkError
+
+    class ReleaseOnStop(StreamingQueryListener):
+        def onQueryStarted(self, event: Any) -> None:
+            return None
+
+        def onQueryProgress(self, event: Any) -> None:
+            return None
+
+        def onQueryIdle(self, event: Any) -> None:
+            return None
+
+        def onQueryTerminated(self, event: Any) -> None:
+            if str(event.runId) != run_id:
+                return
+            try:
+                if event.exception is None:
+                    with borrowed_job(config) as handle:
+                        handle.transactor.release(run_id)
+            except TxSinkError as exc:
+                log.warning("job %s: run %s stopped; writer not released: %s", config.job,
+                            run_id, exc)  # fmt: skip
+            finally:
+                spark.streams.removeListener(self)
+
+    spark.streams.addListener(ReleaseOnStop())
