@@ -78,12 +78,17 @@ def flags_table() -> str:
 
 
 def refused_settings_table() -> str:
-    """The ClickHouse settings a user may not pass (``settings.<name>``) and why."""
+    """The ClickHouse settings a user may not pass (``settings.<name>``), grouped by what
+    to do instead: one sentence per reason, each setting with what it decides."""
     from txsink.clickhouse.insert_settings import refused_settings
 
-    lines = ["| setting | it decides | instead |", "|---|---|---|"]
+    by_fix: dict[str, dict[str, list[str]]] = {}
     for name, (why, fix) in refused_settings().items():
-        lines.append(f"| `{name}` | {_cell(why)} | {_cell(fix)} |")
+        by_fix.setdefault(fix, {}).setdefault(why, []).append(f"`{name}`")
+    lines = []
+    for fix, whys in by_fix.items():
+        parts = [f"{', '.join(names)}: {why}" for why, names in whys.items()]
+        lines.append(f"- **{fix}.** {'; '.join(parts)}.")
     return "\n".join(lines)
 
 
