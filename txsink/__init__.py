@@ -29,11 +29,25 @@ if TYPE_CHECKING:
     from txsink.writer_options import WriterOptions
 
 
-def register(spark: SparkSession) -> None:
+def register(
+    spark: SparkSession, name: str | None = None, **options: Unpack[WriterOptions]
+) -> None:
     """Register the ``clickhouse_tx`` Python data source with ``spark`` (Spark 4.0+; on an
-    older Spark a ConfigError names the version and what works there instead)."""
+    older Spark a ConfigError names the version and what works there instead).
+
+    With ``name``, also a source of that name with ``options`` bound, for SQL: ``CREATE
+    TABLE orders (id BIGINT, ...) USING <name>`` then ``INSERT INTO orders SELECT ...``
+    (Spark hands a Python data source no table OPTIONS; docs/options.md#sql)."""
+    if options and name is None:
+        from txsink.errors import ConfigError
+
+        raise ConfigError(
+            "txsink.register(spark, **options): options are bound to a source of a name of "
+            "its own: txsink.register(spark, 'orders_ch', url=..., table=...) "
+            "(docs/options.md#sql)"
+        )
     try:
-        from txsink.spark.datasource import ClickHouseTxDataSource
+        from txsink.spark.datasource import ClickHouseTxDataSource, bound_source
     except ImportError as exc:  # an older Spark: no Python data source with Arrow writers
         import pyspark
 
@@ -47,6 +61,8 @@ def register(spark: SparkSession) -> None:
             f"(docs/install.md#spark-versions)"
         ) from None
     spark.dataSource.register(ClickHouseTxDataSource)
+    if name is not None:
+        spark.dataSource.register(bound_source(name, options))
 
 
 def foreach_batch(**options: Unpack[WriterOptions]) -> Callable[[DataFrame, int], None]:

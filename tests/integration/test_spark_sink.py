@@ -203,6 +203,39 @@ def test_overwrite_mode_is_refused(spark, stack, target):
         )
 
 
+def test_sql_insert_into_a_table_of_a_bound_source_is_exact(spark, stack, ch, target):
+    """Issue 40's SQL, as Spark 4.x allows it: a table's OPTIONS never reach a Python data
+    source writer (pyspark 4.3: empty), so the options are bound to a source registered
+    under a name of its own; `CREATE TABLE ... USING` it, then `INSERT INTO` (each one
+    transaction), `DataFrameWriterV2.append`. `INSERT OVERWRITE` is refused, nothing
+    written. A table without a column list needs a schema the source does not give."""
+    name, job = f"tx_{uuid.uuid4().hex[:8]}", f"sql-{uuid.uuid4().hex[:8]}"
+    txsink.register(spark, name, url=stack.url, keeper=stack.keeper, table=target, job=job)
+    table = f"{name}_orders"
+    spark.sql(
+        f"CREATE TABLE {table} (id BIGINT, name STRING, price DECIMAL(10,2), day DATE) USING {name}"
+    )
+    try:
+        spark.sql(
+            f"INSERT INTO {table} SELECT id, concat('n', id), 1.25, DATE'2024-02-01' FROM range(40)"
+        )
+        rows(spark, 10, start=100).writeTo(table).append()
+        with pytest.raises(Exception, match="only appends"):
+            spark.sql(f"INSERT OVERWRITE {table} SELECT 1, 'x', 1.0, DATE'2024-01-01'")
+        got = ch.query(f"SELECT count(), uniqExact(id), sum(price) FROM {target}").result_rows
+        assert got == [(50, 50, Decimal("62.50"))]
+        with pytest.raises(Exception, match="schema"):
+            spark.sql(f"CREATE TABLE {table}_x USING {name}")
+        with pytest.raises(ConfigError, match="identifier"):
+            txsink.register(spark, "clickhouse_tx", url=stack.url, table=target, job=job)
+        with pytest.raises(ConfigError, match="replay"):
+            txsink.register(spark, "again", url=stack.url, table=target, txn_version=3)
+        with pytest.raises(ConfigError, match="a name of its own"):
+            txsink.register(spark, url=stack.url, table=target, job=job)
+    finally:
+        spark.sql(f"DROP TABLE IF EXISTS {table}")
+
+
 def test_foreach_batch_refuses_bad_options_before_the_query_starts():
     with pytest.raises(ConfigError, match="table"):
         txsink.foreach_batch(url="http://h:1", keeper="k:1", job="j", table="nodot")

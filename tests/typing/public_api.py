@@ -25,3 +25,6 @@ def typed(spark: SparkSession, df: DataFrame) -> None:
         tx.write(df, table="db.t")
     txsink.transaction(spark, 1, visibility="whole")  # type: ignore[arg-type]
     txsink.progress_listener(url="http://ch:8123", job="j")
+    txsink.register(spark)
+    txsink.register(spark, "orders_ch", url="http://ch:8123", table="db.t", job="j")
+    txsink.register(spark, "orders_ch", tabel="db.t")  # type: ignore[call-arg]

@@ -8,7 +8,7 @@ executors write (:mod:`txsink.spark.writer`) and the driver commits
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from pyspark.sql.datasource import (  # batch writes: pyspark 4.0+
@@ -36,12 +36,15 @@ FORMAT = "clickhouse_tx"
 class ClickHouseTxDataSource(DataSource):
     """``format("clickhouse_tx")``: exactly-once writes into a ClickHouse table."""
 
+    # the options of a source registered under a name of its own (bound_source)
+    BOUND: dict[str, str] = {}  # replaced by bound_source, never mutated
+
     @classmethod
     def name(cls) -> str:
         return FORMAT
 
     def _config(self) -> WriterConfig:
-        return WriterConfig.from_options(dict(self.options))
+        return WriterConfig.from_options({**self.BOUND, **dict(self.options)})
 
     def writer(self, schema: StructType, overwrite: bool) -> ClickHouseTxBatchWriter:
         if overwrite:
@@ -101,3 +104,31 @@ class ClickHouseTxStreamWriter(DataSourceStreamArrowWriter or object):  # type: 
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         committer.abort_batch(self.plan, reports(messages), batchId)
+
+
+def bound_source(name: str, options: Mapping[str, object]) -> type[ClickHouseTxDataSource]:
+    """``clickhouse_tx`` under the name ``name``, with ``options`` bound: what a SQL table
+    (``CREATE TABLE t (...) USING <name>``, then ``INSERT INTO t``) writes through. Spark
+    4.x hands a Python data source writer none of a table's OPTIONS or TBLPROPERTIES
+    (measured on pyspark 4.3), so they are bound here; options given to a write add to
+    them. The class travels to the executors by value, its options with it."""
+    if not name.isidentifier() or name.lower() == FORMAT:
+        raise ConfigError(
+            f"txsink.register(spark, {name!r}, ...): the name of a bound source must be an "
+            f"identifier other than {FORMAT!r} (it is what `CREATE TABLE ... USING <name>` "
+            f"names)"
+        )
+    bound = {k: str(v) for k, v in options.items() if v is not None}
+    if any(k.lower() in ("txn_version", "txnversion") for k in bound):
+        raise ConfigError(
+            f"txsink.register(spark, {name!r}, txn_version=...): a bound txn_version would "
+            f"make every INSERT after the first a replay, skipped; leave it out (each "
+            f"INSERT is one transaction of its own)"
+        )
+    WriterConfig.from_options(bound)  # fail fast: a wrong option is named now, not at INSERT
+
+    def source_name(cls: type) -> str:
+        return name
+
+    attrs = {"BOUND": bound, "name": classmethod(source_name), "__module__": __name__}
+    return type(f"ClickHouseTx_{name}", (ClickHouseTxDataSource,), attrs)
