@@ -116,7 +116,7 @@ def test_a_writer_that_died_after_its_first_prepare_reads_gone_once_its_longest_
     live = assess(JOB, now=clock.t + 40, **status_inputs(reg, "attach"))  # type: ignore[arg-type]
     (pending,) = [f for f in live.warnings if f.kind == "pending-prepared"]
     assert live.writer == "live" and pending.xid == "b0"
-    assert "once its heartbeat is 340s old (in 300s)" in pending.message
+    assert "once nothing came from it for 340s (in 300s)" in pending.message
     assert "--force" in pending.message
     # and the status of that job says so, with the recovery to run
     gone = assess(JOB, now=clock.t + 341, **status_inputs(reg, "attach"))  # type: ignore[arg-type]
@@ -384,7 +384,14 @@ def test_a_clean_stop_releases_the_writer_and_status_reads_it_finished() -> None
     assert tx.release("run-1") is True
     st = assess(JOB, now=clock.t + 1, **status_inputs(reg, "attach"))  # type: ignore[arg-type]
     assert st.writer == "finished" and not st.warnings
-    tx.begin("run-2")  # a new run takes the job over
+    from txsink.protocol.states import Mode, XidRecord, XidState
+
+    epoch = tx.begin("run-2")  # a new run takes the job over
     assert tx.release("run-1") is False
+    pending = XidRecord(
+        JOB, "b9", 9, XidState.PREPARED, epoch.number, Mode.ATTACH, TARGET, created_at=clock.t
+    )
+    reg.prepare(epoch, pending)
+    assert tx.release("run-2") is False  # not a clean stop: its beat must go stale
     owner = reg.owner(JOB)
     assert owner is not None and owner.state != "finished"

@@ -1,32 +1,32 @@
 """What a writer needs from the Spark it runs on, refused on the driver before anything
 is created (issue 41: on pyspark 3.5 without pandas the first batch failed after the
-target table had been created)."""
+target table had been created; pyspark 4.x needs pandas 2.2 for mapInArrow too)."""
 
 from __future__ import annotations
 
 import pytest
 
 from txsink.errors import ConfigError
-from txsink.spark import multi
 
 
-@pytest.mark.parametrize(
-    ("version", "pandas", "refused"),
-    [("3.5.6", False, True), ("3.5.6", True, False), ("4.0.1", False, False)],
-)
-def test_mapinarrow_on_pyspark_3_needs_pandas(version: str, pandas: bool, refused: bool) -> None:
-    why = multi.arrow_map_refusal(version, pandas)
-    assert bool(why) is refused
-    if refused:
-        assert f"pyspark {version}" in why and "pip install 'pandas" in why
-
-
-def test_foreach_batch_refuses_before_the_query_starts(monkeypatch: pytest.MonkeyPatch) -> None:
-    import pyspark
+def test_foreach_batch_and_transaction_refuse_where_pyspark_s_own_check_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pyspark.sql.pandas import utils
 
     import txsink
 
-    monkeypatch.setattr(pyspark, "__version__", "3.5.6")
-    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
-    with pytest.raises(ConfigError, match="only with pandas installed"):
+    def missing() -> None:
+        raise ImportError("Pandas >= 2.2.0 must be installed; however, it was not found.")
+
+    monkeypatch.setattr(utils, "require_minimum_pandas_version", missing)
+    with pytest.raises(ConfigError, match=r"mapInArrow.*Pandas >= 2.2.0 must be installed"):
         txsink.foreach_batch(url="http://ch:8123", table="db.t", keeper="zk:2181", job="j")
+    with pytest.raises(ConfigError, match="nothing was created or written"):
+        txsink.transaction(None, 1, url="http://ch:8123", keeper="zk:2181", job="j")  # type: ignore[arg-type]
+
+
+def test_nothing_is_refused_where_pyspark_s_checks_pass() -> None:
+    from txsink.spark.multi import require_arrow_map
+
+    require_arrow_map()  # this venv has what pyspark asks for

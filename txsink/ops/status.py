@@ -354,15 +354,16 @@ def assess(
                 )
             )
         elif live:  # a commit under way, or a writer killed inside one: say which, when
-            wait = max(0.0, stale_after - (age or 0.0))
+            # the age the verdict used: inside a commit, the younger of the beat and prepare
+            wait = max(0.0, stale_after - (verdict.heartbeat_age or 0.0))
             w.append(
                 Finding(
                     "pending-prepared",
                     "info",
                     f"xid {r.xid} (batch {r.batch}) of job {job} PREPARED {r_age:.0f}s ago "
                     f"with {r.rows} rows: the live writer publishes it. If that writer was "
-                    f"killed, `txsink recover --job {job}` rolls it forward once its "
-                    f"heartbeat is {stale_after:g}s old (in {wait:.0f}s), or at once with "
+                    f"killed, `txsink recover --job {job}` rolls it forward once nothing "
+                    f"came from it for {stale_after:g}s (in {wait:.0f}s), or at once with "
                     "--force (fencing the writer)",
                     xid=r.xid,
                 )

@@ -221,8 +221,14 @@ def release(run_id: str, current: Epoch | None) -> Generator[CommitStep, Any, bo
     """A clean stop of ``run_id``'s query: its writer rests ``finished`` (a fenced
     heartbeat of ``current``, the job's epoch as read), so ``txsink status`` reads the job
     stopped, not live, and ``txsink recover`` needs no ``--force``. A run that no longer
-    owns the job (taken over since) writes nothing. True when released."""
+    owns the job (taken over since) writes nothing, and neither does one that left a
+    PREPARED xid (not a clean stop: its heartbeat must go stale for recovery to act).
+    True when released."""
     if current is None or current.owner != run_id:
+        return False
+    records: list[XidRecord]
+    records, _ = yield ListRecords()
+    if any(r.state is XidState.PREPARED for r in records):
         return False
     yield Heartbeat({"state": FINISHED_STATE})
     return True

@@ -74,7 +74,7 @@ def make_foreach_batch(**options: Any) -> Callable[[Any, int], None]:
         _LAST_BATCH[job_key] = (run_id, batch_id)
         if run_id and not own_run and run_id not in released_on_stop:
             released_on_stop.add(run_id)
-            release_on_stop(spark, config, run_id)
+            release_on_stop(config, run_id)
         opts = {k: str(v) for k, v in options.items()}
         opts["txn_version"] = str(batch_id)
         opts["micro_batch"] = "true"
@@ -85,12 +85,13 @@ def make_foreach_batch(**options: Any) -> Callable[[Any, int], None]:
     return write_batch
 
 
-def release_on_stop(spark: Any, config: WriterConfig, run_id: str) -> None:
+def release_on_stop(config: WriterConfig, run_id: str) -> None:
     """When the query of ``run_id`` stops cleanly (``query.stop()``, or its input is
     exhausted), mark the job's writer finished (:meth:`Transactor.release`): status then
     reads the job stopped at once instead of live until its heartbeat goes stale. A query
     that ends in an error, or a run that lost the job, changes nothing. Best effort: a
     store that cannot be reached leaves the writer to go stale as before."""
+    from pyspark.sql import SparkSession
     from pyspark.sql.streaming.listener import StreamingQueryListener
 
     from txsink.driver import borrowed_job
@@ -117,6 +118,9 @@ def release_on_stop(spark: Any, config: WriterConfig, run_id: str) -> None:
                 log.warning("job %s: run %s stopped; writer not released: %s", config.job,
                             run_id, exc)  # fmt: skip
             finally:
-                spark.streams.removeListener(self)
+                started_on.streams.removeListener(self)
 
-    spark.streams.addListener(ReleaseOnStop())
+    # Not on the batch's session: that is the stream's clone, whose listener bus hears
+    # only queries started on it. The query was started from the process's session.
+    started_on = SparkSession.builder.getOrCreate()
+    started_on.streams.addListener(ReleaseOnStop())

@@ -55,31 +55,34 @@ _PLACEHOLDER = "txsink.transaction"
 _INTERNAL = ("table", "txn_version", "micro_batch", "run_id")
 
 
-def arrow_map_refusal(pyspark_version: str, has_pandas: bool) -> str:
-    """Why ``df.mapInArrow`` (the executor write of ``foreach_batch`` and
-    ``transaction``) cannot run on this pyspark ("" when it can): pyspark 3.x imports
-    pandas for it, on the driver and on every executor, and installs neither."""
-    major = pyspark_version.split(".", 1)[0]
-    if major.isdigit() and int(major) < 4 and not has_pandas:
-        return (
-            f"pyspark {pyspark_version} runs DataFrame.mapInArrow (how txsink writes on "
-            f"Spark 3.5) only with pandas installed, on the driver and on every executor; "
-            f"pandas is not installed here. Install it where Spark's Python runs "
-            f"(`pip install 'pandas>=2,<3'`, or the wheel's `spark` extra) and start again; "
-            f"nothing was created or written (docs/install.md#spark-versions)"
-        )
-    return ""
+def arrow_map_refusal(pyspark_version: str, problem: str) -> str:
+    """What to say when ``df.mapInArrow`` (the executor write of ``foreach_batch`` and
+    ``transaction``) cannot run: pyspark builds it on pandas and pyarrow of its minimum
+    versions, on the driver and on every executor, and installs neither; ``problem`` is
+    pyspark's own check's words."""
+    return (
+        f"pyspark {pyspark_version} runs DataFrame.mapInArrow (how txsink's foreach_batch "
+        f"and transaction write) only with pandas and pyarrow of the versions it names, on "
+        f"the driver and on every executor: {problem}. Install them where Spark's Python "
+        f"runs (the wheel's `spark` extra names pandas) and start again; nothing was "
+        f"created or written (docs/install.md#spark-versions)"
+    )
 
 
 def require_arrow_map() -> None:
-    """ConfigError where :func:`arrow_map_refusal` refuses, before anything is created."""
-    import importlib.util
-
+    """ConfigError, before anything is created, where pyspark's own checks of what
+    ``mapInArrow`` needs (pandas, pyarrow) fail on this driver."""
     import pyspark
+    from pyspark.sql.pandas.utils import (
+        require_minimum_pandas_version,
+        require_minimum_pyarrow_version,
+    )
 
-    refusal = arrow_map_refusal(pyspark.__version__, importlib.util.find_spec("pandas") is not None)
-    if refusal:
-        raise ConfigError(refusal)
+    try:
+        require_minimum_pandas_version()
+        require_minimum_pyarrow_version()
+    except ImportError as exc:  # pyspark's PySparkImportError is one
+        raise ConfigError(arrow_map_refusal(pyspark.__version__, str(exc))) from None
 
 
 def save_plan(plan: WritePlan) -> WritePlan:
