@@ -80,10 +80,14 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def fast_job_start() -> Iterator[None]:
+def fast_job_start(request: pytest.FixtureRequest) -> Iterator[None]:
     """Job processes (``python -m txsink.demo job``) start their Spark JVM from a class-data
     archive kept in ``.txsink/jvm`` (made once, ~30 s; each of the suite's ~80 job starts
-    then saves ~6 s). See :mod:`txsink.demo.jvm`."""
+    then saves ~6 s). See :mod:`txsink.demo.jvm`. Not made for a session that starts no
+    Spark (``make test``'s other half: on a fresh clone both halves made it at once)."""
+    if not any(item.get_closest_marker("spark") for item in request.session.items):
+        yield
+        return
     saved = os.environ.get(jvm.JAVA_OPTIONS_ENV)
     note = jvm.enable(HERE.parent.parent / ".txsink" / "jvm")
     print(f"\njob JVM start-up: {note}")

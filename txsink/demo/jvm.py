@@ -20,6 +20,7 @@ reason is returned for the caller to print.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
@@ -105,6 +106,14 @@ def startup_options(directory: str | Path, *, timeout: float = 300) -> tuple[str
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
     archive = folder / f"spark-{_key(text)}.jsa"
+    # one maker at a time: a second process waits for the first's archive and reuses it
+    with open(folder / ".make.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _made(java, archive, folder, timeout)
+
+
+def _made(java: str, archive: Path, folder: Path, timeout: float) -> tuple[str, str]:
+    """:func:`startup_options` once the maker's lock is held."""
     if archive.exists():
         if _loads(java, archive):
             return f"-XX:SharedArchiveFile={archive} {COMPILER}", f"reused {archive}"
