@@ -178,6 +178,19 @@ def staged_parts(
             f"SETTINGS of CREATE TABLE ... AS). Nothing was committed; the batch is rolled "
             f"back and, on retry or restart, written again against the target as it is now"
         )
+    now = look.target_types  # read with the views: the target as it is now
+    changed = [
+        f"{n} ({t} -> {now.get(n, 'dropped')})"
+        for n, t in validated or ()
+        if now and now.get(n) != t
+    ]
+    if changed:  # a MOVE or ATTACH would fail after the prepare, for an operator to repair
+        raise TxSinkError(
+            f"job {plan.config.job}: xid {xid}: the target {plan.config.table} changed while "
+            f"the batch ran: column(s) {', '.join(changed)}. Nothing was committed; the batch "
+            f"is rolled back and, on retry or restart, written again against the target as "
+            f"it is now"
+        )
     missing = sorted(t for t, staged in look.staged.items() if staged is None)
     if missing and info is not None and info.is_replicated:
         raise ConfigError(

@@ -172,3 +172,26 @@ def test_a_batch_staged_after_the_target_was_retyped_is_refused_before_its_prepa
     assert ch.command(f"EXISTS TABLE {db}.{message.staging[0]}") == 0
     flags = ["--url", stack.url, "--keeper", stack.keeper, "--job", plan.config.job, "--json"]
     assert cli_main(["status", *flags]) == 0
+
+
+def test_a_target_retyped_after_the_tasks_staged_is_refused_before_the_prepare(
+    stack, ch, fresh_db, tmp_path
+):
+    """The task's staging matches what was validated, but the target changed before the
+    commit: its MOVE or ATTACH would fail after the prepare, for an operator. The commit's
+    one read sees the target's columns as they are now and refuses before the prepare."""
+    table = f"{fresh_db}.t"
+    ch.command(f"CREATE TABLE {table} (id Int64, k UInt8 DEFAULT 0) ENGINE = MergeTree ORDER BY k")
+    plan, path = make_plan(stack, table, tmp_path, mode="attach")
+    attempt = Attempt(path, 0, freeze=False)
+    assert attempt.result()["rows"] == ROWS
+    message = attempt.message()
+    ch.command(f"ALTER TABLE {table} MODIFY COLUMN id Int32")
+    with pytest.raises(TxSinkError, match=r"changed while the batch ran: column\(s\) id"):
+        commit_batch(plan, [message], BATCH)
+    abort_batch(plan, [message], BATCH)
+    assert ch.command(f"SELECT count() FROM {table}") == 0
+    db = plan.config.staging_database
+    assert ch.command(f"EXISTS TABLE {db}.{message.staging[0]}") == 0
+    flags = ["--url", stack.url, "--keeper", stack.keeper, "--job", plan.config.job]
+    assert cli_main(["recover", *flags, "--dry-run", "--json"]) == 0  # nothing PREPARED

@@ -158,12 +158,13 @@ class Observer:
         (their engine clause without the staging settings or with a TTL; with
         ``validated``, the (name, type) of the columns the tasks' values were checked
         against, those whose columns of these names differ): one statement."""
-        found, views, listed, columns, made, unfit = self._looked(
+        found, views, listed, columns, made, unfit, layout = self._looked(
             tables, views_of, listing, validated
         )
         read, sizes = self._sums(found, MAX_PART_UUIDS)
         shape = self._batch_shape(views_of, *made) if views_of is not None and made else None
-        return CommitLook(read, sizes, views, listed, columns, shape, unfit)
+        types = {name: ctype for name, ctype, _ in layout}
+        return CommitLook(read, sizes, views, listed, columns, shape, unfit, types)
 
     def _settings_missing(self, engine_full: str) -> bool:
         """Whether a staging table's engine clause lacks the staging settings
@@ -226,6 +227,7 @@ class Observer:
         tuple[str, ...],
         tuple[str, str, Layout] | None,
         dict[str, str],
+        Layout,
     ]:
         """:meth:`_staged_parts_of`, the views reading ``views_of`` (as
         :meth:`dependent_views` finds them) and its stored columns (neither ALIAS nor
@@ -294,7 +296,7 @@ class Observer:
                 "WHERE database = {db:String} AND startsWith(name, {l:String})"
             )
         if not branches:
-            return {}, (), (), (), None, {}
+            return {}, (), (), (), None, {}, ()
         rows = self.client.query_rows(
             " UNION ALL ".join(branches),
             parameters=parameters,
@@ -336,7 +338,7 @@ class Observer:
         stored = tuple(name for name, _, kind in layout if kind not in ("ALIAS", "EPHEMERAL"))
         shape = (made[0][0], made[0][1], layout) if len(made) == 1 and not made[0][2] else None
         unfit = {name: why for name, why in unfit.items() if name in staged}
-        return staged, tuple(sorted(views)), tuple(sorted(listed)), stored, shape, unfit
+        return staged, tuple(sorted(views)), tuple(sorted(listed)), stored, shape, unfit, layout
 
     def published_uuids(self, target: str, uuids: Iterable[str]) -> frozenset[str]:
         """Which evidence ids (short part UUIDs) the target's parts still show, active or

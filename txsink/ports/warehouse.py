@@ -98,7 +98,8 @@ class CommitLook:
     batch staging like ``views_of`` and fill it in one statement, None where its CREATE
     cannot be reproduced exactly; ``unfit``: staging tables that must not be published
     (created without the staging settings, or unlike the columns the batch's values were
-    checked against), each with the reason."""
+    checked against), each with the reason; ``target_types``: the type of each column of
+    ``views_of`` as it is now."""
 
     staged: dict[str, dict[str, tuple[int, tuple[str, ...]]] | None]
     sizes: dict[str, int] = field(default_factory=dict)
@@ -107,6 +108,7 @@ class CommitLook:
     columns: tuple[str, ...] = ()
     shape: BatchShape | None = None
     unfit: dict[str, str] = field(default_factory=dict)  # staging table -> why not publishable
+    target_types: dict[str, str] = field(default_factory=dict)  # views_of's columns now
 
 
 @dataclass(frozen=True)
