@@ -170,7 +170,8 @@ def staged_parts(
         sent, views_of=plan.config.table if views else None, listing=listing, validated=validated
     )
     refuse_new_views(plan, xid, look.views)
-    for table, why in sorted(look.unfit.items())[:1]:
+    if look.unfit:
+        table, why = min(look.unfit.items())
         raise TxSinkError(
             f"job {plan.config.job}: xid {xid}: staging table "
             f"{handle.warehouse.staging_db}.{table} cannot be published: {why} (the target "

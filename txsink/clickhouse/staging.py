@@ -162,9 +162,8 @@ class Stager(Observer):
         if problem:
             self.client.command(f"DROP TABLE IF EXISTS {fq} SYNC")
             raise ConfigError(problem)
-        missing = staging_settings_missing(staged.engine_full)
-        self._protect(fq, staged.table_ttl, staged.ttl_columns, settings=missing)
-        if not missing and not wanted.is_replicated:
+        kept = self._protect_read(fq, staged)
+        if kept and not wanted.is_replicated:
             self.client.facts[KEEPS_SETTINGS] = time.monotonic()
 
     def _created(self, fq: str, target: str, table: str, wanted: TargetInfo) -> TargetInfo:
@@ -213,6 +212,13 @@ class Stager(Observer):
             else:
                 raise
             create()
+
+    def _protect_read(self, fq: str, staged: TargetInfo) -> bool:
+        """:meth:`_protect` as the read-back ``staged`` shows the table; whether the
+        server had kept the staging settings of its CREATE."""
+        missing = staging_settings_missing(staged.engine_full)
+        self._protect(fq, staged.table_ttl, staged.ttl_columns, settings=missing)
+        return not missing
 
     def _protect(
         self, fq: str, table_ttl: bool, ttl_columns: Sequence[str], *, settings: bool
@@ -323,9 +329,7 @@ class Stager(Observer):
             what=f"create batch staging {fq} AS {src}",
         )
         if target:
-            made = self.target_info(f"{self.staging_db}.{table}", staging=True)
-            missing = staging_settings_missing(made.engine_full)
-            self._protect(fq, made.table_ttl, made.ttl_columns, settings=missing)
+            self._protect_read(fq, self.target_info(f"{self.staging_db}.{table}", staging=True))
 
 
 def check_same_replica(expected: TargetInfo, now: TargetInfo, client: Any) -> None:
